@@ -1,0 +1,23 @@
+"""Build the Cython core (C level, -O3)."""
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+extensions = [
+    Extension(
+        "xg2._ext.core",
+        ["xg2/_ext/core.pyx"],
+        include_dirs=[np.get_include()],
+        extra_compile_args=["-O3", "-fno-strict-aliasing"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
+        annotate=False,
+    )
+)

@@ -1,0 +1,30 @@
+"""xg2: structured generation for agentic LLM serving (XGrammar 2 methods, Cython core).
+
+The public API follows xgrammar's names and shapes, so an engine integration switches by import.
+"""
+
+from .compiler import CompiledGrammar, GrammarCompiler
+from .errors import GrammarError, GrammarLimitError, TokenizerError, XG2Error
+from .grammar.grammar import Grammar
+from .kernels import allocate_token_bitmask, apply_token_bitmask_inplace, get_bitmask_shape, reset_token_bitmask
+from .matcher import GrammarMatcher
+from .tokenizer import TokenizerInfo, VocabType
+
+__all__ = [
+    "CompiledGrammar",
+    "Grammar",
+    "GrammarCompiler",
+    "GrammarError",
+    "GrammarLimitError",
+    "GrammarMatcher",
+    "TokenizerError",
+    "TokenizerInfo",
+    "VocabType",
+    "XG2Error",
+    "allocate_token_bitmask",
+    "apply_token_bitmask_inplace",
+    "get_bitmask_shape",
+    "reset_token_bitmask",
+]
+
+__version__ = "0.1.0"

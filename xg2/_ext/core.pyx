@@ -1,0 +1,1077 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The C core: a byte-level Earley parser over per-rule automata and the adaptive token-mask cache.
+
+Everything inside the `nogil` functions touches only C data. Items pack into one 64-bit word:
+bits 0-30 the global automaton node (the rule is implied), bit 31 the "top" flag, bits 32-63 the
+origin (index of the state set where the item's rule was predicted). A top item stands for the start
+of the parse, so its completion means "the parse can end here"; the mask builder reuses the flag for
+the rule whose entry it builds and for the context it checks leftover bytes against.
+"""
+
+from libc.stdint cimport uint8_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
+from libc.stdlib cimport malloc, realloc, free, calloc
+from libc.string cimport memset, memcpy
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
+                               PyThread_acquire_lock, PyThread_release_lock, WAIT_LOCK)
+cimport numpy as cnp
+import numpy as np
+
+cnp.import_array()
+
+ctypedef uint64_t item_t
+
+cdef enum:
+    NODE_MASK = 0x7FFFFFFF
+    TOP_BIT = 0x80000000
+
+cdef enum:
+    MAX_TOKEN_BYTES = 4096
+
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long) nogil
+
+# ---------------------------------------------------------------------------------------------
+# Grammar tables
+# ---------------------------------------------------------------------------------------------
+
+cdef struct GrammarC:
+    int32_t n_nodes
+    int32_t n_rules
+    const int32_t* node_rule
+    const uint8_t* node_final
+    const int32_t* be_start
+    const uint8_t* be_lo
+    const uint8_t* be_hi
+    const int32_t* be_target
+    const int32_t* re_start
+    const int32_t* re_rule
+    const int32_t* re_target
+    const int32_t* rule_start
+    const uint8_t* rule_nullable
+    const int32_t* la_start
+    const int32_t* la_node
+    const uint8_t* la_sink
+
+
+# ---------------------------------------------------------------------------------------------
+# Earley parser state: a stack of state sets with a dedup table for the open (last) set
+# ---------------------------------------------------------------------------------------------
+
+cdef struct Parser:
+    item_t* items
+    int64_t n_items
+    int64_t cap_items
+    int64_t* set_start
+    uint8_t* set_top
+    int32_t n_sets
+    int32_t cap_sets
+    item_t* hkeys
+    uint32_t* hgen
+    uint32_t hmask
+    uint32_t gen
+    int64_t hcount
+    int32_t hset          # which set the dedup table describes (-1: none)
+
+
+cdef int p_init(Parser* p) noexcept nogil:
+    p.cap_items = 1024
+    p.items = <item_t*>malloc(p.cap_items * sizeof(item_t))
+    p.cap_sets = 256
+    p.set_start = <int64_t*>malloc(p.cap_sets * sizeof(int64_t))
+    p.set_top = <uint8_t*>malloc(p.cap_sets * sizeof(uint8_t))
+    p.hmask = 255
+    p.hkeys = <item_t*>malloc((p.hmask + 1) * sizeof(item_t))
+    p.hgen = <uint32_t*>calloc(p.hmask + 1, sizeof(uint32_t))
+    p.gen = 1
+    p.n_items = 0
+    p.n_sets = 0
+    p.hcount = 0
+    p.hset = -1
+    if p.items == NULL or p.set_start == NULL or p.set_top == NULL or p.hkeys == NULL or p.hgen == NULL:
+        return -1
+    return 0
+
+
+cdef void p_free(Parser* p) noexcept nogil:
+    free(p.items)
+    free(p.set_start)
+    free(p.set_top)
+    free(p.hkeys)
+    free(p.hgen)
+    p.items = NULL
+    p.set_start = NULL
+    p.set_top = NULL
+    p.hkeys = NULL
+    p.hgen = NULL
+
+
+cdef inline uint32_t _hash(item_t x) noexcept nogil:
+    x ^= x >> 33
+    x *= <uint64_t>0xff51afd7ed558ccd
+    x ^= x >> 33
+    return <uint32_t>x
+
+
+cdef int _h_insert(Parser* p, item_t it) noexcept nogil:
+    """1 if inserted, 0 if present."""
+    cdef uint32_t h = _hash(it) & p.hmask
+    while p.hgen[h] == p.gen:
+        if p.hkeys[h] == it:
+            return 0
+        h = (h + 1) & p.hmask
+    p.hgen[h] = p.gen
+    p.hkeys[h] = it
+    p.hcount += 1
+    return 1
+
+
+cdef int _h_reset(Parser* p) noexcept nogil:
+    """Start a fresh dedup generation holding exactly the items of the open set."""
+    cdef int64_t i, s, n
+    cdef uint32_t newsize
+    p.gen += 1
+    if p.gen == 0:
+        memset(p.hgen, 0, (p.hmask + 1) * sizeof(uint32_t))
+        p.gen = 1
+    p.hcount = 0
+    p.hset = p.n_sets - 1
+    if p.n_sets == 0:
+        return 0
+    s = p.set_start[p.n_sets - 1]
+    n = p.n_items - s
+    if n * 2 > <int64_t>p.hmask:
+        return _h_grow(p, n)
+    for i in range(s, p.n_items):
+        _h_insert(p, p.items[i])
+    return 0
+
+
+cdef int _h_grow(Parser* p, int64_t need) noexcept nogil:
+    cdef uint32_t size = p.hmask + 1
+    cdef int64_t i
+    while <int64_t>size < need * 4:
+        size *= 2
+    free(p.hkeys)
+    free(p.hgen)
+    p.hkeys = <item_t*>malloc(size * sizeof(item_t))
+    p.hgen = <uint32_t*>calloc(size, sizeof(uint32_t))
+    if p.hkeys == NULL or p.hgen == NULL:
+        return -1
+    p.hmask = size - 1
+    p.gen = 1
+    p.hcount = 0
+    for i in range(p.set_start[p.n_sets - 1], p.n_items):
+        _h_insert(p, p.items[i])
+    return 0
+
+
+cdef int p_add(Parser* p, item_t it) noexcept nogil:
+    """Add an item to the open set unless present. 0 ok, -1 out of memory."""
+    if p.hset != p.n_sets - 1:
+        if _h_reset(p) < 0:
+            return -1
+    if (p.hcount + 1) * 2 > <int64_t>p.hmask:
+        if _h_grow(p, p.hcount + 1) < 0:
+            return -1
+    if not _h_insert(p, it):
+        return 0
+    if p.n_items == p.cap_items:
+        p.cap_items *= 2
+        p.items = <item_t*>realloc(p.items, p.cap_items * sizeof(item_t))
+        if p.items == NULL:
+            return -1
+    p.items[p.n_items] = it
+    p.n_items += 1
+    return 0
+
+
+cdef int p_begin_set(Parser* p) noexcept nogil:
+    if p.n_sets == p.cap_sets:
+        p.cap_sets *= 2
+        p.set_start = <int64_t*>realloc(p.set_start, p.cap_sets * sizeof(int64_t))
+        p.set_top = <uint8_t*>realloc(p.set_top, p.cap_sets * sizeof(uint8_t))
+        if p.set_start == NULL or p.set_top == NULL:
+            return -1
+    p.set_start[p.n_sets] = p.n_items
+    p.set_top[p.n_sets] = 0
+    p.n_sets += 1
+    return _h_reset(p)
+
+
+cdef inline void p_pop_to(Parser* p, int32_t n_sets) noexcept nogil:
+    if n_sets < p.n_sets:
+        p.n_items = p.set_start[n_sets]
+        p.n_sets = n_sets
+        p.hset = -1
+
+
+cdef inline int64_t p_set_end(Parser* p, int32_t k) noexcept nogil:
+    return p.set_start[k + 1] if k + 1 < p.n_sets else p.n_items
+
+
+cdef int p_closure(Parser* p, const GrammarC* g, int64_t i) noexcept nogil:
+    """Predict and complete from item index i to the end of the open set (Aycock-Horspool nullables)."""
+    cdef int32_t cur = p.n_sets - 1
+    cdef item_t it, it2
+    cdef uint32_t node, n2
+    cdef int64_t origin, j, e
+    cdef int32_t k, r, r2
+    while i < p.n_items:
+        it = p.items[i]
+        i += 1
+        node = it & NODE_MASK
+        if g.node_final[node]:
+            if it & TOP_BIT:
+                p.set_top[cur] = 1
+            else:
+                r = g.node_rule[node]
+                origin = <int64_t>(it >> 32)
+                j = p.set_start[origin]
+                e = p_set_end(p, <int32_t>origin)
+                while j < e:
+                    it2 = p.items[j]
+                    j += 1
+                    n2 = it2 & NODE_MASK
+                    for k in range(g.re_start[n2], g.re_start[n2 + 1]):
+                        if g.re_rule[k] == r:
+                            if p_add(p, (it2 & ~(<item_t>NODE_MASK)) | <item_t>g.re_target[k]) < 0:
+                                return -1
+        for k in range(g.re_start[node], g.re_start[node + 1]):
+            r2 = g.re_rule[k]
+            if p_add(p, (<item_t>cur << 32) | <item_t>g.rule_start[r2]) < 0:
+                return -1
+            if g.rule_nullable[r2]:
+                if p_add(p, (it & ~(<item_t>NODE_MASK)) | <item_t>g.re_target[k]) < 0:
+                    return -1
+    return 0
+
+
+cdef int p_start(Parser* p, const GrammarC* g, item_t first) noexcept nogil:
+    """Reset to one state set holding the closure of `first`."""
+    p.n_items = 0
+    p.n_sets = 0
+    p.hset = -1
+    if p_begin_set(p) < 0 or p_add(p, first) < 0:
+        return -1
+    return p_closure(p, g, 0)
+
+
+cdef int p_push_byte(Parser* p, const GrammarC* g, uint8_t b) noexcept nogil:
+    """Scan byte b into a new state set. 1 if the new set is non-empty, 0 if empty, -1 on OOM.
+
+    The new set stays pushed even when empty, so callers can pop uniformly by depth.
+    """
+    cdef int32_t prev = p.n_sets - 1
+    cdef int64_t j, s, e
+    cdef item_t it
+    cdef uint32_t node
+    cdef int32_t k
+    if prev < 0:
+        return -1
+    s = p.set_start[prev]
+    e = p.n_items
+    if p_begin_set(p) < 0:
+        return -1
+    for j in range(s, e):
+        it = p.items[j]
+        node = it & NODE_MASK
+        for k in range(g.be_start[node], g.be_start[node + 1]):
+            if g.be_lo[k] > b:
+                break
+            if b <= g.be_hi[k]:
+                if p_add(p, (it & ~(<item_t>NODE_MASK)) | <item_t>g.be_target[k]) < 0:
+                    return -1
+    s = p.set_start[p.n_sets - 1]
+    if p_closure(p, g, s) < 0:
+        return -1
+    return 1 if p.n_items > s else 0
+
+
+cdef int p_inject(Parser* p, const GrammarC* g, int32_t rule) noexcept nogil:
+    """Add the context of `rule` (the continuations of its callers) as top items at the open set."""
+    cdef int32_t k
+    cdef int32_t cur = p.n_sets - 1
+    cdef int64_t s = p.n_items
+    for k in range(g.la_start[rule], g.la_start[rule + 1]):
+        if p_add(p, (<item_t>cur << 32) | TOP_BIT | <item_t>g.la_node[k]) < 0:
+            return -1
+    return p_closure(p, g, s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Vocabulary: token bytes and a pre-order byte trie over the ordinary tokens
+# ---------------------------------------------------------------------------------------------
+
+cdef struct VocabC:
+    int32_t vocab_size
+    int32_t n_ordinary
+    int32_t n_trie
+    int32_t max_depth
+    int32_t n_words
+    const uint8_t* tok_data
+    const int64_t* tok_off
+    int32_t* rank_token
+    int32_t* token_rank
+    uint8_t* trie_byte
+    int32_t* trie_depth
+    int32_t* trie_next
+    int32_t* trie_lo
+    int32_t* trie_hi
+    uint64_t* ordinary_bits
+    int32_t* stop_ids
+    int32_t n_stop
+
+
+cdef class Vocab:
+    """Token bytes, their byte-sorted order and a byte trie in pre-order arrays.
+
+    Walking the trie in order shares every common prefix between tokens, and a failing prefix skips
+    its whole subtree in one jump (trie_next).
+    """
+    cdef readonly int32_t vocab_size
+    cdef readonly int32_t n_tokens
+    cdef readonly int32_t n_ordinary
+    cdef readonly int32_t n_trie
+    cdef readonly int32_t max_depth
+    cdef readonly int32_t n_words          # uint64 words covering vocab_size
+    cdef object _keep
+    cdef const uint8_t* tok_data
+    cdef const int64_t* tok_off
+    cdef int32_t* rank_token
+    cdef int32_t* token_rank
+    cdef uint8_t* trie_byte
+    cdef int32_t* trie_depth
+    cdef int32_t* trie_next
+    cdef int32_t* trie_lo
+    cdef int32_t* trie_hi
+    cdef uint64_t* ordinary_bits
+    cdef int32_t* stop_ids
+    cdef int32_t n_stop
+    cdef VocabC c
+
+    def __cinit__(self):
+        self.rank_token = NULL
+        self.token_rank = NULL
+        self.trie_byte = NULL
+        self.trie_depth = NULL
+        self.trie_next = NULL
+        self.trie_lo = NULL
+        self.trie_hi = NULL
+        self.ordinary_bits = NULL
+        self.stop_ids = NULL
+
+    def __init__(self, list decoded, int vocab_size, ordinary_sorted_ids, stop_ids):
+        """`decoded`: bytes per token id; `ordinary_sorted_ids`: ordinary ids sorted by their bytes."""
+        cdef cnp.ndarray[cnp.int64_t, ndim=1] off = np.zeros(len(decoded) + 1, dtype=np.int64)
+        cdef bytes blob = b"".join(decoded)
+        cdef int64_t acc = 0
+        cdef Py_ssize_t i
+        for i in range(len(decoded)):
+            acc += len(<bytes>decoded[i])
+            off[i + 1] = acc
+        self._keep = (blob, off)
+        self.tok_data = <const uint8_t*><const char*>blob
+        self.tok_off = <const int64_t*>cnp.PyArray_DATA(off)
+        self.vocab_size = vocab_size
+        self.n_tokens = len(decoded)
+        self.n_words = (vocab_size + 63) // 64
+        ids = np.ascontiguousarray(ordinary_sorted_ids, dtype=np.int32)
+        self.n_ordinary = len(ids)
+        self.rank_token = <int32_t*>malloc(max(1, self.n_ordinary) * sizeof(int32_t))
+        self.token_rank = <int32_t*>malloc(max(1, vocab_size) * sizeof(int32_t))
+        self.ordinary_bits = <uint64_t*>calloc(max(1, self.n_words), sizeof(uint64_t))
+        stops = np.ascontiguousarray(stop_ids, dtype=np.int32)
+        self.n_stop = len(stops)
+        self.stop_ids = <int32_t*>malloc(max(1, self.n_stop) * sizeof(int32_t))
+        if self.rank_token == NULL or self.token_rank == NULL or self.ordinary_bits == NULL or self.stop_ids == NULL:
+            raise MemoryError()
+        cdef int32_t[::1] idv = ids
+        cdef int32_t t
+        for i in range(vocab_size):
+            self.token_rank[i] = -1
+        for i in range(self.n_ordinary):
+            t = idv[i]
+            self.rank_token[i] = t
+            self.token_rank[t] = i
+            self.ordinary_bits[t >> 6] |= (<uint64_t>1) << (t & 63)
+        cdef int32_t[::1] sv = stops
+        for i in range(self.n_stop):
+            self.stop_ids[i] = sv[i]
+        self._build_trie()
+
+    cdef void _build_trie(self):
+        cdef int64_t total = 0
+        cdef int32_t r, t, d, lcp, plen, length, n = 0, sp = 0
+        cdef const uint8_t* cur
+        cdef const uint8_t* prev = NULL
+        for r in range(self.n_ordinary):
+            t = self.rank_token[r]
+            total += self.tok_off[t + 1] - self.tok_off[t]
+        total += 1
+        self.trie_byte = <uint8_t*>malloc(total * sizeof(uint8_t))
+        self.trie_depth = <int32_t*>malloc(total * sizeof(int32_t))
+        self.trie_next = <int32_t*>malloc(total * sizeof(int32_t))
+        self.trie_lo = <int32_t*>malloc(total * sizeof(int32_t))
+        self.trie_hi = <int32_t*>malloc(total * sizeof(int32_t))
+        cdef int32_t* stack = <int32_t*>malloc((MAX_TOKEN_BYTES + 1) * sizeof(int32_t))
+        if (self.trie_byte == NULL or self.trie_depth == NULL or self.trie_next == NULL or
+                self.trie_lo == NULL or self.trie_hi == NULL or stack == NULL):
+            free(stack)
+            raise MemoryError()
+        plen = 0
+        self.max_depth = 0
+        for r in range(self.n_ordinary):
+            t = self.rank_token[r]
+            cur = self.tok_data + self.tok_off[t]
+            length = <int32_t>(self.tok_off[t + 1] - self.tok_off[t])
+            if length > MAX_TOKEN_BYTES:
+                free(stack)
+                raise ValueError(f"token {t} is longer than {MAX_TOKEN_BYTES} bytes")
+            lcp = 0
+            while lcp < length and lcp < plen and cur[lcp] == prev[lcp]:
+                lcp += 1
+            # Close the nodes deeper than the shared prefix.
+            while sp > lcp:
+                sp -= 1
+                self.trie_next[stack[sp]] = n
+            for d in range(lcp, length):
+                self.trie_byte[n] = cur[d]
+                self.trie_depth[n] = d + 1
+                self.trie_lo[n] = 0
+                self.trie_hi[n] = 0
+                stack[sp] = n
+                sp += 1
+                n += 1
+            if length > self.max_depth:
+                self.max_depth = length
+            d = stack[length - 1]
+            if self.trie_hi[d] == 0 and self.trie_lo[d] == 0:
+                self.trie_lo[d] = r
+            self.trie_hi[d] = r + 1
+            prev = cur
+            plen = length
+        while sp > 0:
+            sp -= 1
+            self.trie_next[stack[sp]] = n
+        self.n_trie = n
+        free(stack)
+        self.c.vocab_size = self.vocab_size
+        self.c.n_ordinary = self.n_ordinary
+        self.c.n_trie = self.n_trie
+        self.c.max_depth = self.max_depth
+        self.c.n_words = self.n_words
+        self.c.tok_data = self.tok_data
+        self.c.tok_off = self.tok_off
+        self.c.rank_token = self.rank_token
+        self.c.token_rank = self.token_rank
+        self.c.trie_byte = self.trie_byte
+        self.c.trie_depth = self.trie_depth
+        self.c.trie_next = self.trie_next
+        self.c.trie_lo = self.trie_lo
+        self.c.trie_hi = self.trie_hi
+        self.c.ordinary_bits = self.ordinary_bits
+        self.c.stop_ids = self.stop_ids
+        self.c.n_stop = self.n_stop
+
+    def token_bytes(self, int32_t t):
+        return self.tok_data[self.tok_off[t]:self.tok_off[t + 1]]
+
+    def __dealloc__(self):
+        free(self.rank_token)
+        free(self.token_rank)
+        free(self.trie_byte)
+        free(self.trie_depth)
+        free(self.trie_next)
+        free(self.trie_lo)
+        free(self.trie_hi)
+        free(self.ordinary_bits)
+        free(self.stop_ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mask entries: accepted / rejected / uncertain tokens of one scannable node, stored adaptively
+# ---------------------------------------------------------------------------------------------
+
+cdef enum:
+    ENTRY_ACCEPTED_LIST = 0     # list = accepted token ids
+    ENTRY_REJECTED_LIST = 1     # list = ordinary ids that are not accepted (rejected or uncertain)
+    ENTRY_BITSET = 2            # bits = accepted ids
+
+cdef enum:
+    CLS_REJECTED = 0
+    CLS_ACCEPTED = 1
+    CLS_UNCERTAIN = 2
+
+cdef struct MaskEntry:
+    int32_t kind
+    int32_t n_list
+    int32_t* list
+    uint64_t* bits
+    int32_t n_unc
+    int32_t* unc_ranks          # uncertain tokens as ranks in byte order (sorted)
+    int64_t nbytes
+
+
+cdef void entry_free(MaskEntry* e) noexcept nogil:
+    if e != NULL:
+        free(e.list)
+        free(e.bits)
+        free(e.unc_ranks)
+        free(e)
+
+
+cdef const void* _ptr(dict keep, str name, dtype) except NULL:
+    cdef cnp.ndarray a = keep[name]
+    if a.dtype != dtype or not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a, dtype=dtype)
+        keep[name] = a
+    if a.size == 0:
+        a = np.zeros(1, dtype=dtype)
+        keep[name] = a
+    return cnp.PyArray_DATA(a)
+
+
+cdef class CompiledCore:
+    """Flat grammar tables plus the lazily built mask entries, one per scannable node."""
+    cdef GrammarC g
+    cdef object _arrays
+    cdef readonly Vocab vocab
+    cdef VocabC* vc
+    cdef readonly int32_t root_rule
+    cdef MaskEntry** entries
+    cdef PyThread_type_lock lock
+    cdef Parser pa
+    cdef Parser pb
+    cdef uint8_t* cls
+    cdef uint8_t* sink
+    cdef readonly int64_t cache_bytes
+    cdef readonly int64_t n_entries
+
+    def __cinit__(self):
+        self.entries = NULL
+        self.cls = NULL
+        self.sink = NULL
+        self.lock = NULL
+        self.pa.items = NULL
+        self.pb.items = NULL
+
+    def __init__(self, Vocab vocab, dict arrays, int root_rule):
+        self.vocab = vocab
+        self.vc = &vocab.c
+        self.root_rule = root_rule
+        keep = {}
+        for k, v in arrays.items():
+            keep[k] = np.ascontiguousarray(v)
+        self._arrays = keep
+        self.g.n_nodes = len(keep["node_rule"])
+        self.g.n_rules = len(keep["rule_start"])
+        self.g.node_rule = <const int32_t*>_ptr(keep, "node_rule", np.int32)
+        self.g.node_final = <const uint8_t*>_ptr(keep, "node_final", np.uint8)
+        self.g.be_start = <const int32_t*>_ptr(keep, "be_start", np.int32)
+        self.g.be_lo = <const uint8_t*>_ptr(keep, "be_lo", np.uint8)
+        self.g.be_hi = <const uint8_t*>_ptr(keep, "be_hi", np.uint8)
+        self.g.be_target = <const int32_t*>_ptr(keep, "be_target", np.int32)
+        self.g.re_start = <const int32_t*>_ptr(keep, "re_start", np.int32)
+        self.g.re_rule = <const int32_t*>_ptr(keep, "re_rule", np.int32)
+        self.g.re_target = <const int32_t*>_ptr(keep, "re_target", np.int32)
+        self.g.rule_start = <const int32_t*>_ptr(keep, "rule_start", np.int32)
+        self.g.rule_nullable = <const uint8_t*>_ptr(keep, "rule_nullable", np.uint8)
+        self.g.la_start = <const int32_t*>_ptr(keep, "la_start", np.int32)
+        self.g.la_node = <const int32_t*>_ptr(keep, "la_node", np.int32)
+        self.g.la_sink = <const uint8_t*>_ptr(keep, "la_sink", np.uint8)
+        self.entries = <MaskEntry**>calloc(max(1, self.g.n_nodes), sizeof(MaskEntry*))
+        self.lock = PyThread_allocate_lock()
+        self.cls = <uint8_t*>malloc(max(1, vocab.n_ordinary))
+        self.sink = <uint8_t*>malloc(vocab.max_depth + 2)
+        if self.entries == NULL or self.lock == NULL or self.cls == NULL or self.sink == NULL:
+            raise MemoryError()
+        if p_init(&self.pa) < 0 or p_init(&self.pb) < 0:
+            raise MemoryError()
+        self.cache_bytes = 0
+        self.n_entries = 0
+
+    def __dealloc__(self):
+        cdef int32_t i
+        if self.entries != NULL:
+            for i in range(self.g.n_nodes):
+                entry_free(self.entries[i])
+            free(self.entries)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+        free(self.cls)
+        free(self.sink)
+        if self.pa.items != NULL:
+            p_free(&self.pa)
+        if self.pb.items != NULL:
+            p_free(&self.pb)
+
+    cdef MaskEntry* get_entry(self, int32_t node) noexcept nogil:
+        cdef MaskEntry* e = self.entries[node]
+        if e != NULL:
+            return e
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        e = self.entries[node]
+        if e == NULL:
+            e = self._build_entry(node)
+            if e != NULL:
+                self.cache_bytes += e.nbytes
+                self.n_entries += 1
+                self.entries[node] = e
+        PyThread_release_lock(self.lock)
+        return e
+
+    def precompute(self, nodes):
+        """Build the entries of the given nodes now (compile-time part of JIT)."""
+        cdef int32_t n
+        for n in nodes:
+            with nogil:
+                if self.get_entry(n) == NULL:
+                    with gil:
+                        raise MemoryError()
+
+    def scannable_nodes(self):
+        """Nodes with byte edges: the states that own mask entries."""
+        out = []
+        cdef int32_t n
+        for n in range(self.g.n_nodes):
+            if self.g.be_start[n + 1] > self.g.be_start[n]:
+                out.append(n)
+        return out
+
+    cdef MaskEntry* _build_entry(self, int32_t node) noexcept nogil:
+        """Walk the vocabulary trie from `node` with parser A (inside the rule) and B (its context)."""
+        cdef VocabC* v = self.vc
+        cdef Parser* A = &self.pa
+        cdef Parser* B = &self.pb
+        cdef GrammarC* g = &self.g
+        cdef int32_t rule = g.node_rule[node]
+        cdef int32_t i = 0, d, r, okA, okB, t
+        cdef uint8_t sink
+        cdef int64_t n_acc = 0, n_unc = 0, n_other
+        memset(self.cls, CLS_REJECTED, v.n_ordinary)
+        if p_start(A, g, TOP_BIT | <item_t>node) < 0:
+            return NULL
+        B.n_items = 0
+        B.n_sets = 0
+        B.hset = -1
+        if p_begin_set(B) < 0:
+            return NULL
+        self.sink[0] = 0
+        if A.set_top[0]:
+            if g.la_sink[rule]:
+                self.sink[0] = 1
+            if p_inject(B, g, rule) < 0:
+                return NULL
+        while i < v.n_trie:
+            d = v.trie_depth[i]
+            p_pop_to(A, d)
+            p_pop_to(B, d)
+            okA = p_push_byte(A, g, v.trie_byte[i])
+            okB = p_push_byte(B, g, v.trie_byte[i])
+            if okA < 0 or okB < 0:
+                return NULL
+            sink = self.sink[d - 1]
+            if B.set_top[d]:
+                sink = 1
+            if okA and A.set_top[d]:
+                if g.la_sink[rule]:
+                    sink = 1
+                if p_inject(B, g, rule) < 0:
+                    return NULL
+                okB = B.n_items > B.set_start[d]
+            self.sink[d] = sink
+            if okA:
+                for r in range(v.trie_lo[i], v.trie_hi[i]):
+                    self.cls[r] = CLS_ACCEPTED
+                i += 1
+            elif sink:
+                # Nothing inside the rule survives, but the context might: the whole subtree is uncertain.
+                for t in range(i, v.trie_next[i]):
+                    for r in range(v.trie_lo[t], v.trie_hi[t]):
+                        self.cls[r] = CLS_UNCERTAIN
+                i = v.trie_next[i]
+            elif okB:
+                for r in range(v.trie_lo[i], v.trie_hi[i]):
+                    self.cls[r] = CLS_UNCERTAIN
+                i += 1
+            else:
+                i = v.trie_next[i]
+        return self._store(v)
+
+    cdef MaskEntry* _store(self, VocabC* v) noexcept nogil:
+        cdef int64_t n_acc = 0, n_unc = 0, n_other, k = 0, u = 0
+        cdef int32_t r, t
+        cdef MaskEntry* e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
+        if e == NULL:
+            return NULL
+        for r in range(v.n_ordinary):
+            if self.cls[r] == CLS_ACCEPTED:
+                n_acc += 1
+            elif self.cls[r] == CLS_UNCERTAIN:
+                n_unc += 1
+        n_other = v.n_ordinary - n_acc
+        e.n_unc = <int32_t>n_unc
+        e.unc_ranks = <int32_t*>malloc(max(1, n_unc) * sizeof(int32_t))
+        if e.unc_ranks == NULL:
+            entry_free(e)
+            return NULL
+        for r in range(v.n_ordinary):
+            if self.cls[r] == CLS_UNCERTAIN:
+                e.unc_ranks[u] = r
+                u += 1
+        if n_acc * 4 <= v.n_words * 8 and n_acc <= n_other:
+            e.kind = ENTRY_ACCEPTED_LIST
+            e.n_list = <int32_t>n_acc
+        elif n_other * 4 <= v.n_words * 8:
+            e.kind = ENTRY_REJECTED_LIST
+            e.n_list = <int32_t>n_other
+        else:
+            e.kind = ENTRY_BITSET
+        if e.kind == ENTRY_BITSET:
+            e.bits = <uint64_t*>calloc(v.n_words, sizeof(uint64_t))
+            if e.bits == NULL:
+                entry_free(e)
+                return NULL
+            for r in range(v.n_ordinary):
+                if self.cls[r] == CLS_ACCEPTED:
+                    t = v.rank_token[r]
+                    e.bits[t >> 6] |= (<uint64_t>1) << (t & 63)
+            e.nbytes = v.n_words * 8
+        else:
+            e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
+            if e.list == NULL:
+                entry_free(e)
+                return NULL
+            for r in range(v.n_ordinary):
+                if (self.cls[r] == CLS_ACCEPTED) == (e.kind == ENTRY_ACCEPTED_LIST):
+                    e.list[k] = v.rank_token[r]
+                    k += 1
+            e.nbytes = e.n_list * 4
+        e.nbytes += n_unc * 4 + sizeof(MaskEntry)
+        return e
+
+    def entry_stats(self, int32_t node):
+        """(kind, accepted count or list length, uncertain count) of a node's entry; builds it."""
+        cdef MaskEntry* e
+        with nogil:
+            e = self.get_entry(node)
+        if e == NULL:
+            raise MemoryError()
+        return (e.kind, e.n_list, e.n_unc)
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Matcher: one request's parse with history, mask fill, accept and rollback
+# ---------------------------------------------------------------------------------------------
+
+cdef class MatcherCore:
+    """Runtime parser over a CompiledCore. Not thread-safe by itself: one request, one thread."""
+    cdef CompiledCore core
+    cdef GrammarC* g
+    cdef VocabC* vc
+    cdef Parser p
+    cdef int32_t* boundaries          # n_sets before each accepted token
+    cdef int32_t n_bound
+    cdef int32_t cap_bound
+    cdef uint64_t* acc                # scratch: uint64 words over vocab_size
+    cdef uint64_t* tmp
+    cdef uint64_t* unc                # scratch: uint64 words over ranks
+    cdef int32_t* stamp
+    cdef int32_t stamp_gen
+    cdef int32_t* nodes
+    cdef int32_t* stops
+    cdef int32_t n_stop
+    cdef readonly bint terminated
+
+    def __cinit__(self):
+        self.p.items = NULL
+        self.boundaries = NULL
+        self.acc = NULL
+        self.tmp = NULL
+        self.unc = NULL
+        self.stamp = NULL
+        self.nodes = NULL
+        self.stops = NULL
+
+    def __init__(self, CompiledCore core, stop_ids):
+        self.core = core
+        self.g = &core.g
+        self.vc = &core.vocab.c
+        cdef Vocab v = core.vocab
+        if p_init(&self.p) < 0:
+            raise MemoryError()
+        self.cap_bound = 64
+        self.boundaries = <int32_t*>malloc(self.cap_bound * sizeof(int32_t))
+        self.acc = <uint64_t*>calloc(max(1, v.n_words), sizeof(uint64_t))
+        self.tmp = <uint64_t*>calloc(max(1, v.n_words), sizeof(uint64_t))
+        self.unc = <uint64_t*>calloc(max(1, (v.n_ordinary + 63) // 64), sizeof(uint64_t))
+        self.stamp = <int32_t*>calloc(max(1, core.g.n_nodes), sizeof(int32_t))
+        self.nodes = <int32_t*>malloc(max(1, core.g.n_nodes) * sizeof(int32_t))
+        if (self.boundaries == NULL or self.acc == NULL or self.tmp == NULL or self.unc == NULL or
+                self.stamp == NULL or self.nodes == NULL):
+            raise MemoryError()
+        self.n_stop = len(stop_ids)
+        self.stops = <int32_t*>malloc(max(1, self.n_stop) * sizeof(int32_t))
+        if self.stops == NULL:
+            raise MemoryError()
+        for i, t in enumerate(stop_ids):
+            if not 0 <= t < v.vocab_size:
+                raise ValueError(f"stop token {t} out of range")
+            self.stops[i] = t
+        self.stamp_gen = 0
+        self.reset()
+
+    def __dealloc__(self):
+        if self.p.items != NULL:
+            p_free(&self.p)
+        free(self.boundaries)
+        free(self.acc)
+        free(self.tmp)
+        free(self.unc)
+        free(self.stamp)
+        free(self.nodes)
+        free(self.stops)
+
+    def reset(self):
+        self.n_bound = 0
+        self.terminated = False
+        if p_start(&self.p, self.g, TOP_BIT | <item_t>self.core.g.rule_start[self.core.root_rule]) < 0:
+            raise MemoryError()
+
+    @property
+    def num_tokens(self):
+        return self.n_bound
+
+    def can_end(self):
+        return bool(self.p.set_top[self.p.n_sets - 1])
+
+    cdef int _feed(self, const uint8_t* data, int64_t n) noexcept nogil:
+        """Push bytes; on failure restore the state. 1 accepted, 0 rejected, -1 OOM."""
+        cdef int32_t base = self.p.n_sets
+        cdef int64_t i
+        cdef int ok
+        for i in range(n):
+            ok = p_push_byte(&self.p, self.g, data[i])
+            if ok <= 0:
+                p_pop_to(&self.p, base)
+                return ok
+        return 1
+
+    cdef int _push_boundary(self) except -1:
+        if self.n_bound == self.cap_bound:
+            self.cap_bound *= 2
+            self.boundaries = <int32_t*>realloc(self.boundaries, self.cap_bound * sizeof(int32_t))
+            if self.boundaries == NULL:
+                raise MemoryError()
+        self.boundaries[self.n_bound] = self.p.n_sets
+        self.n_bound += 1
+        return 0
+
+    def is_stop_token(self, int32_t t):
+        cdef int32_t i
+        for i in range(self.n_stop):
+            if self.stops[i] == t:
+                return True
+        return False
+
+    def accept_token(self, int32_t t):
+        """Accept a token id; False (state unchanged) if the grammar does not allow it here."""
+        cdef VocabC* v = self.vc
+        cdef int ok
+        if self.terminated or t < 0 or t >= v.vocab_size:
+            return False
+        if self.is_stop_token(t):
+            if not self.p.set_top[self.p.n_sets - 1]:
+                return False
+            self._push_boundary()
+            self.terminated = True
+            return True
+        if v.token_rank[t] < 0:
+            return False
+        self._push_boundary()
+        with nogil:
+            ok = self._feed(v.tok_data + v.tok_off[t], v.tok_off[t + 1] - v.tok_off[t])
+        if ok <= 0:
+            self.n_bound -= 1
+            if ok < 0:
+                raise MemoryError()
+            return False
+        return True
+
+    def accept_bytes(self, const uint8_t[:] data):
+        cdef int ok
+        if self.terminated:
+            return False
+        self._push_boundary()
+        with nogil:
+            ok = self._feed(&data[0], data.shape[0]) if data.shape[0] > 0 else 1
+        if ok <= 0:
+            self.n_bound -= 1
+            if ok < 0:
+                raise MemoryError()
+            return False
+        return True
+
+    def rollback(self, int32_t k):
+        if k < 0 or k > self.n_bound:
+            raise ValueError(f"cannot roll back {k} tokens; {self.n_bound} can be rolled back")
+        if k == 0:
+            return
+        self.n_bound -= k
+        p_pop_to(&self.p, self.boundaries[self.n_bound])
+        self.terminated = False
+
+    def forget_history(self, int32_t keep):
+        """Keep only the last `keep` token boundaries for rollback (bounds max_rollback_tokens)."""
+        if self.n_bound > keep:
+            memcpy(self.boundaries, self.boundaries + (self.n_bound - keep), keep * sizeof(int32_t))
+            self.n_bound = keep
+
+    def fill_bitmask(self, uintptr_t address, int32_t n_int32_words):
+        """Write the next-token mask into n_int32_words int32 words at `address`, without the GIL."""
+        cdef int rc
+        with nogil:
+            rc = self._fill(<int32_t*>address, n_int32_words)
+        if rc < 0:
+            raise MemoryError()
+
+    cdef int _fill(self, int32_t* out, int32_t n_out) noexcept nogil:
+        cdef VocabC* v = self.vc
+        cdef Parser* p = &self.p
+        cdef int32_t cur = p.n_sets - 1
+        cdef int32_t W = v.n_words, WR = (v.n_ordinary + 63) // 64
+        cdef int64_t j
+        cdef int32_t node, n_nodes = 0, k, w, r, t, base
+        cdef MaskEntry* e
+        cdef uint64_t bitsw
+        cdef int any_unc = 0
+        memset(self.acc, 0, W * sizeof(uint64_t))
+        if not self.terminated:
+            self.stamp_gen += 1
+            if self.stamp_gen == 0x7FFFFFFF:
+                memset(self.stamp, 0, self.g.n_nodes * sizeof(int32_t))
+                self.stamp_gen = 1
+            for j in range(p.set_start[cur], p.n_items):
+                node = p.items[j] & NODE_MASK
+                if self.g.be_start[node + 1] > self.g.be_start[node] and self.stamp[node] != self.stamp_gen:
+                    self.stamp[node] = self.stamp_gen
+                    self.nodes[n_nodes] = node
+                    n_nodes += 1
+            for k in range(n_nodes):
+                e = self.core.get_entry(self.nodes[k])
+                if e == NULL:
+                    return -1
+                if e.kind == ENTRY_ACCEPTED_LIST:
+                    for j in range(e.n_list):
+                        t = e.list[j]
+                        self.acc[t >> 6] |= (<uint64_t>1) << (t & 63)
+                elif e.kind == ENTRY_BITSET:
+                    for w in range(W):
+                        self.acc[w] |= e.bits[w]
+                else:
+                    memcpy(self.tmp, v.ordinary_bits, W * sizeof(uint64_t))
+                    for j in range(e.n_list):
+                        t = e.list[j]
+                        self.tmp[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+                    for w in range(W):
+                        self.acc[w] |= self.tmp[w]
+                if e.n_unc:
+                    if not any_unc:
+                        memset(self.unc, 0, WR * sizeof(uint64_t))
+                        any_unc = 1
+                    for j in range(e.n_unc):
+                        r = e.unc_ranks[j]
+                        self.unc[r >> 6] |= (<uint64_t>1) << (r & 63)
+            if any_unc:
+                if self._check_uncertain(WR) < 0:
+                    return -1
+            for k in range(self.n_stop):
+                t = self.stops[k]
+                if p.set_top[cur]:
+                    self.acc[t >> 6] |= (<uint64_t>1) << (t & 63)
+                else:
+                    self.acc[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+        if n_out <= W * 2:
+            memcpy(out, self.acc, n_out * sizeof(int32_t))
+        else:
+            memcpy(out, self.acc, W * 2 * sizeof(int32_t))
+            memset(out + W * 2, 0, (n_out - W * 2) * sizeof(int32_t))
+        return 0
+
+    cdef int _check_uncertain(self, int32_t WR) noexcept nogil:
+        """Run the parser over each uncertain token not already accepted, sharing prefixes in byte order."""
+        cdef VocabC* v = self.vc
+        cdef Parser* p = &self.p
+        cdef GrammarC* g = self.g
+        cdef int32_t base = p.n_sets, w, r, t, plen = 0, fail_at = -1, lcp, length, d, ok
+        cdef uint64_t word
+        cdef const uint8_t* prev = NULL
+        cdef const uint8_t* cur
+        for w in range(WR):
+            word = self.unc[w]
+            while word:
+                r = (w << 6) + __builtin_ctzll(word)
+                word &= word - 1
+                t = v.rank_token[r]
+                if (self.acc[t >> 6] >> (t & 63)) & 1:
+                    continue
+                cur = v.tok_data + v.tok_off[t]
+                length = <int32_t>(v.tok_off[t + 1] - v.tok_off[t])
+                lcp = 0
+                while lcp < length and lcp < plen and cur[lcp] == prev[lcp]:
+                    lcp += 1
+                prev = cur
+                plen = length
+                if fail_at >= 0 and lcp > fail_at:
+                    continue          # shares the prefix that already failed
+                fail_at = -1
+                if p.n_sets - base > lcp:
+                    p_pop_to(p, base + lcp)
+                d = p.n_sets - base
+                ok = 1
+                while d < length:
+                    ok = p_push_byte(p, g, cur[d])
+                    if ok < 0:
+                        return -1
+                    if ok == 0:
+                        p_pop_to(p, base + d)
+                        fail_at = d
+                        break
+                    d += 1
+                if ok:
+                    self.acc[t >> 6] |= (<uint64_t>1) << (t & 63)
+        p_pop_to(p, base)
+        return 0
+
+    def allowed_bytes(self):
+        """The set of bytes some item of the current state set can scan (for jump-forward)."""
+        cdef Parser* p = &self.p
+        cdef GrammarC* g = self.g
+        cdef int32_t cur = p.n_sets - 1, k
+        cdef int64_t j
+        cdef uint32_t node
+        out = set()
+        for j in range(p.set_start[cur], p.n_items):
+            node = p.items[j] & NODE_MASK
+            for k in range(g.be_start[node], g.be_start[node + 1]):
+                out.update(range(g.be_lo[k], g.be_hi[k] + 1))
+        return out
+
+    def push_byte(self, uint8_t b):
+        """Scan one byte (no token boundary); used by jump-forward with pop_bytes."""
+        cdef int ok = p_push_byte(&self.p, self.g, b)
+        if ok < 0:
+            raise MemoryError()
+        if ok == 0:
+            p_pop_to(&self.p, self.p.n_sets - 1)
+        return ok == 1
+
+    @property
+    def n_sets(self):
+        return self.p.n_sets
+
+    def pop_to(self, int32_t n):
+        p_pop_to(&self.p, n)
+

@@ -1,0 +1,247 @@
+"""GrammarCompiler and CompiledGrammar: from IR to the flat tables the Cython core runs on."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+
+from ._ext.core import CompiledCore, Vocab
+from .errors import GrammarError
+from .grammar.fsm import RuleFSM, build_nfa, determinize, nullable_rules, productive_rules, prune
+from .grammar.grammar import Grammar
+from .grammar.hashing import rule_hashes
+from .grammar.ir import GrammarIR
+from .grammar.optimize import inline_small_rules
+from .tokenizer import TokenizerInfo
+
+#: How many caller levels context expansion follows when a rule ends at the end of its caller.
+CONTEXT_DEPTH = 3
+
+
+@dataclass
+class LoweredGrammar:
+    rule_names: list[str]
+    fsms: list[RuleFSM]
+    root: int
+    hashes: list[str]
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.arrays["node_rule"])
+
+
+def _completes_without_bytes(fsm: RuleFSM, nullable: set[int]) -> set[int]:
+    """Nodes from which the rule can finish by calling only nullable rules."""
+    rev: dict[int, list[int]] = {}
+    for u in range(fsm.n_nodes):
+        for r, v in fsm.rule_edges[u]:
+            if r in nullable:
+                rev.setdefault(v, []).append(u)
+    out = set(fsm.finals)
+    work = list(out)
+    while work:
+        v = work.pop()
+        for u in rev.get(v, ()):
+            if u not in out:
+                out.add(u)
+                work.append(u)
+    return out
+
+
+def lower(ir: GrammarIR) -> LoweredGrammar:
+    """Lower IR to per-rule automata and flatten them (CSR) for the core."""
+    ir = inline_small_rules(ir)
+    names = [r.name for r in ir.rules]
+    index = {n: i for i, n in enumerate(names)}
+    fsms = [determinize(*build_nfa(r.body, index)) for r in ir.rules]
+    live = productive_rules(fsms)
+    root = index[ir.root]
+    if root not in live:
+        raise GrammarError(f"the root rule {ir.root!r} accepts no string")
+    fsms = [prune(f, live) if r in live else RuleFSM([[]], [[]], set()) for r, f in enumerate(fsms)]
+    nullable = nullable_rules(fsms)
+
+    base = np.zeros(len(fsms) + 1, dtype=np.int64)
+    for r, f in enumerate(fsms):
+        base[r + 1] = base[r] + f.n_nodes
+    n_nodes = int(base[-1])
+    if n_nodes >= 2**30:
+        raise GrammarError("grammar too large")
+    node_rule = np.zeros(n_nodes, np.int32)
+    node_final = np.zeros(n_nodes, np.uint8)
+    be_start = np.zeros(n_nodes + 1, np.int32)
+    re_start = np.zeros(n_nodes + 1, np.int32)
+    be_lo, be_hi, be_target, re_rule, re_target = [], [], [], [], []
+    sites: list[list[tuple[int, int]]] = [[] for _ in fsms]
+    for r, f in enumerate(fsms):
+        b = int(base[r])
+        for u in range(f.n_nodes):
+            g = b + u
+            node_rule[g] = r
+            node_final[g] = u in f.finals
+            for lo, hi, v in f.byte_edges[u]:
+                be_lo.append(lo)
+                be_hi.append(hi)
+                be_target.append(b + v)
+            for rr, v in f.rule_edges[u]:
+                re_rule.append(rr)
+                re_target.append(b + v)
+                sites[rr].append((r, v))
+            be_start[g + 1] = len(be_lo)
+            re_start[g + 1] = len(re_rule)
+
+    # Context expansion: what may follow each rule, as caller nodes to resume from.
+    ends = [_completes_without_bytes(f, nullable) for f in fsms]
+    la_start = np.zeros(len(fsms) + 1, np.int32)
+    la_node: list[int] = []
+    la_sink = np.zeros(len(fsms), np.uint8)
+    for r in range(len(fsms)):
+        found: set[int] = set()
+        seen = {r}
+        frontier = [r]
+        for depth in range(CONTEXT_DEPTH + 1):
+            nxt = []
+            for rule in frontier:
+                for p, v in sites[rule]:
+                    found.add(int(base[p]) + v)
+                    if v in ends[p] and p not in seen:
+                        if depth == CONTEXT_DEPTH:
+                            la_sink[r] = 1
+                        seen.add(p)
+                        nxt.append(p)
+            frontier = nxt
+        la_node.extend(sorted(found))
+        la_start[r + 1] = len(la_node)
+
+    rule_start = base[:-1].astype(np.int32)
+    arrays = dict(
+        node_rule=node_rule,
+        node_final=node_final,
+        be_start=be_start,
+        be_lo=np.array(be_lo, np.uint8),
+        be_hi=np.array(be_hi, np.uint8),
+        be_target=np.array(be_target, np.int32),
+        re_start=re_start,
+        re_rule=np.array(re_rule, np.int32),
+        re_target=np.array(re_target, np.int32),
+        rule_start=rule_start,
+        rule_nullable=np.array([r in nullable for r in range(len(fsms))], np.uint8),
+        la_start=la_start,
+        la_node=np.array(la_node, np.int32),
+        la_sink=la_sink,
+    )
+    return LoweredGrammar(names, fsms, root, rule_hashes(fsms), arrays)
+
+
+class CompiledGrammar:
+    """A grammar lowered for one tokenizer, with its mask entries built on first visit (JIT)."""
+
+    def __init__(self, grammar: Grammar, tokenizer_info: TokenizerInfo, lowered: LoweredGrammar,
+                 core: CompiledCore):
+        self._grammar = grammar
+        self._tokenizer_info = tokenizer_info
+        self._lowered = lowered
+        self._core = core
+
+    @property
+    def grammar(self) -> Grammar:
+        return self._grammar
+
+    @property
+    def tokenizer_info(self) -> TokenizerInfo:
+        return self._tokenizer_info
+
+    @property
+    def memory_size_bytes(self) -> int:
+        return int(self._core.cache_bytes + sum(a.nbytes for a in self._lowered.arrays.values()))
+
+    @property
+    def rule_hashes(self) -> dict[str, str]:
+        return dict(zip(self._lowered.rule_names, self._lowered.hashes))
+
+
+_VOCAB_LOCK = threading.Lock()
+_VOCABS: dict[str, Vocab] = {}
+_MAX_VOCABS = 8
+
+
+def vocab_core(info: TokenizerInfo) -> Vocab:
+    """The core's view of a vocabulary (sorted tokens and byte trie), built once per distinct vocabulary."""
+    with _VOCAB_LOCK:
+        core = _VOCABS.get(info.fingerprint)
+        if core is None:
+            decoded = info.decoded_vocab
+            special = set(info.special_token_ids)
+            stops = set(info.stop_token_ids)
+            ordinary = [i for i, b in enumerate(decoded) if b and i not in special and i not in stops]
+            ordinary.sort(key=decoded.__getitem__)
+            core = Vocab(list(decoded), info.vocab_size, ordinary, sorted(stops))
+            if len(_VOCABS) >= _MAX_VOCABS:
+                _VOCABS.pop(next(iter(_VOCABS)))
+            _VOCABS[info.fingerprint] = core
+        return core
+
+
+class GrammarCompiler:
+    """Compiles grammars for one tokenizer; compiled grammars are cached by their normalised text."""
+
+    def __init__(self, tokenizer_info: TokenizerInfo, *, max_threads: int = 8, cache_enabled: bool = True,
+                 cache_limit_bytes: int = -1):
+        if not isinstance(tokenizer_info, TokenizerInfo):
+            raise TypeError("tokenizer_info must be an xg2.TokenizerInfo")
+        if max_threads < 1:
+            raise ValueError("max_threads must be at least 1")
+        self.tokenizer_info = tokenizer_info
+        self.max_threads = max_threads
+        self.cache_enabled = cache_enabled
+        self.cache_limit_bytes = cache_limit_bytes
+        self._cache: dict[tuple[str, str], CompiledGrammar] = {}
+        self._lock = threading.Lock()
+        self._vocab = vocab_core(tokenizer_info)
+        self.last_compile_seconds: Optional[float] = None
+
+    def compile_grammar(self, grammar: Union[str, Grammar], *, root_rule_name: str = "root") -> CompiledGrammar:
+        if isinstance(grammar, str):
+            grammar = Grammar.from_ebnf(grammar, root_rule_name=root_rule_name)
+        elif not isinstance(grammar, Grammar):
+            raise TypeError("grammar must be EBNF text or an xg2.Grammar")
+        return self._compile(grammar)
+
+    def compile_builtin_json_grammar(self) -> CompiledGrammar:
+        return self._compile(Grammar.builtin_json_grammar())
+
+    def _compile(self, grammar: Grammar) -> CompiledGrammar:
+        key = (str(grammar), grammar.ir.root)
+        if self.cache_enabled:
+            with self._lock:
+                hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+        t0 = time.perf_counter()
+        lowered = lower(grammar.ir)
+        core = CompiledCore(self._vocab, lowered.arrays, lowered.root)
+        compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered, core)
+        self.last_compile_seconds = time.perf_counter() - t0
+        if self.cache_enabled:
+            with self._lock:
+                self._cache[key] = compiled
+                self._evict()
+        return compiled
+
+    def _evict(self) -> None:
+        if self.cache_limit_bytes < 0:
+            return
+        while self._cache and self.get_cache_size_bytes() > self.cache_limit_bytes:
+            self._cache.pop(next(iter(self._cache)))
+
+    def get_cache_size_bytes(self) -> int:
+        return sum(c.memory_size_bytes for c in self._cache.values())
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()

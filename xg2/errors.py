@@ -1,0 +1,26 @@
+"""Typed errors: every bad input a tenant can send maps to one of these, never to a crash."""
+
+from __future__ import annotations
+
+
+class XG2Error(Exception):
+    """Base class of every error xg2 raises on purpose."""
+
+
+class GrammarError(XG2Error, ValueError):
+    """A grammar is malformed; `line` and `column` (1-based) point at the offending text when known."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None):
+        self.message = message
+        self.line = line
+        self.column = column
+        where = f" at line {line}, column {column}" if line is not None else ""
+        super().__init__(f"{message}{where}")
+
+
+class GrammarLimitError(GrammarError):
+    """A grammar exceeds a resource limit (size, repetition bound, nesting depth, compile budget)."""
+
+
+class TokenizerError(XG2Error, ValueError):
+    """A vocabulary or tokenizer could not be read."""

@@ -1,0 +1,396 @@
+"""Lowering of IR rule bodies to byte-level finite automata.
+
+Each rule becomes one automaton whose edges read a byte range or call another rule. Code points are
+lowered to UTF-8 byte sequences here, so the core only ever sees bytes. Construction goes through an
+epsilon-NFA (Thompson style), then a subset construction that treats every rule reference as one more
+input symbol, then Moore minimisation and a canonical breadth-first numbering. Canonical numbering is
+what lets equal rule structures in different grammars map node to node (XGrammar 2, Alg. 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import GrammarLimitError
+from .ir import CharClass, Choice, Expr, Literal, Repeat, RuleRef, Seq
+
+#: Upper bound on automaton nodes built for one rule (before minimisation).
+MAX_NFA_NODES = 400_000
+#: Subset construction gives up (keeps the epsilon-free NFA) past this many states.
+MAX_DFA_STATES = 20_000
+
+_UTF8_BOUNDS = ((0, 0x7F, 1), (0x80, 0x7FF, 2), (0x800, 0xFFFF, 3), (0x10000, 0x10FFFF, 4))
+
+
+def _utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """Byte-range sequences whose concatenations are exactly the UTF-8 encodings of [lo, hi]."""
+    out: list[list[tuple[int, int]]] = []
+    # Surrogates are not code points of well-formed UTF-8.
+    if lo <= 0xDFFF and hi >= 0xD800:
+        if lo < 0xD800:
+            out += _utf8_sequences(lo, 0xD7FF)
+        if hi > 0xDFFF:
+            out += _utf8_sequences(0xE000, hi)
+        return out
+    for blo, bhi, n in _UTF8_BOUNDS:
+        a, b = max(lo, blo), min(hi, bhi)
+        if a <= b:
+            _split_same_length(a, b, n, out)
+    return out
+
+
+def _split_same_length(lo: int, hi: int, n: int, out: list) -> None:
+    """Split [lo, hi] (all encoded in n bytes) into ranges whose byte sequences are rectangular."""
+    stack = [(lo, hi)]
+    while stack:
+        a, b = stack.pop()
+        if n == 1:
+            out.append([(a, b)])
+            continue
+        for i in range(1, n):
+            m = (1 << (6 * i)) - 1
+            if (a & ~m) != (b & ~m):
+                if (a & m) != 0:
+                    stack.append(((a | m) + 1, b))
+                    stack.append((a, a | m))
+                    break
+                if (b & m) != m:
+                    stack.append(((b & ~m), b))
+                    stack.append((a, (b & ~m) - 1))
+                    break
+        else:
+            ea, eb = chr(a).encode("utf-8"), chr(b).encode("utf-8")
+            out.append([(ea[k], eb[k]) for k in range(n)])
+
+
+@dataclass
+class NFA:
+    """Epsilon-NFA under construction. Edges: (kind, a, b, target) with kind 0 byte [a,b], 1 rule a, 2 eps."""
+
+    edges: list[list[tuple[int, int, int, int]]] = field(default_factory=list)
+
+    def node(self) -> int:
+        if len(self.edges) >= MAX_NFA_NODES:
+            raise GrammarLimitError(f"rule automaton exceeds {MAX_NFA_NODES} nodes")
+        self.edges.append([])
+        return len(self.edges) - 1
+
+    def add(self, u: int, kind: int, a: int, b: int, v: int) -> None:
+        self.edges[u].append((kind, a, b, v))
+
+
+def build_nfa(body: Expr, rule_index: dict[str, int]) -> tuple[NFA, int, int]:
+    """Thompson construction with an explicit work stack (no recursion on deep expressions)."""
+    nfa = NFA()
+    start, end = nfa.node(), nfa.node()
+    stack: list[tuple[Expr, int, int]] = [(body, start, end)]
+    while stack:
+        e, s, t = stack.pop()
+        if isinstance(e, Literal):
+            data = e.text.encode("utf-8", "surrogatepass")
+            cur = s
+            for i, byte in enumerate(data):
+                nxt = t if i == len(data) - 1 else nfa.node()
+                nfa.add(cur, 0, byte, byte, nxt)
+                cur = nxt
+            if not data:
+                nfa.add(s, 2, 0, 0, t)
+        elif isinstance(e, CharClass):
+            for lo, hi in e.codepoint_ranges():
+                for seq in _utf8_sequences(lo, hi):
+                    cur = s
+                    for i, (a, b) in enumerate(seq):
+                        nxt = t if i == len(seq) - 1 else nfa.node()
+                        nfa.add(cur, 0, a, b, nxt)
+                        cur = nxt
+        elif isinstance(e, Seq):
+            if not e.items:
+                nfa.add(s, 2, 0, 0, t)
+                continue
+            cur = s
+            for i, item in enumerate(e.items):
+                nxt = t if i == len(e.items) - 1 else nfa.node()
+                stack.append((item, cur, nxt))
+                cur = nxt
+        elif isinstance(e, Choice):
+            for alt in e.alts:
+                stack.append((alt, s, t))
+        elif isinstance(e, Repeat):
+            cur = s
+            for _ in range(e.min):
+                nxt = nfa.node()
+                stack.append((e.expr, cur, nxt))
+                cur = nxt
+            if e.max is None:
+                loop = nfa.node()
+                nfa.add(cur, 2, 0, 0, loop)
+                back = nfa.node()
+                stack.append((e.expr, loop, back))
+                nfa.add(back, 2, 0, 0, loop)
+                nfa.add(loop, 2, 0, 0, t)
+            else:
+                # Each optional copy may exit straight to the end.
+                for _ in range(e.max - e.min):
+                    nfa.add(cur, 2, 0, 0, t)
+                    nxt = nfa.node()
+                    stack.append((e.expr, cur, nxt))
+                    cur = nxt
+                nfa.add(cur, 2, 0, 0, t)
+        elif isinstance(e, RuleRef):
+            nfa.add(s, 1, rule_index[e.name], 0, t)
+        else:  # pragma: no cover - the IR is closed
+            raise TypeError(f"unknown IR node {e!r}")
+    return nfa, start, end
+
+
+@dataclass
+class RuleFSM:
+    """A rule's automaton with nodes numbered canonically from 0 (the start node).
+
+    byte_edges[n]: sorted (lo, hi, target); rule_edges[n]: sorted (rule, target); finals: set of nodes.
+    `deterministic` is False when the subset construction was abandoned for size.
+    """
+
+    byte_edges: list[list[tuple[int, int, int]]]
+    rule_edges: list[list[tuple[int, int]]]
+    finals: set[int]
+    deterministic: bool = True
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.byte_edges)
+
+
+def _eps_closure(nfa: NFA, seeds) -> frozenset[int]:
+    seen = set(seeds)
+    work = list(seeds)
+    while work:
+        u = work.pop()
+        for kind, _a, _b, v in nfa.edges[u]:
+            if kind == 2 and v not in seen:
+                seen.add(v)
+                work.append(v)
+    return frozenset(seen)
+
+
+def _split_ranges(ranges: list[tuple[int, int, object]]) -> list[tuple[int, int, frozenset]]:
+    """Disjoint byte intervals with the set of targets reached on each."""
+    points = sorted({r[0] for r in ranges} | {r[1] + 1 for r in ranges})
+    out: list[tuple[int, int, frozenset]] = []
+    for i in range(len(points) - 1):
+        lo, hi = points[i], points[i + 1] - 1
+        tgt = frozenset(v for a, b, v in ranges if a <= lo and hi <= b)
+        if not tgt:
+            continue
+        if out and out[-1][1] + 1 == lo and out[-1][2] == tgt:
+            out[-1] = (out[-1][0], hi, tgt)
+        else:
+            out.append((lo, hi, tgt))
+    return out
+
+
+def determinize(nfa: NFA, start: int, end: int) -> RuleFSM:
+    start_set = _eps_closure(nfa, [start])
+    index = {start_set: 0}
+    order = [start_set]
+    byte_edges: list[list[tuple[int, int, int]]] = []
+    rule_edges: list[list[tuple[int, int]]] = []
+    finals: set[int] = set()
+    i = 0
+    while i < len(order):
+        if len(order) > MAX_DFA_STATES:
+            return _epsilon_free(nfa, start, end)
+        cur = order[i]
+        if end in cur:
+            finals.add(i)
+        ranges = []
+        rules: dict[int, set[int]] = {}
+        for u in cur:
+            for kind, a, b, v in nfa.edges[u]:
+                if kind == 0:
+                    ranges.append((a, b, v))
+                elif kind == 1:
+                    rules.setdefault(a, set()).add(v)
+        bes = []
+        for lo, hi, tgt in _split_ranges(ranges):
+            closure = _eps_closure(nfa, tgt)
+            j = index.get(closure)
+            if j is None:
+                j = index[closure] = len(order)
+                order.append(closure)
+            bes.append((lo, hi, j))
+        res = []
+        for r in sorted(rules):
+            closure = _eps_closure(nfa, rules[r])
+            j = index.get(closure)
+            if j is None:
+                j = index[closure] = len(order)
+                order.append(closure)
+            res.append((r, j))
+        byte_edges.append(bes)
+        rule_edges.append(res)
+        i += 1
+    return minimize(RuleFSM(byte_edges, rule_edges, finals))
+
+
+def _epsilon_free(nfa: NFA, start: int, end: int) -> RuleFSM:
+    """Fallback for automata whose subset construction explodes: an NFA without epsilon edges."""
+    n = len(nfa.edges)
+    byte_edges: list[list[tuple[int, int, int]]] = []
+    rule_edges: list[list[tuple[int, int]]] = []
+    finals = set()
+    for u in range(n):
+        closure = _eps_closure(nfa, [u])
+        bes, res = set(), set()
+        for w in closure:
+            for kind, a, b, v in nfa.edges[w]:
+                if kind == 0:
+                    bes.add((a, b, v))
+                elif kind == 1:
+                    res.add((a, v))
+        if end in closure:
+            finals.add(u)
+        byte_edges.append(sorted(bes))
+        rule_edges.append(sorted(res))
+    fsm = RuleFSM(byte_edges, rule_edges, finals, deterministic=False)
+    return canonical(fsm, start)
+
+
+def minimize(fsm: RuleFSM) -> RuleFSM:
+    """Moore partition refinement; byte edges are compared after merging adjacent equal targets."""
+    n = fsm.n_nodes
+    cls = [1 if u in fsm.finals else 0 for u in range(n)]
+    n_cls = len(set(cls))
+    while True:
+        sigs: dict[tuple, int] = {}
+        new = []
+        for u in range(n):
+            bes = []
+            for lo, hi, v in fsm.byte_edges[u]:
+                c = cls[v]
+                if bes and bes[-1][1] + 1 == lo and bes[-1][2] == c:
+                    bes[-1] = (bes[-1][0], hi, c)
+                else:
+                    bes.append((lo, hi, c))
+            sig = (cls[u], tuple(bes), tuple((r, cls[v]) for r, v in fsm.rule_edges[u]))
+            new.append(sigs.setdefault(sig, len(sigs)))
+        cls = new
+        if len(sigs) == n_cls:
+            break
+        n_cls = len(sigs)
+    # Build the quotient automaton.
+    rep: dict[int, int] = {}
+    for u in range(n):
+        rep.setdefault(cls[u], u)
+    byte_edges = [[] for _ in range(n_cls)]
+    rule_edges = [[] for _ in range(n_cls)]
+    finals = set()
+    for c, u in rep.items():
+        bes = byte_edges[c]
+        for lo, hi, v in fsm.byte_edges[u]:
+            t = cls[v]
+            if bes and bes[-1][1] + 1 == lo and bes[-1][2] == t:
+                bes[-1] = (bes[-1][0], hi, t)
+            else:
+                bes.append((lo, hi, t))
+        rule_edges[c] = [(r, cls[v]) for r, v in fsm.rule_edges[u]]
+        if u in fsm.finals:
+            finals.add(c)
+    return canonical(RuleFSM(byte_edges, rule_edges, finals), cls[0])
+
+
+def canonical(fsm: RuleFSM, start: int) -> RuleFSM:
+    """Renumber breadth-first from `start` following edges in sorted order; drop unreachable nodes."""
+    order = [start]
+    num = {start: 0}
+    i = 0
+    while i < len(order):
+        u = order[i]
+        i += 1
+        for _lo, _hi, v in sorted(fsm.byte_edges[u]):
+            if v not in num:
+                num[v] = len(order)
+                order.append(v)
+        for _r, v in sorted(fsm.rule_edges[u]):
+            if v not in num:
+                num[v] = len(order)
+                order.append(v)
+    byte_edges = [sorted((lo, hi, num[v]) for lo, hi, v in fsm.byte_edges[u]) for u in order]
+    rule_edges = [sorted((r, num[v]) for r, v in fsm.rule_edges[u]) for u in order]
+    finals = {num[u] for u in fsm.finals if u in num}
+    return RuleFSM(byte_edges, rule_edges, finals, fsm.deterministic)
+
+
+def prune(fsm: RuleFSM, live_rules: set[int]) -> RuleFSM:
+    """Remove calls to rules that accept nothing and nodes from which no final node is reachable."""
+    n = fsm.n_nodes
+    rule_edges = [[(r, v) for r, v in fsm.rule_edges[u] if r in live_rules] for u in range(n)]
+    rev: list[list[int]] = [[] for _ in range(n)]
+    for u in range(n):
+        for _lo, _hi, v in fsm.byte_edges[u]:
+            rev[v].append(u)
+        for _r, v in rule_edges[u]:
+            rev[v].append(u)
+    alive = set(fsm.finals)
+    work = list(alive)
+    while work:
+        v = work.pop()
+        for u in rev[v]:
+            if u not in alive:
+                alive.add(u)
+                work.append(u)
+    if 0 not in alive:
+        return RuleFSM([[]], [[]], set(), fsm.deterministic)
+    byte_edges = [[e for e in fsm.byte_edges[u] if e[2] in alive] if u in alive else [] for u in range(n)]
+    rule_edges = [[e for e in rule_edges[u] if e[1] in alive] if u in alive else [] for u in range(n)]
+    return canonical(RuleFSM(byte_edges, rule_edges, fsm.finals & alive, fsm.deterministic), 0)
+
+
+def nullable_rules(fsms: list[RuleFSM]) -> set[int]:
+    """Rules that can complete without reading a byte (least fixpoint)."""
+    nullable: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for r, fsm in enumerate(fsms):
+            if r in nullable:
+                continue
+            seen = {0}
+            work = [0]
+            while work:
+                u = work.pop()
+                for rr, v in fsm.rule_edges[u]:
+                    if rr in nullable and v not in seen:
+                        seen.add(v)
+                        work.append(v)
+            if seen & fsm.finals:
+                nullable.add(r)
+                changed = True
+    return nullable
+
+
+def productive_rules(fsms: list[RuleFSM]) -> set[int]:
+    """Rules whose language is non-empty (least fixpoint)."""
+    live: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for r, fsm in enumerate(fsms):
+            if r in live:
+                continue
+            seen = {0}
+            work = [0]
+            while work:
+                u = work.pop()
+                for _lo, _hi, v in fsm.byte_edges[u]:
+                    if v not in seen:
+                        seen.add(v)
+                        work.append(v)
+                for rr, v in fsm.rule_edges[u]:
+                    if rr in live and v not in seen:
+                        seen.add(v)
+                        work.append(v)
+            if seen & fsm.finals:
+                live.add(r)
+                changed = True
+    return live

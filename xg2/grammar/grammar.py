@@ -1,0 +1,40 @@
+"""`Grammar`: the front-end-independent grammar object users pass to the compiler."""
+
+from __future__ import annotations
+
+from .builtin import JSON_EBNF
+from .ebnf import parse_ebnf, print_ebnf
+from .ir import GrammarIR
+
+
+class Grammar:
+    """An immutable grammar in the shared IR; `str()` gives normalised EBNF."""
+
+    def __init__(self, ir: GrammarIR):
+        self._ir = ir
+        self._text: str | None = None
+
+    @property
+    def ir(self) -> GrammarIR:
+        return self._ir
+
+    @staticmethod
+    def from_ebnf(ebnf_string: str, *, root_rule_name: str = "root") -> "Grammar":
+        if not isinstance(ebnf_string, str):
+            raise TypeError("ebnf_string must be a str")
+        return Grammar(parse_ebnf(ebnf_string, root_rule_name=root_rule_name))
+
+    @staticmethod
+    def builtin_json_grammar() -> "Grammar":
+        return Grammar.from_ebnf(JSON_EBNF)
+
+    def to_string(self) -> str:
+        if self._text is None:
+            self._text = print_ebnf(self._ir)
+        return self._text
+
+    def __str__(self) -> str:
+        return self.to_string()
+
+    def __repr__(self) -> str:
+        return f"Grammar({self.to_string()!r})"
