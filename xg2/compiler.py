@@ -18,10 +18,6 @@ from .grammar.ir import GrammarIR
 from .grammar.optimize import inline_small_rules
 from .tokenizer import TokenizerInfo
 
-#: How many caller levels context expansion follows when a rule ends at the end of its caller.
-CONTEXT_DEPTH = 3
-
-
 @dataclass
 class LoweredGrammar:
     rule_names: list[str]
@@ -33,24 +29,6 @@ class LoweredGrammar:
     @property
     def n_nodes(self) -> int:
         return len(self.arrays["node_rule"])
-
-
-def _completes_without_bytes(fsm: RuleFSM, nullable: set[int]) -> set[int]:
-    """Nodes from which the rule can finish by calling only nullable rules."""
-    rev: dict[int, list[int]] = {}
-    for u in range(fsm.n_nodes):
-        for r, v in fsm.rule_edges[u]:
-            if r in nullable:
-                rev.setdefault(v, []).append(u)
-    out = set(fsm.finals)
-    work = list(out)
-    while work:
-        v = work.pop()
-        for u in rev.get(v, ()):
-            if u not in out:
-                out.add(u)
-                work.append(u)
-    return out
 
 
 def lower(ir: GrammarIR) -> LoweredGrammar:
@@ -91,32 +69,37 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
             for rr, v in f.rule_edges[u]:
                 re_rule.append(rr)
                 re_target.append(b + v)
-                sites[rr].append((r, v))
+                sites[rr].append((r, u))
             be_start[g + 1] = len(be_lo)
             re_start[g + 1] = len(re_rule)
 
-    # Context expansion: what may follow each rule, as caller nodes to resume from.
-    ends = [_completes_without_bytes(f, nullable) for f in fsms]
-    la_start = np.zeros(len(fsms) + 1, np.int32)
-    la_node: list[int] = []
-    la_sink = np.zeros(len(fsms), np.uint8)
+    # Context: for each rule, the caller items waiting on it; item origin = the caller's own rule,
+    # whose static state set in the core's context parser holds that caller's callers.
+    ctx_start = np.zeros(len(fsms) + 1, np.int32)
+    ctx_item: list[int] = []
     for r in range(len(fsms)):
-        found: set[int] = set()
-        seen = {r}
-        frontier = [r]
-        for depth in range(CONTEXT_DEPTH + 1):
-            nxt = []
-            for rule in frontier:
-                for p, v in sites[rule]:
-                    found.add(int(base[p]) + v)
-                    if v in ends[p] and p not in seen:
-                        if depth == CONTEXT_DEPTH:
-                            la_sink[r] = 1
-                        seen.add(p)
-                        nxt.append(p)
-            frontier = nxt
-        la_node.extend(sorted(found))
-        la_start[r + 1] = len(la_node)
+        ctx_item.extend(sorted((p << 32) | (int(base[p]) + u) for p, u in sites[r]))
+        ctx_start[r + 1] = len(ctx_item)
+
+    # Nodes from which the rule is a plain deterministic automaton: no call is reachable.
+    node_pure = np.zeros(n_nodes, np.uint8)
+    for r, f in enumerate(fsms):
+        if not f.deterministic:
+            continue
+        rev: list[list[int]] = [[] for _ in range(f.n_nodes)]
+        for u in range(f.n_nodes):
+            for _lo, _hi, v in f.byte_edges[u]:
+                rev[v].append(u)
+        impure = {u for u in range(f.n_nodes) if f.rule_edges[u]}
+        work = list(impure)
+        while work:
+            v = work.pop()
+            for u in rev[v]:
+                if u not in impure:
+                    impure.add(u)
+                    work.append(u)
+        for u in range(f.n_nodes):
+            node_pure[int(base[r]) + u] = u not in impure
 
     rule_start = base[:-1].astype(np.int32)
     arrays = dict(
@@ -131,9 +114,9 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
         re_target=np.array(re_target, np.int32),
         rule_start=rule_start,
         rule_nullable=np.array([r in nullable for r in range(len(fsms))], np.uint8),
-        la_start=la_start,
-        la_node=np.array(la_node, np.int32),
-        la_sink=la_sink,
+        ctx_start=ctx_start,
+        ctx_item=np.array(ctx_item, np.uint64),
+        node_pure=node_pure,
     )
     return LoweredGrammar(names, fsms, root, rule_hashes(fsms), arrays)
 

@@ -48,9 +48,9 @@ cdef struct GrammarC:
     const int32_t* re_target
     const int32_t* rule_start
     const uint8_t* rule_nullable
-    const int32_t* la_start
-    const int32_t* la_node
-    const uint8_t* la_sink
+    const int32_t* ctx_start
+    const uint64_t* ctx_item
+    const uint8_t* node_pure      # deterministic, and no rule call reachable inside its rule
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,6 +198,21 @@ cdef int p_begin_set(Parser* p) noexcept nogil:
     return _h_reset(p)
 
 
+cdef int p_push_empty(Parser* p) noexcept nogil:
+    """Open a new, empty state set without touching the dedup table (a dead parser stays dead)."""
+    if p.n_sets == p.cap_sets:
+        p.cap_sets *= 2
+        p.set_start = <int64_t*>realloc(p.set_start, p.cap_sets * sizeof(int64_t))
+        p.set_top = <uint8_t*>realloc(p.set_top, p.cap_sets * sizeof(uint8_t))
+        if p.set_start == NULL or p.set_top == NULL:
+            return -1
+    p.set_start[p.n_sets] = p.n_items
+    p.set_top[p.n_sets] = 0
+    p.n_sets += 1
+    p.hset = -1
+    return 0
+
+
 cdef inline void p_pop_to(Parser* p, int32_t n_sets) noexcept nogil:
     if n_sets < p.n_sets:
         p.n_items = p.set_start[n_sets]
@@ -287,14 +302,20 @@ cdef int p_push_byte(Parser* p, const GrammarC* g, uint8_t b) noexcept nogil:
     return 1 if p.n_items > s else 0
 
 
-cdef int p_inject(Parser* p, const GrammarC* g, int32_t rule) noexcept nogil:
-    """Add the context of `rule` (the continuations of its callers) as top items at the open set."""
+cdef int p_complete_rule(Parser* p, const GrammarC* g, int32_t rule, int64_t origin) noexcept nogil:
+    """Complete `rule` from state set `origin` into the open set, then close the new items."""
+    cdef int64_t s = p.n_items, j = p.set_start[origin], e = p_set_end(p, <int32_t>origin)
+    cdef item_t it2
+    cdef uint32_t n2
     cdef int32_t k
-    cdef int32_t cur = p.n_sets - 1
-    cdef int64_t s = p.n_items
-    for k in range(g.la_start[rule], g.la_start[rule + 1]):
-        if p_add(p, (<item_t>cur << 32) | TOP_BIT | <item_t>g.la_node[k]) < 0:
-            return -1
+    while j < e:
+        it2 = p.items[j]
+        j += 1
+        n2 = it2 & NODE_MASK
+        for k in range(g.re_start[n2], g.re_start[n2 + 1]):
+            if g.re_rule[k] == rule:
+                if p_add(p, (it2 & ~(<item_t>NODE_MASK)) | <item_t>g.re_target[k]) < 0:
+                    return -1
     return p_closure(p, g, s)
 
 
@@ -497,11 +518,6 @@ cdef enum:
     ENTRY_REJECTED_LIST = 1     # list = ordinary ids that are not accepted (rejected or uncertain)
     ENTRY_BITSET = 2            # bits = accepted ids
 
-cdef enum:
-    CLS_REJECTED = 0
-    CLS_ACCEPTED = 1
-    CLS_UNCERTAIN = 2
-
 cdef struct MaskEntry:
     int32_t kind
     int32_t n_list
@@ -542,15 +558,19 @@ cdef class CompiledCore:
     cdef PyThread_type_lock lock
     cdef Parser pa
     cdef Parser pb
-    cdef uint8_t* cls
-    cdef uint8_t* sink
+    cdef int32_t* acc_buf
+    cdef int32_t* unc_buf
+    cdef int32_t* dstate
+    cdef int64_t n_acc
+    cdef int64_t n_unc
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
 
     def __cinit__(self):
         self.entries = NULL
-        self.cls = NULL
-        self.sink = NULL
+        self.acc_buf = NULL
+        self.unc_buf = NULL
+        self.dstate = NULL
         self.lock = NULL
         self.pa.items = NULL
         self.pb.items = NULL
@@ -576,14 +596,16 @@ cdef class CompiledCore:
         self.g.re_target = <const int32_t*>_ptr(keep, "re_target", np.int32)
         self.g.rule_start = <const int32_t*>_ptr(keep, "rule_start", np.int32)
         self.g.rule_nullable = <const uint8_t*>_ptr(keep, "rule_nullable", np.uint8)
-        self.g.la_start = <const int32_t*>_ptr(keep, "la_start", np.int32)
-        self.g.la_node = <const int32_t*>_ptr(keep, "la_node", np.int32)
-        self.g.la_sink = <const uint8_t*>_ptr(keep, "la_sink", np.uint8)
+        self.g.ctx_start = <const int32_t*>_ptr(keep, "ctx_start", np.int32)
+        self.g.ctx_item = <const uint64_t*>_ptr(keep, "ctx_item", np.uint64)
+        self.g.node_pure = <const uint8_t*>_ptr(keep, "node_pure", np.uint8)
         self.entries = <MaskEntry**>calloc(max(1, self.g.n_nodes), sizeof(MaskEntry*))
         self.lock = PyThread_allocate_lock()
-        self.cls = <uint8_t*>malloc(max(1, vocab.n_ordinary))
-        self.sink = <uint8_t*>malloc(vocab.max_depth + 2)
-        if self.entries == NULL or self.lock == NULL or self.cls == NULL or self.sink == NULL:
+        self.acc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
+        self.unc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
+        self.dstate = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
+        if (self.entries == NULL or self.lock == NULL or self.acc_buf == NULL or self.unc_buf == NULL
+                or self.dstate == NULL):
             raise MemoryError()
         if p_init(&self.pa) < 0 or p_init(&self.pb) < 0:
             raise MemoryError()
@@ -598,8 +620,9 @@ cdef class CompiledCore:
             free(self.entries)
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
-        free(self.cls)
-        free(self.sink)
+        free(self.acc_buf)
+        free(self.unc_buf)
+        free(self.dstate)
         if self.pa.items != NULL:
             p_free(&self.pa)
         if self.pb.items != NULL:
@@ -638,87 +661,116 @@ cdef class CompiledCore:
                 out.append(n)
         return out
 
+    cdef int _start_context(self) noexcept nogil:
+        """Parser B starts with one static state set per rule: the caller items waiting on that rule.
+
+        Completing a rule from its static set resumes every caller, whose own completion resumes
+        their callers in turn, so B parses exactly the text that may follow the rule in any context.
+        """
+        cdef Parser* B = &self.pb
+        cdef GrammarC* g = &self.g
+        cdef int32_t r, k
+        B.n_items = 0
+        B.n_sets = 0
+        B.hset = -1
+        for r in range(g.n_rules):
+            if p_begin_set(B) < 0:
+                return -1
+            for k in range(g.ctx_start[r], g.ctx_start[r + 1]):
+                if p_add(B, g.ctx_item[k]) < 0:
+                    return -1
+        return p_begin_set(B)
+
     cdef MaskEntry* _build_entry(self, int32_t node) noexcept nogil:
-        """Walk the vocabulary trie from `node` with parser A (inside the rule) and B (its context)."""
+        """Walk the vocabulary trie from `node` with parser A (inside the rule) and B (what may follow it).
+
+        A token is accepted when A consumes all of it, uncertain when only B survives (it leaves the
+        rule and fits some caller context), rejected otherwise; a dead prefix skips its whole subtree.
+        Where the rule is a plain deterministic automaton from `node` on, A is just a node per depth.
+        """
         cdef VocabC* v = self.vc
         cdef Parser* A = &self.pa
         cdef Parser* B = &self.pb
         cdef GrammarC* g = &self.g
         cdef int32_t rule = g.node_rule[node]
-        cdef int32_t i = 0, d, r, okA, okB, t
-        cdef uint8_t sink
-        cdef int64_t n_acc = 0, n_unc = 0, n_other
-        memset(self.cls, CLS_REJECTED, v.n_ordinary)
-        if p_start(A, g, TOP_BIT | <item_t>node) < 0:
+        cdef int32_t base = g.n_rules
+        cdef int32_t i = 0, d, r, okA, okB, st, nxt, k
+        cdef bint pure = g.node_pure[node], topA
+        cdef uint8_t byte
+        self.n_acc = 0
+        self.n_unc = 0
+        if self._start_context() < 0:
             return NULL
-        B.n_items = 0
-        B.n_sets = 0
-        B.hset = -1
-        if p_begin_set(B) < 0:
-            return NULL
-        self.sink[0] = 0
-        if A.set_top[0]:
-            if g.la_sink[rule]:
-                self.sink[0] = 1
-            if p_inject(B, g, rule) < 0:
+        if pure:
+            self.dstate[0] = node
+            topA = g.node_final[node]
+        else:
+            if p_start(A, g, TOP_BIT | <item_t>node) < 0:
                 return NULL
+            topA = A.set_top[0]
+        if topA and p_complete_rule(B, g, rule, rule) < 0:
+            return NULL
         while i < v.n_trie:
             d = v.trie_depth[i]
-            p_pop_to(A, d)
-            p_pop_to(B, d)
-            okA = p_push_byte(A, g, v.trie_byte[i])
-            okB = p_push_byte(B, g, v.trie_byte[i])
-            if okA < 0 or okB < 0:
-                return NULL
-            sink = self.sink[d - 1]
-            if B.set_top[d]:
-                sink = 1
-            if okA and A.set_top[d]:
-                if g.la_sink[rule]:
-                    sink = 1
-                if p_inject(B, g, rule) < 0:
+            byte = v.trie_byte[i]
+            if pure:
+                st = self.dstate[d - 1]
+                nxt = -1
+                if st >= 0:
+                    for k in range(g.be_start[st], g.be_start[st + 1]):
+                        if g.be_lo[k] > byte:
+                            break
+                        if byte <= g.be_hi[k]:
+                            nxt = g.be_target[k]
+                            break
+                self.dstate[d] = nxt
+                okA = nxt >= 0
+                topA = okA and g.node_final[nxt]
+            else:
+                p_pop_to(A, d)
+                okA = p_push_byte(A, g, byte)
+                if okA < 0:
                     return NULL
-                okB = B.n_items > B.set_start[d]
-            self.sink[d] = sink
+                topA = okA and A.set_top[d]
+            p_pop_to(B, base + d)
+            if B.n_items == B.set_start[base + d - 1]:
+                okB = p_push_empty(B)
+            else:
+                okB = p_push_byte(B, g, byte)
+            if okB < 0:
+                return NULL
+            if topA:
+                if p_complete_rule(B, g, rule, rule) < 0:
+                    return NULL
+                okB = B.n_items > B.set_start[base + d]
             if okA:
                 for r in range(v.trie_lo[i], v.trie_hi[i]):
-                    self.cls[r] = CLS_ACCEPTED
+                    self.acc_buf[self.n_acc] = r
+                    self.n_acc += 1
                 i += 1
-            elif sink:
-                # Nothing inside the rule survives, but the context might: the whole subtree is uncertain.
-                for t in range(i, v.trie_next[i]):
-                    for r in range(v.trie_lo[t], v.trie_hi[t]):
-                        self.cls[r] = CLS_UNCERTAIN
-                i = v.trie_next[i]
             elif okB:
                 for r in range(v.trie_lo[i], v.trie_hi[i]):
-                    self.cls[r] = CLS_UNCERTAIN
+                    self.unc_buf[self.n_unc] = r
+                    self.n_unc += 1
                 i += 1
             else:
                 i = v.trie_next[i]
         return self._store(v)
 
     cdef MaskEntry* _store(self, VocabC* v) noexcept nogil:
-        cdef int64_t n_acc = 0, n_unc = 0, n_other, k = 0, u = 0
-        cdef int32_t r, t
+        """Keep the smallest of: accepted ids, non-accepted ids, or a bitset (paper App. B)."""
+        cdef int64_t n_acc = self.n_acc, n_unc = self.n_unc, n_other = v.n_ordinary - n_acc
+        cdef int64_t j, k = 0
+        cdef int32_t r, t, nxt_acc
         cdef MaskEntry* e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
         if e == NULL:
             return NULL
-        for r in range(v.n_ordinary):
-            if self.cls[r] == CLS_ACCEPTED:
-                n_acc += 1
-            elif self.cls[r] == CLS_UNCERTAIN:
-                n_unc += 1
-        n_other = v.n_ordinary - n_acc
         e.n_unc = <int32_t>n_unc
         e.unc_ranks = <int32_t*>malloc(max(1, n_unc) * sizeof(int32_t))
         if e.unc_ranks == NULL:
             entry_free(e)
             return NULL
-        for r in range(v.n_ordinary):
-            if self.cls[r] == CLS_UNCERTAIN:
-                e.unc_ranks[u] = r
-                u += 1
+        memcpy(e.unc_ranks, self.unc_buf, n_unc * sizeof(int32_t))
         if n_acc * 4 <= v.n_words * 8 and n_acc <= n_other:
             e.kind = ENTRY_ACCEPTED_LIST
             e.n_list = <int32_t>n_acc
@@ -732,20 +784,27 @@ cdef class CompiledCore:
             if e.bits == NULL:
                 entry_free(e)
                 return NULL
-            for r in range(v.n_ordinary):
-                if self.cls[r] == CLS_ACCEPTED:
-                    t = v.rank_token[r]
-                    e.bits[t >> 6] |= (<uint64_t>1) << (t & 63)
+            for j in range(n_acc):
+                t = v.rank_token[self.acc_buf[j]]
+                e.bits[t >> 6] |= (<uint64_t>1) << (t & 63)
             e.nbytes = v.n_words * 8
         else:
             e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
             if e.list == NULL:
                 entry_free(e)
                 return NULL
-            for r in range(v.n_ordinary):
-                if (self.cls[r] == CLS_ACCEPTED) == (e.kind == ENTRY_ACCEPTED_LIST):
-                    e.list[k] = v.rank_token[r]
-                    k += 1
+            if e.kind == ENTRY_ACCEPTED_LIST:
+                for j in range(n_acc):
+                    e.list[j] = v.rank_token[self.acc_buf[j]]
+            else:
+                # Accepted ranks are ascending: emit the gaps between them.
+                j = 0
+                for r in range(v.n_ordinary):
+                    if j < n_acc and self.acc_buf[j] == r:
+                        j += 1
+                    else:
+                        e.list[k] = v.rank_token[r]
+                        k += 1
             e.nbytes = e.n_list * 4
         e.nbytes += n_unc * 4 + sizeof(MaskEntry)
         return e

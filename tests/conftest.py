@@ -1,0 +1,47 @@
+"""Shared fixtures: real vocabularies from ../shared beside the checkout, and a small hand-made one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+TOKENIZERS = SHARED / "tokenizers"
+
+
+def shared_file(name: str) -> Path:
+    path = TOKENIZERS / name
+    if not path.exists():
+        pytest.skip(f"{path} not found: the real vocabularies live in ../shared beside the checkout")
+    return path
+
+
+@pytest.fixture(scope="session")
+def deepseek_info():
+    import xg2
+
+    return xg2.TokenizerInfo.from_huggingface(str(shared_file("deepseek_v3_tokenizer.json")))
+
+
+@pytest.fixture(scope="session")
+def small_info():
+    """Every single byte that can start or continue UTF-8, plus multi-byte tokens that cross structure."""
+    import xg2
+
+    vocab = [bytes([b]) for b in range(256)]
+    vocab += [w.encode() for w in [
+        "ab", "abc", "ba", "1+", "+2", "12", "(1", "1)", "))", "((", '{"', '":', '",', '"}', "true", "false",
+        "null", ", ", ": ", "  ", "\n ", "ä", "一二", "中文", "😀", "xy", "yx", "x=", "=y", "aaa", "bbb",
+        "<think>", "</think>", "a b", " a", "b ", "-1", "0.", ".5", "e+", "1e", '\\"', "\\u00", '"a', 'a"',
+    ]]
+    vocab += [b"\xe4", b"\xe4\xb8", b"\xf0\x9f"]
+    vocab += ["</s>"]
+    return xg2.TokenizerInfo(vocab, xg2.VocabType.RAW, stop_token_ids=[len(vocab) - 1])
+
+
+@pytest.fixture(scope="session")
+def deepseek_tokenizer():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(shared_file("deepseek_v3_tokenizer.json")))

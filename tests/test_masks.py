@@ -1,0 +1,157 @@
+"""The cached mask must equal the reference mask exactly: every token checked by running the parser
+over its bytes from the current state (accept, then roll back)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xg2
+
+GRAMMARS = {
+    "left_recursive": r'''
+root ::= expr
+expr ::= expr "+" term | expr "-" term | term
+term ::= term "*" factor | factor
+factor ::= [0-9]+ | "(" expr ")"
+''',
+    "ambiguous": r'''
+root ::= s
+s ::= s s | "a" | "ab" | "b" | "aa"
+''',
+    "nullable": r'''
+root ::= a b c "!"
+a ::= "x"?
+b ::= c c
+c ::= ("y" | "")*
+''',
+    "unicode": r'''
+root ::= item+
+item ::= [一-龥]+ | [à-ÿ] | "😀" | [\u0041-\u005A]{2} | [^\x00-\x7f一-龥]
+''',
+    "repetition": r'''
+root ::= "a"{3} "b"{2,} c{1,4} d{0,2}
+c ::= "c" | "cc"
+d ::= [xy]
+''',
+    "lookahead": r'''
+root ::= (word " ")* word "."
+word ::= [a-z]+ (= [ .])
+''',
+    "right_recursive": r'''
+root ::= list
+list ::= "(" items ")"
+items ::= "" | item items
+item ::= [a-z] | list | " "
+''',
+    "json": None,
+}
+
+SAMPLES = {
+    "left_recursive": "12+(3*4)-5*(6+7)",
+    "ambiguous": "aabab",
+    "nullable": "xyyy!",
+    "unicode": "中文àAB😀ä",
+    "repetition": "aaabbbccccy",
+    "lookahead": "ab cd ef.",
+    "right_recursive": "(a (b c) (d (e)))",
+    "json": '{"a": [1, -2.5e3, true], "b\\"": {"c": null}, "d": "ü"}',
+}
+
+
+def compile_(info, name):
+    compiler = xg2.GrammarCompiler(info)
+    if GRAMMARS[name] is None:
+        return compiler.compile_builtin_json_grammar()
+    return compiler.compile_grammar(GRAMMARS[name])
+
+
+def unpack(bitmask, n):
+    arr = bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask
+    bits = np.unpackbits(arr[0].astype("<i4").view(np.uint8), bitorder="little")
+    return bits[:n].astype(bool)
+
+
+def reference_mask(matcher: xg2.GrammarMatcher, info: xg2.TokenizerInfo, candidates) -> np.ndarray:
+    ref = np.zeros(info.vocab_size, dtype=bool)
+    for t in candidates:
+        if matcher.accept_token(int(t)):
+            ref[t] = True
+            matcher.rollback(1)
+    return ref
+
+
+def check_walk(info, name, token_ids, candidates, max_steps=None):
+    compiled = compile_(info, name)
+    matcher = xg2.GrammarMatcher(compiled)
+    bitmask = xg2.allocate_token_bitmask(1, info.vocab_size)
+    steps = token_ids if max_steps is None else token_ids[:max_steps]
+    for step, t in enumerate(list(steps) + [None]):
+        matcher.fill_next_token_bitmask(bitmask)
+        got = unpack(bitmask, info.vocab_size)
+        ref = reference_mask(matcher, info, candidates)
+        diff = np.nonzero(got != ref)[0]
+        assert diff.size == 0, (name, step, [(int(i), info.decoded_vocab[i], bool(got[i])) for i in diff[:10]])
+        if t is None:
+            break
+        assert matcher.accept_token(t), (name, step, t)
+
+
+def greedy_tokenize(info, text: str) -> list[int]:
+    """Longest-match tokenization over the decoded vocabulary (ordinary tokens only)."""
+    data = text.encode()
+    special = set(info.special_token_ids) | set(info.stop_token_ids)
+    by_bytes = {}
+    for i, b in enumerate(info.decoded_vocab):
+        if b and i not in special:
+            by_bytes.setdefault(b, i)
+    out, pos = [], 0
+    while pos < len(data):
+        for k in range(min(16, len(data) - pos), 0, -1):
+            t = by_bytes.get(data[pos:pos + k])
+            if t is not None:
+                out.append(t)
+                pos += k
+                break
+        else:
+            raise AssertionError("untokenizable")
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_small_vocab_matches_reference(small_info, name):
+    ids = greedy_tokenize(small_info, SAMPLES[name])
+    check_walk(small_info, name, ids, range(small_info.vocab_size))
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_deepseek_matches_reference(deepseek_info, deepseek_tokenizer, name):
+    ids = deepseek_tokenizer.encode(SAMPLES[name], add_special_tokens=False).ids
+    special = set(deepseek_info.special_token_ids)
+    candidates = [i for i in range(deepseek_info.vocab_size) if i not in special]
+    check_walk(deepseek_info, name, ids, candidates, max_steps=4)
+
+
+def test_stop_token_only_when_complete(small_info):
+    compiled = xg2.GrammarCompiler(small_info).compile_grammar('root ::= "ab" "c"?')
+    m = xg2.GrammarMatcher(compiled)
+    stop = small_info.stop_token_ids[0]
+    bm = xg2.allocate_token_bitmask(1, small_info.vocab_size)
+    m.fill_next_token_bitmask(bm)
+    assert not unpack(bm, small_info.vocab_size)[stop]
+    assert not m.accept_token(stop)
+    assert m.accept_string("ab")
+    m.fill_next_token_bitmask(bm)
+    assert unpack(bm, small_info.vocab_size)[stop]
+    assert m.accept_token(stop) and m.is_terminated()
+    assert not m.accept_token(ord("c"))
+
+
+def test_padding_and_special_never_allowed():
+    info = xg2.TokenizerInfo(["a", "b", "", "</s>"], xg2.VocabType.RAW, vocab_size=70, stop_token_ids=[3])
+    compiled = xg2.GrammarCompiler(info).compile_grammar('root ::= [a-z]*')
+    m = xg2.GrammarMatcher(compiled)
+    bm = xg2.allocate_token_bitmask(1, 70)
+    m.fill_next_token_bitmask(bm)
+    allowed = unpack(bm, 70)
+    assert list(np.nonzero(allowed)[0]) == [0, 1, 3]
