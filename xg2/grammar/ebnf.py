@@ -1,0 +1,741 @@
+"""EBNF front-end: xgrammar's EBNF dialect (a superset of llama.cpp GBNF) to and from the grammar IR.
+
+Syntax accepted by :func:`parse_ebnf`::
+
+    name ::= body            # a rule; the name must be the first token on its line
+    body := alt ("|" alt)*   # alternatives; an empty alternative is an error (use "" or ())
+    alt  := item+            # a sequence
+    item := atom quantifier?
+    atom := "literal" | [class] | [^class] | name | ( body ) | ( )
+    quantifier := * | + | ? | {m} | {m,} | {m,n}
+    name ::= body (= body)   # optional lookahead assertion, only at the very end of a rule
+
+Names are ASCII letters, digits, ``_``, ``-`` and ``.``, not starting with a digit (so ``.`` is a
+name character, not a wildcard, exactly as in xgrammar). ``#`` starts a comment that runs to the end
+of the line. A rule body may span several lines; a new rule starts where ``name ::=`` appears.
+
+Escapes (in string literals and character classes alike): ``\\n \\r \\t \\b \\f \\v \\a \\0 \\e``,
+``\\" \\' \\\\ \\? \\/``, the regex punctuation ``\\^ \\$ \\. \\* \\+ \\( \\) \\[ \\] \\{ \\} \\| \\-``,
+``\\xH...`` (one or more hex digits, read greedily as in xgrammar), ``\\uHHHH`` and
+``\\UHHHHHHHH``. Escapes denote Unicode code points; surrogates and values above U+10FFFF are
+rejected.
+
+Every error is a :class:`~xg2.errors.GrammarError` (or :class:`~xg2.errors.GrammarLimitError` for
+resource limits) carrying the 1-based line and column (counted in code points) of the offending
+text. The parser is iterative (an explicit stack), so deeply nested input cannot exhaust the Python
+stack; nesting is capped at :data:`MAX_NESTING_DEPTH`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+
+from xg2.errors import GrammarError, GrammarLimitError
+from xg2.grammar.ir import (
+    EPSILON,
+    MAX_CODEPOINT,
+    CharClass,
+    Choice,
+    Expr,
+    GrammarIR,
+    Literal,
+    Repeat,
+    Rule,
+    RuleRef,
+    Seq,
+)
+
+__all__ = [
+    "MAX_GRAMMAR_BYTES",
+    "MAX_NESTING_DEPTH",
+    "MAX_REPEAT",
+    "parse_ebnf",
+    "print_ebnf",
+]
+
+MAX_REPEAT = 100_000
+"""Largest bound allowed in ``{m}``, ``{m,}`` and ``{m,n}``."""
+
+MAX_GRAMMAR_BYTES = 4 * 1024 * 1024
+"""Largest grammar text accepted, in UTF-8 bytes."""
+
+MAX_NESTING_DEPTH = 1000
+"""Deepest parenthesis nesting accepted (``(`` and ``(=`` both count)."""
+
+# xgrammar macros; we do not support them but give a precise error instead of "undefined rule".
+_XGRAMMAR_MACROS = frozenset({"TagDispatch", "Token", "ExcludeToken", "TokenTagDispatch", "Regex"})
+
+# ---------------------------------------------------------------------------------------------
+# Lexer
+# ---------------------------------------------------------------------------------------------
+
+# Token kinds.
+_NAME = "name"
+_RULENAME = "rule name"
+_ASSIGN = "'::='"
+_STRING = "string"
+_CLASS = "character class"
+_INT = "integer"
+_LPAREN = "'('"
+_LOOKAHEAD = "'(='"
+_RPAREN = "')'"
+_PIPE = "'|'"
+_STAR = "'*'"
+_PLUS = "'+'"
+_QUESTION = "'?'"
+_LBRACE = "'{'"
+_RBRACE = "'}'"
+_COMMA = "','"
+_EOF = "end of input"
+
+_PUNCT = {
+    "(": _LPAREN,
+    ")": _RPAREN,
+    "|": _PIPE,
+    "*": _STAR,
+    "+": _PLUS,
+    "?": _QUESTION,
+    "{": _LBRACE,
+    "}": _RBRACE,
+    ",": _COMMA,
+}
+
+# The common tokens in one pattern; strings with escapes, classes and errors are lexed by hand.
+_TOKEN_RE = re.compile(
+    r"""
+    (?P<ws>(?:[ \t\r\n]+|\#[^\r\n]*)+)
+    | (?P<name>[A-Za-z_.\-][A-Za-z0-9_.\-]*)
+    | (?P<str>"[^"\\\r\n\ud800-\udfff]*")
+    | (?P<lookahead>\(=)
+    | (?P<punct>[()|*+?{},])
+    | (?P<int>[0-9]+)
+    | (?P<assign>::=)
+    """,
+    re.VERBOSE,
+)
+_NEWLINE_RE = re.compile(r"\r\n|\r|\n")
+# The extent of a character class: up to the first unescaped ']' (escapes never contain ']').
+_CLASS_EXTENT_RE = re.compile(r"\[(?:[^\]\\\r\n]|\\[^\r\n])*\]")
+# A run of characters inside a string literal that need no special handling.
+_STR_PLAIN_RE = re.compile(r'[^"\\\r\n\ud800-\udfff]+')
+
+_SIMPLE_ESCAPES = {
+    "n": 0x0A,
+    "r": 0x0D,
+    "t": 0x09,
+    "b": 0x08,
+    "f": 0x0C,
+    "v": 0x0B,
+    "a": 0x07,
+    "0": 0x00,
+    "e": 0x1B,
+}
+# Characters that stand for themselves after a backslash.
+_SELF_ESCAPES = frozenset("\"'\\?/^$.*+()[]{}|-")
+_SHORTHAND_CLASSES = frozenset("dDsSwW")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+@dataclass(slots=True)
+class _Token:
+    kind: str
+    off: int
+    value: object = None
+
+
+class _Source:
+    """The grammar text plus offset -> (line, column) conversion."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.line_starts = [0] + [m.end() for m in _NEWLINE_RE.finditer(text)]
+
+    def pos(self, off: int) -> tuple[int, int]:
+        line = bisect.bisect_right(self.line_starts, off)
+        return line, off - self.line_starts[line - 1] + 1
+
+    def line_of(self, off: int) -> int:
+        return bisect.bisect_right(self.line_starts, off)
+
+    def error(self, message: str, off: int) -> GrammarError:
+        line, col = self.pos(off)
+        return GrammarError(message, line, col)
+
+    def limit_error(self, message: str, off: int) -> GrammarLimitError:
+        line, col = self.pos(off)
+        return GrammarLimitError(message, line, col)
+
+
+def _check_codepoint(src: _Source, cp: int, off: int) -> int:
+    if cp > MAX_CODEPOINT:
+        raise src.error(f"invalid code point U+{cp:X} (above U+10FFFF)", off)
+    if 0xD800 <= cp <= 0xDFFF:
+        raise src.error(f"invalid code point U+{cp:04X} (surrogate)", off)
+    return cp
+
+
+def _read_escape(src: _Source, pos: int) -> tuple[int, int]:
+    """Read the escape sequence starting at the backslash at `pos`; return (code point, end)."""
+    text = src.text
+    if pos + 1 >= len(text):
+        raise src.error("incomplete escape sequence", pos)
+    c = text[pos + 1]
+    if c in _SIMPLE_ESCAPES:
+        return _SIMPLE_ESCAPES[c], pos + 2
+    if c in _SELF_ESCAPES:
+        return ord(c), pos + 2
+    if c == "x":
+        end = pos + 2
+        while end < len(text) and text[end] in _HEX:
+            end += 1
+        if end == pos + 2:
+            raise src.error("invalid escape '\\x': expected hex digits", pos)
+        return _check_codepoint(src, int(text[pos + 2 : end], 16), pos), end
+    if c in ("u", "U"):
+        width = 4 if c == "u" else 8
+        digits = text[pos + 2 : pos + 2 + width]
+        if len(digits) != width or any(d not in _HEX for d in digits):
+            raise src.error(f"invalid escape '\\{c}': expected exactly {width} hex digits", pos)
+        return _check_codepoint(src, int(digits, 16), pos), pos + 2 + width
+    if c in _SHORTHAND_CLASSES:
+        raise src.error(
+            f"shorthand class '\\{c}' is not supported; write the ranges explicitly",
+            pos,
+        )
+    shown = c if c.isprintable() else f"U+{ord(c):04X}"
+    raise src.error(f"invalid escape sequence '\\{shown}'", pos)
+
+
+def _lex_string(src: _Source, start: int) -> tuple[str, int]:
+    text = src.text
+    n = len(text)
+    pos = start + 1
+    parts: list[str] = []
+    while True:
+        m = _STR_PLAIN_RE.match(text, pos)
+        if m:
+            parts.append(m.group())
+            pos = m.end()
+        if pos >= n or text[pos] in "\r\n":
+            raise src.error("unterminated string literal", start)
+        c = text[pos]
+        if c == '"':
+            return "".join(parts), pos + 1
+        if c == "\\":
+            if pos + 1 >= n or text[pos + 1] in "\r\n":
+                raise src.error("unterminated string literal", start)
+            cp, pos = _read_escape(src, pos)
+            parts.append(chr(cp))
+        else:  # a raw surrogate code point
+            raise src.error(f"invalid code point U+{ord(c):04X} (surrogate)", pos)
+
+
+_DASH = -1  # marker for an unescaped '-' inside a character class
+
+
+def _lex_class(src: _Source, start: int) -> tuple[CharClass, int]:
+    text = src.text
+    n = len(text)
+    pos = start + 1
+    negated = False
+    if pos < n and text[pos] == "^":
+        negated = True
+        pos += 1
+    items: list[tuple[int, int]] = []  # (code point or _DASH, offset)
+    while True:
+        if pos >= n or text[pos] in "\r\n":
+            raise src.error("unterminated character class", start)
+        c = text[pos]
+        if c == "]":
+            pos += 1
+            break
+        if c == "\\":
+            if pos + 1 >= n or text[pos + 1] in "\r\n":
+                raise src.error("unterminated character class", start)
+            cp, end = _read_escape(src, pos)
+            items.append((cp, pos))
+            pos = end
+        elif c == "-":
+            items.append((_DASH, pos))
+            pos += 1
+        else:
+            items.append((_check_codepoint(src, ord(c), pos), pos))
+            pos += 1
+    ranges: list[tuple[int, int]] = []
+    j = 0
+    while j < len(items):
+        cp, off = items[j]
+        lo = ord("-") if cp == _DASH else cp
+        if j + 2 < len(items) and items[j + 1][0] == _DASH:
+            hi_cp = items[j + 2][0]
+            hi = ord("-") if hi_cp == _DASH else hi_cp
+            if lo > hi:
+                raise src.error(
+                    f"invalid character range: U+{lo:04X} is greater than U+{hi:04X}",
+                    off,
+                )
+            ranges.append((lo, hi))
+            j += 3
+        else:
+            ranges.append((lo, lo))
+            j += 1
+    return CharClass(_merge_ranges(ranges), negated), pos
+
+
+def _merge_ranges(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    merged: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in merged)
+
+
+def _tokenize(src: _Source) -> list[_Token]:
+    text = src.text
+    n = len(text)
+    toks: list[_Token] = []
+    append = toks.append
+    match = _TOKEN_RE.match
+    class_cache: dict[str, CharClass] = {}
+    pos = 0
+    while pos < n:
+        m = match(text, pos)
+        if m is not None:
+            group = m.lastgroup
+            end = m.end()
+            if group == "ws":
+                pass
+            elif group == "name":
+                append(_Token(_NAME, pos, m.group()))
+            elif group == "str":
+                value = text[pos + 1 : end - 1]
+                append(_Token(_STRING, pos, value))
+            elif group == "punct":
+                append(_Token(_PUNCT[m.group()], pos))
+            elif group == "int":
+                append(_Token(_INT, pos, m.group()))
+            elif group == "assign":
+                append(_Token(_ASSIGN, pos))
+            else:  # "lookahead"
+                append(_Token(_LOOKAHEAD, pos))
+            pos = end
+            continue
+        c = text[pos]
+        if c == '"':  # a string with escapes (or an invalid one)
+            value, end = _lex_string(src, pos)
+            append(_Token(_STRING, pos, value))
+            pos = end
+        elif c == "[":
+            # Grammars repeat the same classes ([0-9], [ \t\n]...): lex each distinct one once.
+            extent = _CLASS_EXTENT_RE.match(text, pos)
+            key = extent.group() if extent is not None else None
+            cls = class_cache.get(key) if key is not None else None
+            if cls is None:
+                cls, end = _lex_class(src, pos)
+                if key is not None:
+                    class_cache[key] = cls
+            else:
+                end = extent.end()
+            append(_Token(_CLASS, pos, cls))
+            pos = end
+        elif c == ":":
+            raise src.error("unexpected ':' (did you mean '::='?)", pos)
+        else:
+            shown = repr(c) if c.isprintable() else f"U+{ord(c):04X}"
+            raise src.error(f"unexpected character {shown}", pos)
+    append(_Token(_EOF, n))
+    # A name directly followed by '::=' starts a rule; it must be the first token on its line.
+    for i, tok in enumerate(toks):
+        if tok.kind != _ASSIGN:
+            continue
+        if i == 0 or toks[i - 1].kind != _NAME:
+            raise src.error("'::=' must follow a rule name", tok.off)
+        name_tok = toks[i - 1]
+        if i >= 2 and src.line_of(toks[i - 2].off) == src.line_of(name_tok.off):
+            raise src.error(
+                f"rule name '{name_tok.value}' must be at the beginning of a line",
+                name_tok.off,
+            )
+        name_tok.kind = _RULENAME
+    return toks
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser
+# ---------------------------------------------------------------------------------------------
+
+
+def _make_seq(items: list[Expr]) -> Expr:
+    """A sequence with nested sequences spliced in and epsilons dropped."""
+    flat: list[Expr] = []
+    for item in items:
+        if isinstance(item, Seq):
+            flat.extend(item.items)
+        elif isinstance(item, Literal) and item.text == "":
+            continue
+        else:
+            flat.append(item)
+    if not flat:
+        return EPSILON
+    if len(flat) == 1:
+        return flat[0]
+    return Seq(tuple(flat))
+
+
+def _make_choice(alts: list[Expr]) -> Expr:
+    flat: list[Expr] = []
+    for alt in alts:
+        if isinstance(alt, Choice):
+            flat.extend(alt.alts)
+        else:
+            flat.append(alt)
+    if len(flat) == 1:
+        return flat[0]
+    return Choice(tuple(flat))
+
+
+@dataclass(slots=True)
+class _Frame:
+    kind: str  # "body", "group" or "lookahead"
+    open_off: int  # offset of '::=', '(' or '(='
+    alts: list[Expr] = field(default_factory=list)
+    items: list[Expr] = field(default_factory=list)
+    last_pipe_off: int = -1
+    quantifiable: bool = False  # the last item may still take a quantifier
+
+
+class _Parser:
+    def __init__(self, src: _Source, toks: list[_Token], rule_names: set[str]):
+        self.src = src
+        self.toks = toks
+        self.rule_names = rule_names
+        self.i = 0
+
+    def _finish(self, frame: _Frame, rule_name: str) -> Expr:
+        if not frame.items:
+            if frame.alts:
+                raise self.src.error("empty alternative after '|'", frame.last_pipe_off)
+            if frame.kind == "body":
+                raise self.src.error(f"rule '{rule_name}' has an empty body", frame.open_off)
+            raise self.src.error("empty lookahead assertion", frame.open_off)
+        return _make_choice([*frame.alts, _make_seq(frame.items)])
+
+    def _parse_repeat_range(self) -> tuple[int, int | None]:
+        """Parse `{m}`, `{m,}` or `{m,n}`; self.i is at the '{'."""
+        src, toks = self.src, self.toks
+        self.i += 1
+        tok = toks[self.i]
+        if tok.kind == _COMMA:
+            raise src.error("repetition needs a lower bound: write {0,n} instead of {,n}", tok.off)
+        lo = self._bound(tok)
+        self.i += 1
+        tok = toks[self.i]
+        if tok.kind == _RBRACE:
+            self.i += 1
+            return lo, lo
+        if tok.kind != _COMMA:
+            raise src.error(f"expected ',' or '}}' in repetition, found {tok.kind}", tok.off)
+        self.i += 1
+        tok = toks[self.i]
+        if tok.kind == _RBRACE:
+            self.i += 1
+            return lo, None
+        # xgrammar's printer writes {m, -1} for "unbounded"; accept it.
+        if tok.kind == _NAME and tok.value == "-1":
+            hi: int | None = None
+        else:
+            hi = self._bound(tok)
+            if hi < lo:
+                raise src.error(
+                    f"repetition lower bound {lo} is greater than upper bound {hi}",
+                    tok.off,
+                )
+        self.i += 1
+        tok = toks[self.i]
+        if tok.kind != _RBRACE:
+            raise src.error(f"expected '}}' to close repetition, found {tok.kind}", tok.off)
+        self.i += 1
+        return lo, hi
+
+    def _bound(self, tok: _Token) -> int:
+        if tok.kind != _INT:
+            raise self.src.error(f"expected an integer in repetition, found {tok.kind}", tok.off)
+        digits = str(tok.value).lstrip("0")
+        if len(digits) > len(str(MAX_REPEAT)) or int(digits or "0") > MAX_REPEAT:
+            raise self.src.limit_error(
+                f"repetition bound {tok.value} exceeds the limit of {MAX_REPEAT}",
+                tok.off,
+            )
+        return int(digits or "0")
+
+    def parse_rule(self) -> Rule:
+        """Parse one rule; self.i is at its name."""
+        src, toks = self.src, self.toks
+        name_tok = toks[self.i]
+        name = str(name_tok.value)
+        self.i += 1
+        stack = [_Frame("body", toks[self.i].off)]
+        self.i += 1
+        body: Expr | None = None
+        lookahead: Expr | None = None
+        while True:
+            tok = toks[self.i]
+            top = stack[-1]
+            kind = tok.kind
+            if kind == _STRING:
+                top.items.append(Literal(str(tok.value)) if tok.value else EPSILON)
+                top.quantifiable = True
+                self.i += 1
+            elif kind == _CLASS:
+                assert isinstance(tok.value, CharClass)
+                top.items.append(tok.value)
+                top.quantifiable = True
+                self.i += 1
+            elif kind == _NAME:
+                ref = str(tok.value)
+                if ref not in self.rule_names:
+                    if ref in _XGRAMMAR_MACROS and toks[self.i + 1].kind == _LPAREN:
+                        raise src.error(f"the xgrammar macro '{ref}(...)' is not supported", tok.off)
+                    hint = ""
+                    if ref == ".":
+                        hint = " (there is no '.' wildcard; [^] matches any character)"
+                    elif src.line_of(toks[self.i - 1].off) != src.line_of(tok.off):
+                        hint = " (missing '::=' after a rule name?)"
+                    raise src.error(f"rule '{ref}' is not defined{hint}", tok.off)
+                top.items.append(RuleRef(ref))
+                top.quantifiable = True
+                self.i += 1
+            elif kind in (_STAR, _PLUS, _QUESTION, _LBRACE):
+                if not top.quantifiable:
+                    what = "{...}" if kind == _LBRACE else kind.strip("'")
+                    if top.items:
+                        msg = f"quantifier '{what}' cannot follow another quantifier; use parentheses"
+                    else:
+                        msg = f"quantifier '{what}' has nothing to repeat"
+                    raise src.error(msg, tok.off)
+                if kind == _STAR:
+                    lo, hi = 0, None
+                    self.i += 1
+                elif kind == _PLUS:
+                    lo, hi = 1, None
+                    self.i += 1
+                elif kind == _QUESTION:
+                    lo, hi = 0, 1
+                    self.i += 1
+                else:
+                    lo, hi = self._parse_repeat_range()
+                top.items[-1] = Repeat(top.items[-1], lo, hi)
+                top.quantifiable = False
+            elif kind in (_LPAREN, _LOOKAHEAD):
+                if len(stack) > MAX_NESTING_DEPTH:
+                    raise src.limit_error(
+                        f"parentheses nested deeper than {MAX_NESTING_DEPTH} levels",
+                        tok.off,
+                    )
+                if kind == _LOOKAHEAD:
+                    if top.kind != "body":
+                        raise src.error(
+                            "a lookahead assertion '(=' is only allowed at the end of a rule",
+                            tok.off,
+                        )
+                    body = self._finish(top, name)
+                    stack.append(_Frame("lookahead", tok.off))
+                else:
+                    stack.append(_Frame("group", tok.off))
+                self.i += 1
+            elif kind == _RPAREN:
+                if top.kind == "body":
+                    raise src.error("unbalanced ')'", tok.off)
+                self.i += 1
+                if top.kind == "lookahead":
+                    lookahead = self._finish(top, name)
+                    nxt = toks[self.i]
+                    if nxt.kind not in (_RULENAME, _EOF):
+                        raise src.error(
+                            "a lookahead assertion must be the last element of a rule",
+                            nxt.off,
+                        )
+                    break
+                if not top.items and not top.alts:
+                    result: Expr = EPSILON  # "( )" is the empty string
+                else:
+                    result = self._finish(top, name)
+                stack.pop()
+                stack[-1].items.append(result)
+                stack[-1].quantifiable = True
+            elif kind == _PIPE:
+                if not top.items:
+                    raise src.error("empty alternative before '|'", tok.off)
+                top.alts.append(_make_seq(top.items))
+                top.items = []
+                top.last_pipe_off = tok.off
+                top.quantifiable = False
+                self.i += 1
+            elif kind in (_RULENAME, _EOF):
+                if top.kind != "body":
+                    what = "'(='" if top.kind == "lookahead" else "'('"
+                    raise src.error(f"unclosed {what}", top.open_off)
+                body = self._finish(top, name)
+                break
+            else:  # _INT, _COMMA, _RBRACE
+                shown = f"integer {tok.value}" if kind == _INT else kind
+                raise src.error(f"unexpected {shown}", tok.off)
+        assert body is not None
+        return Rule(name, body, lookahead)
+
+
+def parse_ebnf(text: str, root_rule_name: str = "root") -> GrammarIR:
+    """Parse an EBNF grammar into the IR.
+
+    The returned rules are ordered root first, then the others in definition order, so that
+    ``parse_ebnf(print_ebnf(ir)) == ir`` for every IR this function returns.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"grammar text must be str, not {type(text).__name__}")
+    if len(text) > MAX_GRAMMAR_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+        raise GrammarLimitError(f"grammar text exceeds the limit of {MAX_GRAMMAR_BYTES} bytes")
+    src = _Source(text)
+    toks = _tokenize(src)
+
+    first = toks[0]
+    if first.kind == _NAME:
+        raise src.error(f"expected '::=' after rule name '{first.value}'", toks[1].off)
+    if first.kind not in (_RULENAME, _EOF):
+        raise src.error(f"expected a rule definition 'name ::= ...', found {first.kind}", first.off)
+    rule_names: set[str] = set()
+    for tok in toks:
+        if tok.kind == _RULENAME:
+            if tok.value in rule_names:
+                raise src.error(f"rule '{tok.value}' is defined more than once", tok.off)
+            rule_names.add(str(tok.value))
+    if root_rule_name not in rule_names:
+        raise GrammarError(f"the root rule '{root_rule_name}' is not defined", 1, 1)
+
+    parser = _Parser(src, toks, rule_names)
+    rules: list[Rule] = []
+    # Each rule body runs up to the next rule name, so every iteration starts at one.
+    while toks[parser.i].kind != _EOF:
+        rules.append(parser.parse_rule())
+    # Stable sort: root first, the others in definition order.
+    rules.sort(key=lambda r: r.name != root_rule_name)
+    return GrammarIR(rules=rules, root=root_rule_name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Printer
+# ---------------------------------------------------------------------------------------------
+
+_NAMED_OUT = {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+_FULL_NAME_RE = re.compile(r"[A-Za-z_.\-][A-Za-z0-9_.\-]*\Z")
+
+
+def _escape_cp(cp: int, specials: str) -> str:
+    ch = chr(cp)
+    if ch in specials:
+        return "\\" + ch
+    if cp in _NAMED_OUT:
+        return _NAMED_OUT[cp]
+    if ch.isprintable():
+        return ch
+    # Fixed-width escapes only: the greedy '\x' form could swallow a following hex digit.
+    return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
+
+
+def _print_literal(text: str) -> str:
+    return '"' + "".join(_escape_cp(ord(c), '"\\') for c in text) + '"'
+
+
+def _print_class(cc: CharClass) -> str:
+    specials = "\\]-^["
+    parts = ["[^" if cc.negated else "["]
+    for lo, hi in cc.ranges:
+        parts.append(_escape_cp(lo, specials))
+        if hi != lo:
+            parts.append("-")
+            parts.append(_escape_cp(hi, specials))
+    parts.append("]")
+    return "".join(parts)
+
+
+def _quantifier(lo: int, hi: int | None) -> str:
+    if hi is None:
+        return "*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}"
+    if (lo, hi) == (0, 1):
+        return "?"
+    return f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}"
+
+
+# Printing contexts: how tightly the surrounding syntax binds.
+_CTX_TOP = 0  # rule body / inside parentheses: anything goes
+_CTX_SEQ_ITEM = 1  # an item of a sequence: choices need parentheses
+_CTX_POSTFIX = 2  # operand of a quantifier: only atoms go bare
+
+
+def _print_expr(root: Expr) -> str:
+    """Render an expression; iterative so deep IR cannot overflow the Python stack."""
+    out: list[str] = []
+    # Work items: ("expr", expr, ctx) to render, or ("text", s) to emit.
+    work: list[tuple] = [("expr", root, _CTX_TOP)]
+    while work:
+        item = work.pop()
+        if item[0] == "text":
+            out.append(item[1])
+            continue
+        _, e, ctx = item
+        if isinstance(e, Literal):
+            out.append(_print_literal(e.text))
+        elif isinstance(e, CharClass):
+            out.append(_print_class(e))
+        elif isinstance(e, RuleRef):
+            out.append(e.name)
+        elif isinstance(e, Repeat):
+            todo: list[tuple] = [
+                ("expr", e.expr, _CTX_POSTFIX),
+                ("text", _quantifier(e.min, e.max)),
+            ]
+            # "x**" is rejected, so a quantified operand needs parentheses.
+            if ctx == _CTX_POSTFIX:
+                todo = [("text", "("), *todo, ("text", ")")]
+            work.extend(reversed(todo))
+        elif isinstance(e, (Seq, Choice)):
+            children = e.items if isinstance(e, Seq) else e.alts
+            if not children:
+                out.append('""' if isinstance(e, Seq) else "[]")
+                continue
+            paren = ctx == _CTX_POSTFIX or (isinstance(e, Choice) and ctx == _CTX_SEQ_ITEM)
+            sep = " " if isinstance(e, Seq) else " | "
+            child_ctx = _CTX_SEQ_ITEM if isinstance(e, Seq) else _CTX_TOP
+            todo = [("text", "(")] if paren else []
+            for k, child in enumerate(children):
+                if k:
+                    todo.append(("text", sep))
+                todo.append(("expr", child, child_ctx))
+            if paren:
+                todo.append(("text", ")"))
+            work.extend(reversed(todo))
+        else:
+            raise TypeError(f"not an IR expression: {e!r}")
+    return "".join(out)
+
+
+def print_ebnf(ir: GrammarIR) -> str:
+    """Print the IR as normalised EBNF, one rule per line, root rule first.
+
+    ``parse_ebnf(print_ebnf(ir), ir.root) == ir`` holds for IR in the parser's normal form (root
+    first, nested sequences/choices flattened, sorted merged character-class ranges); any other
+    IR prints to an equivalent grammar.
+    """
+    rules = sorted(ir.rules, key=lambda r: r.name != ir.root)
+    lines = []
+    for rule in rules:
+        if not _FULL_NAME_RE.match(rule.name):
+            raise GrammarError(f"rule name {rule.name!r} cannot be written in EBNF")
+        line = f"{rule.name} ::= {_print_expr(rule.body)}"
+        if rule.lookahead is not None:
+            line += f" (= {_print_expr(rule.lookahead)})"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
