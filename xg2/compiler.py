@@ -174,7 +174,7 @@ class GrammarCompiler:
     """Compiles grammars for one tokenizer; compiled grammars are cached by their normalised text."""
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, max_threads: int = 8, cache_enabled: bool = True,
-                 cache_limit_bytes: int = -1):
+                 cache_limit_bytes: int = -1, precompute_budget_ms: float = 30.0):
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise TypeError("tokenizer_info must be an xg2.TokenizerInfo")
         if max_threads < 1:
@@ -183,6 +183,7 @@ class GrammarCompiler:
         self.max_threads = max_threads
         self.cache_enabled = cache_enabled
         self.cache_limit_bytes = cache_limit_bytes
+        self.precompute_budget_ms = precompute_budget_ms
         self._cache: dict[tuple[str, str], CompiledGrammar] = {}
         self._lock = threading.Lock()
         self._vocab = vocab_core(tokenizer_info)
@@ -208,6 +209,7 @@ class GrammarCompiler:
         t0 = time.perf_counter()
         lowered = lower(grammar.ir)
         core = CompiledCore(self._vocab, lowered.arrays, lowered.root)
+        self._precompute(core, t0)
         compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered, core)
         self.last_compile_seconds = time.perf_counter() - t0
         if self.cache_enabled:
@@ -215,6 +217,17 @@ class GrammarCompiler:
                 self._cache[key] = compiled
                 self._evict()
         return compiled
+
+    def _precompute(self, core: CompiledCore, t0: float) -> None:
+        """Partial JIT: build the costliest mask entries now, within the time budget; the rest are
+        built on first visit. Costly (wide) states first, since they are the ones a mid-generation
+        JIT build would stall on."""
+        deadline = t0 + self.precompute_budget_ms / 1e3
+        nodes = sorted(core.scannable_nodes(), key=lambda nw: -nw[1])
+        for node, _width in nodes:
+            if time.perf_counter() >= deadline:
+                break
+            core.precompute([node])
 
     def _evict(self) -> None:
         if self.cache_limit_bytes < 0:

@@ -366,9 +366,15 @@ class TokenizerInfo:
             special_token_ids = [i for i in special_token_ids if i < n]
             if detect_stop_among is not None:
                 detect_stop_among = [i for i in detect_stop_among if i < n]
-            if stop_token_ids is not None and drop_out_of_range:
-                stop_token_ids = [i for i in stop_token_ids if i < n]
-        elif vocab_size is not None and vocab_size > len(decoded):
+        if stop_token_ids is not None:
+            # Stop tokens are real tokens: never a dropped or a padding id. Ids derived from the
+            # tokenizer (its EOS) are dropped when out of range, ids given by the user raise.
+            n = len(decoded)
+            bad = [i for i in stop_token_ids if not 0 <= i < n]
+            if bad and not drop_out_of_range:
+                raise TokenizerError(f"stop_token_ids {bad} out of range: token ids are in [0, {n})")
+            stop_token_ids = [i for i in stop_token_ids if 0 <= i < n]
+        if vocab_size is not None and vocab_size > len(decoded):
             _check_unused_ids(vocab_size, len(decoded), "vocab_size")
             # As xgrammar's from_huggingface: the decoded vocabulary covers the whole model
             # vocabulary, padding ids decoding to b"" (and so special).
@@ -899,7 +905,7 @@ class _HFLoader:
         self.special_ids: set[int] = set()
         self.added_ids: set[int] = set()
         self.spec: dict[str, Any] = {}
-        self.eos_id: int | None = None
+        self.eos_id: int | str | None = None  # an id, or a token text from tokenizer_config.json
         self.backend: Any = None  # a tokenizers.Tokenizer, when at hand
         self.delegate: TokenizerInfo | None = None
         self._source = source
@@ -1031,7 +1037,7 @@ class _HFLoader:
             self.eos_id = eos
 
     @staticmethod
-    def _eos_from_config(folder: str) -> int | None:
+    def _eos_from_config(folder: str) -> str | None:
         """The eos_token of a tokenizer_config.json next to tokenizer.json, if any (its id is
         resolved against the vocabulary later)."""
         path = os.path.join(folder or ".", "tokenizer_config.json")
@@ -1045,7 +1051,7 @@ class _HFLoader:
         eos = config.get("eos_token") if isinstance(config, dict) else None
         if isinstance(eos, dict):
             eos = eos.get("content")
-        return eos if isinstance(eos, str) else None  # type: ignore[return-value]
+        return eos if isinstance(eos, str) else None
 
     # -- building
 

@@ -653,13 +653,20 @@ cdef class CompiledCore:
                         raise MemoryError()
 
     def scannable_nodes(self):
-        """Nodes with byte edges: the states that own mask entries."""
+        """(node, width) for nodes with byte edges (the states that own mask entries); width, the
+        number of bytes the node can scan, is the cost estimate for partial JIT."""
         out = []
-        cdef int32_t n
+        cdef int32_t n, k, w
         for n in range(self.g.n_nodes):
             if self.g.be_start[n + 1] > self.g.be_start[n]:
-                out.append(n)
+                w = 0
+                for k in range(self.g.be_start[n], self.g.be_start[n + 1]):
+                    w += self.g.be_hi[k] - self.g.be_lo[k] + 1
+                out.append((n, w))
         return out
+
+    def has_entry(self, int32_t node):
+        return self.entries[node] != NULL
 
     cdef int _start_context(self) noexcept nogil:
         """Parser B starts with one static state set per rule: the caller items waiting on that rule.
@@ -732,14 +739,18 @@ cdef class CompiledCore:
                 if okA < 0:
                     return NULL
                 topA = okA and A.set_top[d]
-            p_pop_to(B, base + d)
-            if B.n_items == B.set_start[base + d - 1]:
-                okB = p_push_empty(B)
-            else:
-                okB = p_push_byte(B, g, byte)
-            if okB < 0:
-                return NULL
+            # B holds only sets of ancestors; a dead B is not extended (most of the walk).
+            okB = 0
+            if B.n_sets >= base + d:
+                p_pop_to(B, base + d)
+                if B.n_items > B.set_start[base + d - 1]:
+                    okB = p_push_byte(B, g, byte)
+                    if okB < 0:
+                        return NULL
             if topA:
+                while B.n_sets < base + d + 1:
+                    if p_push_empty(B) < 0:
+                        return NULL
                 if p_complete_rule(B, g, rule, rule) < 0:
                     return NULL
                 okB = B.n_items > B.set_start[base + d]

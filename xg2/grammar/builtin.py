@@ -5,8 +5,9 @@ from __future__ import annotations
 __all__ = ["JSON_EBNF"]
 
 JSON_EBNF: str = r"""
-# ECMA-404 JSON text: any JSON value, optionally surrounded by whitespace.
-root ::= ws value ws
+# ECMA-404 JSON with an object or array at the top and no whitespace around it, the same
+# language as xgrammar's builtin JSON grammar (what "JSON mode" asks of a model).
+root ::= object | array
 value ::= object | array | string | number | "true" | "false" | "null"
 
 object ::= "{" ws "}" | "{" ws member (ws "," ws member)* ws "}"
