@@ -189,6 +189,10 @@ def test_tiktoken_special_tokens_and_holes() -> None:
     assert 199999 in given.special_token_ids
     padded = TokenizerInfo.from_tiktoken(O200K, special_tokens=harmony, vocab_size=201088)
     assert padded.vocab_size == 201088 and padded.special_token_ids[-1] == 201087
+    with pytest.raises(TokenizerError, match="out of range"):  # a padding id is not a stop token
+        TokenizerInfo.from_tiktoken(O200K, special_tokens=harmony, vocab_size=201088, stop_token_ids=[201000])
+    with pytest.raises(TokenizerError, match="out of range"):  # nor a token dropped by vocab_size
+        TokenizerInfo.from_tiktoken(O200K, special_tokens=harmony, vocab_size=200000, stop_token_ids=[200002])
 
 
 def test_tiktoken_qwen_ordinary_eos_name_is_not_a_stop() -> None:

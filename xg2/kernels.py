@@ -7,14 +7,26 @@ its own device without a host copy.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-try:  # torch is optional: numpy users need not install it
+
+def _torch():
+    """torch if installed (imported on first need: importing it costs seconds), else None."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"]
+    if importlib.util.find_spec("torch") is None:
+        return None
     import torch
-except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None
+
+    return torch
+
+
+def is_torch_tensor(x: Any) -> bool:
+    return "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor)
 
 
 def get_bitmask_shape(batch_size: int, vocab_size: int) -> tuple[int, int]:
@@ -26,10 +38,11 @@ def get_bitmask_shape(batch_size: int, vocab_size: int) -> tuple[int, int]:
 def allocate_token_bitmask(batch_size: int, vocab_size: int, *, backend: str = "auto") -> Any:
     """All-allowed bitmask; a torch tensor when torch is installed (as xgrammar returns), else numpy."""
     shape = get_bitmask_shape(batch_size, vocab_size)
-    if backend == "numpy" or (backend == "auto" and torch is None):
-        return np.full(shape, -1, dtype=np.int32)
+    torch = None if backend == "numpy" else _torch()
     if torch is None:
-        raise ImportError("torch is not installed")
+        if backend == "torch":
+            raise ImportError("torch is not installed")
+        return np.full(shape, -1, dtype=np.int32)
     return torch.full(shape, -1, dtype=torch.int32)
 
 
@@ -42,7 +55,8 @@ def _unpack_numpy(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
     return bits[..., :vocab_size].astype(bool)
 
 
-def _unpack_torch(bitmask: "torch.Tensor", vocab_size: int) -> "torch.Tensor":
+def _unpack_torch(bitmask: Any, vocab_size: int) -> Any:
+    torch = sys.modules["torch"]
     shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
     bits = (bitmask.unsqueeze(-1) >> shifts) & 1
     return bits.reshape(*bitmask.shape[:-1], -1)[..., :vocab_size].bool()
@@ -82,6 +96,7 @@ def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, vocab_size: Option
         sub[:, vs:] = -np.inf
         logits_2d[rows] = sub
     else:
+        torch = sys.modules["torch"]
         allowed = _unpack_torch(masks.to(logits.device), vs)
         idx = torch.as_tensor(rows, device=logits.device, dtype=torch.long)
         sub = logits_2d.index_select(0, idx)

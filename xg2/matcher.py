@@ -8,11 +8,7 @@ import numpy as np
 
 from ._ext.core import MatcherCore
 from .compiler import CompiledGrammar
-
-try:
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None
+from .kernels import is_torch_tensor
 
 #: Upper bound on the jump-forward string, in bytes.
 MAX_JUMP_FORWARD_BYTES = 4096
@@ -28,8 +24,8 @@ def _row_address(bitmask: Any, index: int, n_words: int) -> int:
             raise ValueError("bitmask must be a writeable C-contiguous array")
         base = arr.ctypes.data
         width, rows, itemsize = arr.shape[1], arr.shape[0], 4
-    elif torch is not None and isinstance(bitmask, torch.Tensor):
-        if bitmask.dtype != torch.int32:
+    elif is_torch_tensor(bitmask):
+        if str(bitmask.dtype) != "torch.int32":
             raise TypeError("bitmask must have dtype torch.int32")
         if bitmask.device.type != "cpu":
             raise ValueError("fill_next_token_bitmask writes a CPU bitmask; copy it to the device afterwards")

@@ -1,0 +1,221 @@
+"""Differential test: xg2's token bitmasks must equal xgrammar's.
+
+For every grammar of the benchmark corpus (benchmarks/grammars) and four real
+vocabularies (DeepSeek-V3 byte-level BPE, Mistral v3 SentencePiece with byte
+fallback, o200k_base and Qwen tiktoken raw-byte vocabularies), walk the tokens
+of each sample and, at every step, compare the two engines' masks on all
+ordinary token ids; then accept the token in both.
+
+Both engines get the same vocabulary through ``TokenizerInfo(encoded_vocab,
+vocab_type, vocab_size=..., stop_token_ids=...)``.  Steps per sample are capped
+(``MAX_STEPS``) to keep the module within a few minutes on 2 cores.
+
+Set ``XG2_VS_XGRAMMAR_SELF_CHECK=1`` to run the harness with xgrammar standing
+in for xg2 (checks the harness itself while xg2's core is not built).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+xgr = pytest.importorskip("xgrammar")
+np = pytest.importorskip("numpy")
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+TOKENIZERS = REPO.parent / "shared" / "tokenizers"
+sys.path.insert(0, str(BENCH))
+
+from corpus import grammar_names, load_case  # noqa: E402
+
+
+def _load_xg2():
+    if os.environ.get("XG2_VS_XGRAMMAR_SELF_CHECK") == "1":
+        return xgr
+    try:
+        import xg2
+    except Exception as exc:  # noqa: BLE001 - a broken core import is a skip, not an error
+        pytest.skip(f"xg2 is not importable: {exc!r}", allow_module_level=True)
+    missing = [n for n in ("TokenizerInfo", "VocabType", "GrammarCompiler", "GrammarMatcher",
+                           "allocate_token_bitmask") if not hasattr(xg2, n)]
+    if missing:
+        pytest.skip(f"xg2's compiled core is missing ({', '.join(missing)} not available)",
+                    allow_module_level=True)
+    return xg2
+
+
+xg2 = _load_xg2()
+
+# Per-sample step caps: the first N tokens of every sample are compared.
+MAX_STEPS = {"deepseek_v3": 40, "mistral_v3": 60, "o200k_base": 40, "qwen": 40}
+VOCABS = tuple(MAX_STEPS)
+GRAMMARS = tuple(grammar_names())
+
+
+# ---------------------------------------------------------------- vocabularies
+
+
+class Vocab:
+    """An encoded vocabulary (as both engines take it) plus a tokenizer for samples."""
+
+    def __init__(self, name, encoded, vocab_type: str, stop_ids, encode):
+        self.name = name
+        self.encoded = encoded
+        self.vocab_type = vocab_type
+        self.stop_ids = list(stop_ids)
+        self.encode = encode
+        self.size = len(encoded)
+
+    def info(self, module):
+        return module.TokenizerInfo(self.encoded, getattr(module.VocabType, self.vocab_type),
+                                    vocab_size=self.size, stop_token_ids=self.stop_ids)
+
+
+def _require(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"vocabulary file {path} not found")
+    return path
+
+
+def _deepseek() -> Vocab:
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(str(_require(TOKENIZERS / "deepseek_v3_tokenizer.json")))
+    vocab = tok.get_vocab(with_added_tokens=True)
+    encoded = [""] * (max(vocab.values()) + 1)
+    for piece, idx in vocab.items():
+        encoded[idx] = piece
+    eos = tok.token_to_id("<｜end▁of▁sentence｜>")
+    return Vocab("deepseek_v3", encoded, "BYTE_LEVEL", [eos],
+                 lambda text: tok.encode(text, add_special_tokens=False).ids)
+
+
+def _greedy_encoder(pieces: list[bytes], skip: set[int]):
+    """Longest-match tokenization over raw byte pieces (any spelling of the text is a
+    valid token path for a matcher; it need not be the canonical BPE one)."""
+    table = {p: i for i, p in enumerate(pieces) if p and i not in skip}
+    longest = max(len(p) for p in table)
+
+    def encode(text: str) -> list[int]:
+        data = text.encode("utf-8")
+        out, pos = [], 0
+        while pos < len(data):
+            for n in range(min(longest, len(data) - pos), 0, -1):
+                idx = table.get(data[pos:pos + n])
+                if idx is not None:
+                    out.append(idx)
+                    pos += n
+                    break
+            else:
+                raise AssertionError(f"byte {data[pos]:#x} has no token")
+        return out
+
+    return encode
+
+
+def _mistral() -> Vocab:
+    spm = pytest.importorskip("sentencepiece")
+    sp = spm.SentencePieceProcessor(model_file=str(_require(TOKENIZERS / "mistral_v3_sentencepiece.model")))
+    encoded = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    special = {i for i in range(len(encoded)) if sp.is_control(i) or sp.is_unknown(i)}
+    raw = []
+    for i, piece in enumerate(encoded):
+        if sp.is_byte(i):
+            raw.append(bytes([int(piece[3:5], 16)]))
+        else:
+            raw.append(piece.replace("\u2581", " ").encode("utf-8"))
+    # SentencePiece's own encoder adds a dummy-prefix space; tokenize greedily instead.
+    return Vocab("mistral_v3", encoded, "BYTE_FALLBACK", [sp.eos_id()], _greedy_encoder(raw, special))
+
+
+def _tiktoken(name: str, filename: str) -> Vocab:
+    tiktoken = pytest.importorskip("tiktoken")
+    from tiktoken.load import load_tiktoken_bpe
+
+    ranks = load_tiktoken_bpe(str(_require(TOKENIZERS / filename)))
+    encoded = [b""] * (max(ranks.values()) + 1)
+    for piece, idx in ranks.items():
+        encoded[idx] = piece
+    eos = len(encoded)
+    encoded.append(b"<|endoftext|>")
+    pattern = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    enc = tiktoken.Encoding(name=f"test_{name}", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    return Vocab(name, encoded, "RAW", [eos], lambda text: enc.encode(text, disallowed_special=()))
+
+
+@functools.lru_cache(maxsize=None)
+def get_vocab(name: str) -> Vocab:
+    if name == "deepseek_v3":
+        return _deepseek()
+    if name == "mistral_v3":
+        return _mistral()
+    if name == "o200k_base":
+        return _tiktoken(name, "o200k_base.tiktoken")
+    if name == "qwen":
+        return _tiktoken(name, "qwen.tiktoken")
+    raise KeyError(name)
+
+
+@functools.lru_cache(maxsize=None)
+def get_infos(name: str):
+    vocab = get_vocab(name)
+    ref, ours = vocab.info(xgr), vocab.info(xg2)
+    excluded = set(vocab.stop_ids) | set(ref.special_token_ids) | set(ref.stop_token_ids)
+    excluded |= set(ours.special_token_ids) | set(ours.stop_token_ids)
+    keep = np.ones(vocab.size, dtype=bool)
+    keep[[i for i in excluded if i < vocab.size]] = False
+    return ref, ours, keep
+
+
+def _bits(bitmask, size: int):
+    arr = np.asarray(bitmask.numpy() if hasattr(bitmask, "numpy") else bitmask)
+    return np.unpackbits(arr.reshape(-1).view(np.uint8), bitorder="little")[:size].astype(bool)
+
+
+def _describe(vocab: Vocab, ids) -> str:
+    shown = [f"{i}:{vocab.encoded[i]!r}" for i in ids[:8]]
+    return ", ".join(shown) + (f", ... ({len(ids)} ids)" if len(ids) > 8 else "")
+
+
+# ------------------------------------------------------------------------ test
+
+
+@pytest.mark.parametrize("grammar", GRAMMARS)
+@pytest.mark.parametrize("vocab_name", VOCABS)
+def test_bitmask_matches_xgrammar(vocab_name: str, grammar: str) -> None:
+    vocab = get_vocab(vocab_name)
+    ref_info, our_info, keep = get_infos(vocab_name)
+    case = load_case(grammar)
+
+    ref_compiled = xgr.GrammarCompiler(ref_info, max_threads=1).compile_grammar(case.ebnf)
+    our_compiled = xg2.GrammarCompiler(our_info, max_threads=1).compile_grammar(case.ebnf)
+    ref_mask = xgr.allocate_token_bitmask(1, vocab.size)
+    our_mask = xg2.allocate_token_bitmask(1, vocab.size)
+
+    for sample_idx, sample in enumerate(case.samples):
+        tokens = vocab.encode(sample)[: MAX_STEPS[vocab_name]]
+        ref = xgr.GrammarMatcher(ref_compiled)
+        ours = xg2.GrammarMatcher(our_compiled)
+        for step, token in enumerate(tokens):
+            ref.fill_next_token_bitmask(ref_mask, 0)
+            ours.fill_next_token_bitmask(our_mask, 0)
+            a, b = _bits(ref_mask, vocab.size), _bits(our_mask, vocab.size)
+            diff = np.flatnonzero((a ^ b) & keep)
+            if diff.size:
+                prefix = b"".join(vocab.encoded[t] if isinstance(vocab.encoded[t], bytes)
+                                  else vocab.encoded[t].encode() for t in tokens[:step])
+                only_ref = [int(i) for i in diff if a[i]]
+                only_ours = [int(i) for i in diff if b[i]]
+                pytest.fail(
+                    f"{grammar} / {vocab_name}: sample {sample_idx}, step {step} "
+                    f"(after {prefix[-60:]!r}): masks differ on {diff.size} ids\n"
+                    f"  allowed only by xgrammar: {_describe(vocab, only_ref)}\n"
+                    f"  allowed only by xg2:      {_describe(vocab, only_ours)}"
+                )
+            assert a[token], f"{grammar}/{vocab_name}: sample token {token} not allowed by xgrammar at step {step}"
+            assert ref.accept_token(token), f"xgrammar rejected token {token} at step {step}"
+            assert ours.accept_token(token), f"xg2 rejected token {token} at step {step}"
