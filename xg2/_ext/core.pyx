@@ -26,6 +26,8 @@ cdef enum:
 
 cdef enum:
     MAX_TOKEN_BYTES = 4096
+    MEMO_MAX_ITEMS = 1 << 22
+    MEMO_MAX_TRANSITIONS = 1 << 21
 
 cdef extern from *:
     int __builtin_ctzll(unsigned long long) nogil
@@ -57,6 +59,216 @@ cdef struct GrammarC:
 # Earley parser state: a stack of state sets with a dedup table for the open (last) set
 # ---------------------------------------------------------------------------------------------
 
+cdef struct Parser
+
+# ---------------------------------------------------------------------------------------------
+# Transition memo: state sets interned by content, and (set, byte) -> set transitions
+#
+# A set's identity is its items with each origin replaced by the identity of the origin set (or
+# SELF for the set itself, or the fixed index of a static set), so equal identities behave the same
+# for every future byte. Walks over the vocabulary trie revisit the same identities constantly
+# (inside a string, an identifier, a number), and a memo hit replaces predict/complete by a copy.
+# ---------------------------------------------------------------------------------------------
+
+cdef enum:
+    ORIGIN_SELF = 0xFFFFFFFF
+    ORIGIN_STATIC = 0x80000000
+
+cdef struct Memo:
+    item_t* pool
+    int64_t pool_len
+    int64_t pool_cap
+    int64_t* id_off
+    int32_t* id_len
+    uint8_t* id_top
+    uint64_t* id_hash
+    int32_t n_ids
+    int32_t cap_ids
+    int32_t* ih_slot
+    uint32_t ih_mask
+    uint64_t* th_key
+    int32_t* th_val
+    uint32_t th_mask
+    int64_t th_count
+
+
+cdef int m_init(Memo* m) noexcept nogil:
+    m.pool_cap = 1 << 16
+    m.cap_ids = 1 << 12
+    m.ih_mask = (1 << 13) - 1
+    m.th_mask = (1 << 14) - 1
+    m.pool = <item_t*>malloc(m.pool_cap * sizeof(item_t))
+    m.id_off = <int64_t*>malloc(m.cap_ids * sizeof(int64_t))
+    m.id_len = <int32_t*>malloc(m.cap_ids * sizeof(int32_t))
+    m.id_top = <uint8_t*>malloc(m.cap_ids * sizeof(uint8_t))
+    m.id_hash = <uint64_t*>malloc(m.cap_ids * sizeof(uint64_t))
+    m.ih_slot = <int32_t*>malloc((m.ih_mask + 1) * sizeof(int32_t))
+    m.th_key = <uint64_t*>malloc((m.th_mask + 1) * sizeof(uint64_t))
+    m.th_val = <int32_t*>malloc((m.th_mask + 1) * sizeof(int32_t))
+    if (m.pool == NULL or m.id_off == NULL or m.id_len == NULL or m.id_top == NULL or m.id_hash == NULL
+            or m.ih_slot == NULL or m.th_key == NULL or m.th_val == NULL):
+        return -1
+    m_clear(m)
+    return 0
+
+
+cdef void m_free(Memo* m) noexcept nogil:
+    free(m.pool)
+    free(m.id_off)
+    free(m.id_len)
+    free(m.id_top)
+    free(m.id_hash)
+    free(m.ih_slot)
+    free(m.th_key)
+    free(m.th_val)
+
+
+cdef void m_clear(Memo* m) noexcept nogil:
+    m.pool_len = 0
+    m.n_ids = 0
+    m.th_count = 0
+    memset(m.ih_slot, 0xFF, (m.ih_mask + 1) * sizeof(int32_t))
+    memset(m.th_val, 0xFF, (m.th_mask + 1) * sizeof(int32_t))
+
+
+cdef inline uint64_t _mix(uint64_t h, uint64_t x) noexcept nogil:
+    h ^= x
+    h *= <uint64_t>0x9E3779B97F4A7C15
+    h ^= h >> 29
+    return h
+
+
+cdef inline item_t _encode(Parser* p, int32_t k, item_t it) noexcept nogil:
+    cdef uint64_t o = it >> 32
+    cdef uint64_t enc
+    if o == <uint64_t>k:
+        enc = ORIGIN_SELF
+    elif o < <uint64_t>p.n_static:
+        enc = ORIGIN_STATIC | o
+    else:
+        enc = <uint64_t>p.set_id[o]
+    return (it & <item_t>0xFFFFFFFF) | (enc << 32)
+
+
+cdef int32_t m_intern(Memo* m, Parser* p, int32_t k) noexcept nogil:
+    """The interned id of set k's content (created if new); -1 when out of memory."""
+    cdef int64_t s = p.set_start[k], e = p_set_end(p, k), n = e - s, j
+    cdef uint8_t top = p.set_top[k]
+    cdef uint64_t h = _mix(<uint64_t>0xCBF29CE484222325, <uint64_t>n | (<uint64_t>top << 40))
+    cdef uint32_t slot, i
+    cdef int32_t x
+    cdef bint same
+    for j in range(s, e):
+        h = _mix(h, _encode(p, k, p.items[j]))
+    slot = <uint32_t>h & m.ih_mask
+    while m.ih_slot[slot] >= 0:
+        x = m.ih_slot[slot]
+        if m.id_hash[x] == h and m.id_len[x] == n and m.id_top[x] == top:
+            same = True
+            for j in range(n):
+                if m.pool[m.id_off[x] + j] != _encode(p, k, p.items[s + j]):
+                    same = False
+                    break
+            if same:
+                return x
+        slot = (slot + 1) & m.ih_mask
+    if m.pool_len + n > m.pool_cap:
+        while m.pool_len + n > m.pool_cap:
+            m.pool_cap *= 2
+        m.pool = <item_t*>realloc(m.pool, m.pool_cap * sizeof(item_t))
+        if m.pool == NULL:
+            return -1
+    if m.n_ids == m.cap_ids:
+        m.cap_ids *= 2
+        m.id_off = <int64_t*>realloc(m.id_off, m.cap_ids * sizeof(int64_t))
+        m.id_len = <int32_t*>realloc(m.id_len, m.cap_ids * sizeof(int32_t))
+        m.id_top = <uint8_t*>realloc(m.id_top, m.cap_ids * sizeof(uint8_t))
+        m.id_hash = <uint64_t*>realloc(m.id_hash, m.cap_ids * sizeof(uint64_t))
+        if m.id_off == NULL or m.id_len == NULL or m.id_top == NULL or m.id_hash == NULL:
+            return -1
+    x = m.n_ids
+    m.n_ids += 1
+    m.id_off[x] = m.pool_len
+    m.id_len[x] = <int32_t>n
+    m.id_top[x] = top
+    m.id_hash[x] = h
+    for j in range(n):
+        m.pool[m.pool_len + j] = _encode(p, k, p.items[s + j])
+    m.pool_len += n
+    m.ih_slot[slot] = x
+    if <uint32_t>m.n_ids * 2 > m.ih_mask:
+        return x if _m_rehash_ids(m) == 0 else -1
+    return x
+
+
+cdef int _m_rehash_ids(Memo* m) noexcept nogil:
+    cdef uint32_t size = (m.ih_mask + 1) * 2, slot
+    cdef int32_t x
+    free(m.ih_slot)
+    m.ih_slot = <int32_t*>malloc(size * sizeof(int32_t))
+    if m.ih_slot == NULL:
+        return -1
+    memset(m.ih_slot, 0xFF, size * sizeof(int32_t))
+    m.ih_mask = size - 1
+    for x in range(m.n_ids):
+        slot = <uint32_t>m.id_hash[x] & m.ih_mask
+        while m.ih_slot[slot] >= 0:
+            slot = (slot + 1) & m.ih_mask
+        m.ih_slot[slot] = x
+    return 0
+
+
+cdef inline uint32_t _tslot(Memo* m, uint64_t key) noexcept nogil:
+    return <uint32_t>(_mix(0, key) >> 7) & m.th_mask
+
+
+cdef int32_t m_trans_get(Memo* m, int32_t x, uint8_t b) noexcept nogil:
+    cdef uint64_t key = (<uint64_t>x << 8) | b
+    cdef uint32_t slot = _tslot(m, key)
+    while m.th_val[slot] >= 0:
+        if m.th_key[slot] == key:
+            return m.th_val[slot]
+        slot = (slot + 1) & m.th_mask
+    return -1
+
+
+cdef int m_trans_put(Memo* m, int32_t x, uint8_t b, int32_t r) noexcept nogil:
+    cdef uint64_t key = (<uint64_t>x << 8) | b
+    cdef uint32_t slot, size, i
+    cdef uint64_t* old_key
+    cdef int32_t* old_val
+    if (m.th_count + 1) * 2 > <int64_t>m.th_mask:
+        size = (m.th_mask + 1) * 2
+        old_key = m.th_key
+        old_val = m.th_val
+        m.th_key = <uint64_t*>malloc(size * sizeof(uint64_t))
+        m.th_val = <int32_t*>malloc(size * sizeof(int32_t))
+        if m.th_key == NULL or m.th_val == NULL:
+            return -1
+        memset(m.th_val, 0xFF, size * sizeof(int32_t))
+        i = m.th_mask + 1
+        m.th_mask = size - 1
+        while i > 0:
+            i -= 1
+            if old_val[i] >= 0:
+                slot = _tslot(m, old_key[i])
+                while m.th_val[slot] >= 0:
+                    slot = (slot + 1) & m.th_mask
+                m.th_key[slot] = old_key[i]
+                m.th_val[slot] = old_val[i]
+        free(old_key)
+        free(old_val)
+    slot = _tslot(m, key)
+    while m.th_val[slot] >= 0:
+        if m.th_key[slot] == key:
+            return 0
+        slot = (slot + 1) & m.th_mask
+    m.th_key[slot] = key
+    m.th_val[slot] = r
+    m.th_count += 1
+    return 0
+
+
 cdef struct Parser:
     item_t* items
     int64_t n_items
@@ -71,6 +283,12 @@ cdef struct Parser:
     uint32_t gen
     int64_t hcount
     int32_t hset          # which set the dedup table describes (-1: none)
+    Memo* memo            # optional transition memo (the mask builder's walks); NULL: none
+    int32_t* set_id       # interned id of each set (-1: none) when memo is set
+    int32_t* set_prevpos  # previous stack position of the same id (restored on pop)
+    int32_t* id_pos       # latest stack position holding each interned id
+    int32_t cap_id_pos
+    int32_t n_static      # leading sets that are never popped (the context parser's caller sets)
 
 
 cdef int p_init(Parser* p) noexcept nogil:
@@ -87,7 +305,16 @@ cdef int p_init(Parser* p) noexcept nogil:
     p.n_sets = 0
     p.hcount = 0
     p.hset = -1
-    if p.items == NULL or p.set_start == NULL or p.set_top == NULL or p.hkeys == NULL or p.hgen == NULL:
+    p.memo = NULL
+    p.n_static = 0
+    p.set_id = <int32_t*>malloc(p.cap_sets * sizeof(int32_t))
+    p.set_prevpos = <int32_t*>malloc(p.cap_sets * sizeof(int32_t))
+    p.cap_id_pos = 1024
+    p.id_pos = <int32_t*>malloc(p.cap_id_pos * sizeof(int32_t))
+    if p.id_pos != NULL:
+        memset(p.id_pos, 0xFF, p.cap_id_pos * sizeof(int32_t))
+    if (p.items == NULL or p.set_start == NULL or p.set_top == NULL or p.hkeys == NULL or p.hgen == NULL
+            or p.set_id == NULL or p.set_prevpos == NULL or p.id_pos == NULL):
         return -1
     return 0
 
@@ -98,6 +325,9 @@ cdef void p_free(Parser* p) noexcept nogil:
     free(p.set_top)
     free(p.hkeys)
     free(p.hgen)
+    free(p.set_id)
+    free(p.set_prevpos)
+    free(p.id_pos)
     p.items = NULL
     p.set_start = NULL
     p.set_top = NULL
@@ -185,39 +415,119 @@ cdef int p_add(Parser* p, item_t it) noexcept nogil:
     return 0
 
 
-cdef int p_begin_set(Parser* p) noexcept nogil:
+cdef int _open_set(Parser* p) noexcept nogil:
+    """Append an empty set (no dedup reset)."""
     if p.n_sets == p.cap_sets:
         p.cap_sets *= 2
         p.set_start = <int64_t*>realloc(p.set_start, p.cap_sets * sizeof(int64_t))
         p.set_top = <uint8_t*>realloc(p.set_top, p.cap_sets * sizeof(uint8_t))
-        if p.set_start == NULL or p.set_top == NULL:
+        p.set_id = <int32_t*>realloc(p.set_id, p.cap_sets * sizeof(int32_t))
+        p.set_prevpos = <int32_t*>realloc(p.set_prevpos, p.cap_sets * sizeof(int32_t))
+        if p.set_start == NULL or p.set_top == NULL or p.set_id == NULL or p.set_prevpos == NULL:
             return -1
     p.set_start[p.n_sets] = p.n_items
     p.set_top[p.n_sets] = 0
-    p.n_sets += 1
-    return _h_reset(p)
-
-
-cdef int p_push_empty(Parser* p) noexcept nogil:
-    """Open a new, empty state set without touching the dedup table (a dead parser stays dead)."""
-    if p.n_sets == p.cap_sets:
-        p.cap_sets *= 2
-        p.set_start = <int64_t*>realloc(p.set_start, p.cap_sets * sizeof(int64_t))
-        p.set_top = <uint8_t*>realloc(p.set_top, p.cap_sets * sizeof(uint8_t))
-        if p.set_start == NULL or p.set_top == NULL:
-            return -1
-    p.set_start[p.n_sets] = p.n_items
-    p.set_top[p.n_sets] = 0
+    p.set_id[p.n_sets] = -1
     p.n_sets += 1
     p.hset = -1
     return 0
 
 
+cdef int p_begin_set(Parser* p) noexcept nogil:
+    if _open_set(p) < 0:
+        return -1
+    return _h_reset(p)
+
+
+cdef int _assign_id(Parser* p, int32_t k, int32_t x) noexcept nogil:
+    cdef int32_t old = p.cap_id_pos
+    if x >= p.cap_id_pos:
+        while x >= p.cap_id_pos:
+            p.cap_id_pos *= 2
+        p.id_pos = <int32_t*>realloc(p.id_pos, p.cap_id_pos * sizeof(int32_t))
+        if p.id_pos == NULL:
+            return -1
+        memset(p.id_pos + old, 0xFF, (p.cap_id_pos - old) * sizeof(int32_t))
+    p.set_id[k] = x
+    p.set_prevpos[k] = p.id_pos[x]
+    p.id_pos[x] = k
+    return 0
+
+
+cdef inline void _unassign_id(Parser* p, int32_t k) noexcept nogil:
+    cdef int32_t x = p.set_id[k]
+    if x >= 0:
+        p.id_pos[x] = p.set_prevpos[k]
+        p.set_id[k] = -1
+
+
+cdef int p_intern_top(Parser* p) noexcept nogil:
+    """(Re)compute the interned id of the open set; a no-op without a memo."""
+    cdef int32_t k = p.n_sets - 1, x
+    if p.memo == NULL:
+        return 0
+    _unassign_id(p, k)
+    x = m_intern(p.memo, p, k)
+    if x < 0:
+        return -1
+    return _assign_id(p, k, x)
+
+
+cdef int p_push_empty(Parser* p) noexcept nogil:
+    """Open a new, empty state set without touching the dedup table (a dead parser stays dead)."""
+    if _open_set(p) < 0:
+        return -1
+    return p_intern_top(p)
+
+
 cdef inline void p_pop_to(Parser* p, int32_t n_sets) noexcept nogil:
+    cdef int32_t k
     if n_sets < p.n_sets:
+        if p.memo != NULL:
+            k = p.n_sets
+            while k > n_sets:
+                k -= 1
+                _unassign_id(p, k)
         p.n_items = p.set_start[n_sets]
         p.n_sets = n_sets
         p.hset = -1
+
+
+cdef int p_materialize(Parser* p, int32_t x) noexcept nogil:
+    """Push a set from the memo. 1/0 as p_push_byte; 2 when an origin cannot be resolved (caller
+    then computes the step normally)."""
+    cdef Memo* m = p.memo
+    cdef int32_t k, n = m.id_len[x], i
+    cdef int64_t off = m.id_off[x]
+    cdef item_t enc
+    cdef uint64_t eo, o
+    if p.n_items + n > p.cap_items:
+        while p.n_items + n > p.cap_items:
+            p.cap_items *= 2
+        p.items = <item_t*>realloc(p.items, p.cap_items * sizeof(item_t))
+        if p.items == NULL:
+            return -1
+    if _open_set(p) < 0:
+        return -1
+    k = p.n_sets - 1
+    for i in range(n):
+        enc = m.pool[off + i]
+        eo = enc >> 32
+        if eo == ORIGIN_SELF:
+            o = <uint64_t>k
+        elif eo & ORIGIN_STATIC:
+            o = eo & 0x7FFFFFFF
+        else:
+            if <int64_t>eo >= p.cap_id_pos or p.id_pos[eo] < 0:
+                p.n_sets -= 1
+                return 2
+            o = <uint64_t>p.id_pos[eo]
+        p.items[p.n_items + i] = (enc & <item_t>0xFFFFFFFF) | (o << 32)
+    p.n_items += n
+    p.set_top[k] = m.id_top[x]
+    if _assign_id(p, k, x) < 0:
+        return -1
+    return 1 if n > 0 else 0
 
 
 cdef inline int64_t p_set_end(Parser* p, int32_t k) noexcept nogil:
@@ -263,12 +573,12 @@ cdef int p_closure(Parser* p, const GrammarC* g, int64_t i) noexcept nogil:
 
 cdef int p_start(Parser* p, const GrammarC* g, item_t first) noexcept nogil:
     """Reset to one state set holding the closure of `first`."""
-    p.n_items = 0
-    p.n_sets = 0
-    p.hset = -1
+    p_pop_to(p, 0)
     if p_begin_set(p) < 0 or p_add(p, first) < 0:
         return -1
-    return p_closure(p, g, 0)
+    if p_closure(p, g, 0) < 0:
+        return -1
+    return p_intern_top(p)
 
 
 cdef int p_push_byte(Parser* p, const GrammarC* g, uint8_t b) noexcept nogil:
@@ -280,9 +590,18 @@ cdef int p_push_byte(Parser* p, const GrammarC* g, uint8_t b) noexcept nogil:
     cdef int64_t j, s, e
     cdef item_t it
     cdef uint32_t node
-    cdef int32_t k
+    cdef int32_t k, x = -1, r
+    cdef int rc
     if prev < 0:
         return -1
+    if p.memo != NULL:
+        x = p.set_id[prev]
+        if x >= 0:
+            r = m_trans_get(p.memo, x, b)
+            if r >= 0:
+                rc = p_materialize(p, r)
+                if rc != 2:
+                    return rc
     s = p.set_start[prev]
     e = p.n_items
     if p_begin_set(p) < 0:
@@ -299,6 +618,11 @@ cdef int p_push_byte(Parser* p, const GrammarC* g, uint8_t b) noexcept nogil:
     s = p.set_start[p.n_sets - 1]
     if p_closure(p, g, s) < 0:
         return -1
+    if p.memo != NULL:
+        if p_intern_top(p) < 0:
+            return -1
+        if x >= 0 and m_trans_put(p.memo, x, b, p.set_id[p.n_sets - 1]) < 0:
+            return -1
     return 1 if p.n_items > s else 0
 
 
@@ -316,7 +640,9 @@ cdef int p_complete_rule(Parser* p, const GrammarC* g, int32_t rule, int64_t ori
             if g.re_rule[k] == rule:
                 if p_add(p, (it2 & ~(<item_t>NODE_MASK)) | <item_t>g.re_target[k]) < 0:
                     return -1
-    return p_closure(p, g, s)
+    if p_closure(p, g, s) < 0:
+        return -1
+    return p_intern_top(p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,6 +884,7 @@ cdef class CompiledCore:
     cdef PyThread_type_lock lock
     cdef Parser pa
     cdef Parser pb
+    cdef Memo memo
     cdef int32_t* acc_buf
     cdef int32_t* unc_buf
     cdef int32_t* dstate
@@ -574,6 +901,7 @@ cdef class CompiledCore:
         self.lock = NULL
         self.pa.items = NULL
         self.pb.items = NULL
+        self.memo.pool = NULL
 
     def __init__(self, Vocab vocab, dict arrays, int root_rule):
         self.vocab = vocab
@@ -607,8 +935,10 @@ cdef class CompiledCore:
         if (self.entries == NULL or self.lock == NULL or self.acc_buf == NULL or self.unc_buf == NULL
                 or self.dstate == NULL):
             raise MemoryError()
-        if p_init(&self.pa) < 0 or p_init(&self.pb) < 0:
+        if p_init(&self.pa) < 0 or p_init(&self.pb) < 0 or m_init(&self.memo) < 0:
             raise MemoryError()
+        self.pa.memo = &self.memo
+        self.pb.memo = &self.memo
         self.cache_bytes = 0
         self.n_entries = 0
 
@@ -627,6 +957,8 @@ cdef class CompiledCore:
             p_free(&self.pa)
         if self.pb.items != NULL:
             p_free(&self.pb)
+        if self.memo.pool != NULL:
+            m_free(&self.memo)
 
     cdef MaskEntry* get_entry(self, int32_t node) noexcept nogil:
         cdef MaskEntry* e = self.entries[node]
@@ -677,16 +1009,17 @@ cdef class CompiledCore:
         cdef Parser* B = &self.pb
         cdef GrammarC* g = &self.g
         cdef int32_t r, k
-        B.n_items = 0
-        B.n_sets = 0
-        B.hset = -1
+        p_pop_to(B, 0)
+        B.n_static = g.n_rules
         for r in range(g.n_rules):
             if p_begin_set(B) < 0:
                 return -1
             for k in range(g.ctx_start[r], g.ctx_start[r + 1]):
                 if p_add(B, g.ctx_item[k]) < 0:
                     return -1
-        return p_begin_set(B)
+        if p_begin_set(B) < 0:
+            return -1
+        return p_intern_top(B)
 
     cdef MaskEntry* _build_entry(self, int32_t node) noexcept nogil:
         """Walk the vocabulary trie from `node` with parser A (inside the rule) and B (what may follow it).
@@ -706,6 +1039,10 @@ cdef class CompiledCore:
         cdef uint8_t byte
         self.n_acc = 0
         self.n_unc = 0
+        if self.memo.pool_len > MEMO_MAX_ITEMS or self.memo.th_count > MEMO_MAX_TRANSITIONS:
+            p_pop_to(A, 0)
+            p_pop_to(B, 0)
+            m_clear(&self.memo)
         if self._start_context() < 0:
             return NULL
         if pure:
