@@ -155,3 +155,20 @@ def test_padding_and_special_never_allowed():
     m.fill_next_token_bitmask(bm)
     allowed = unpack(bm, 70)
     assert list(np.nonzero(allowed)[0]) == [0, 1, 3]
+
+
+@pytest.mark.parametrize("name", ["left_recursive", "ambiguous", "lookahead", "json", "right_recursive"])
+def test_entries_do_not_depend_on_memo_history(deepseek_info, name):
+    """Mask entries built after many others (shared transition memo) equal entries built fresh."""
+    from xg2._ext.core import CompiledCore
+
+    compiled = compile_(deepseek_info, name)
+    shared = compiled._core
+    nodes = [n for n, _w in shared.scannable_nodes()]
+    built = {n: shared.entry_tokens(n) for n in nodes}
+    lowered = compiled._lowered
+    for n in reversed(nodes):
+        fresh = CompiledCore(shared.vocab, lowered.arrays, lowered.root)
+        acc, unc = fresh.entry_tokens(n)
+        np.testing.assert_array_equal(acc, built[n][0])
+        np.testing.assert_array_equal(unc, built[n][1])

@@ -222,8 +222,9 @@ cdef inline uint32_t _tslot(Memo* m, uint64_t key) noexcept nogil:
     return <uint32_t>(_mix(0, key) >> 7) & m.th_mask
 
 
-cdef int32_t m_trans_get(Memo* m, int32_t x, uint8_t b) noexcept nogil:
-    cdef uint64_t key = (<uint64_t>x << 8) | b
+cdef int32_t m_trans_get(Memo* m, int32_t x, uint32_t sym) noexcept nogil:
+    """sym: a byte (0-255), or 256 + rule for "complete rule from its callers' static set"."""
+    cdef uint64_t key = (<uint64_t>x << 32) | sym
     cdef uint32_t slot = _tslot(m, key)
     while m.th_val[slot] >= 0:
         if m.th_key[slot] == key:
@@ -232,8 +233,8 @@ cdef int32_t m_trans_get(Memo* m, int32_t x, uint8_t b) noexcept nogil:
     return -1
 
 
-cdef int m_trans_put(Memo* m, int32_t x, uint8_t b, int32_t r) noexcept nogil:
-    cdef uint64_t key = (<uint64_t>x << 8) | b
+cdef int m_trans_put(Memo* m, int32_t x, uint32_t sym, int32_t r) noexcept nogil:
+    cdef uint64_t key = (<uint64_t>x << 32) | sym
     cdef uint32_t slot, size, i
     cdef uint64_t* old_key
     cdef int32_t* old_val
@@ -888,8 +889,13 @@ cdef class CompiledCore:
     cdef int32_t* acc_buf
     cdef int32_t* unc_buf
     cdef int32_t* dstate
+    cdef int32_t* aid
+    cdef int32_t* bid
+    cdef uint8_t* pbyte
     cdef int64_t n_acc
     cdef int64_t n_unc
+    cdef readonly int64_t n_steps
+    cdef readonly int64_t n_miss
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
 
@@ -898,6 +904,9 @@ cdef class CompiledCore:
         self.acc_buf = NULL
         self.unc_buf = NULL
         self.dstate = NULL
+        self.aid = NULL
+        self.bid = NULL
+        self.pbyte = NULL
         self.lock = NULL
         self.pa.items = NULL
         self.pb.items = NULL
@@ -932,8 +941,11 @@ cdef class CompiledCore:
         self.acc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
         self.unc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
         self.dstate = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
+        self.aid = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
+        self.bid = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
+        self.pbyte = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
         if (self.entries == NULL or self.lock == NULL or self.acc_buf == NULL or self.unc_buf == NULL
-                or self.dstate == NULL):
+                or self.dstate == NULL or self.aid == NULL or self.bid == NULL or self.pbyte == NULL):
             raise MemoryError()
         if p_init(&self.pa) < 0 or p_init(&self.pb) < 0 or m_init(&self.memo) < 0:
             raise MemoryError()
@@ -953,6 +965,9 @@ cdef class CompiledCore:
         free(self.acc_buf)
         free(self.unc_buf)
         free(self.dstate)
+        free(self.aid)
+        free(self.bid)
+        free(self.pbyte)
         if self.pa.items != NULL:
             p_free(&self.pa)
         if self.pb.items != NULL:
@@ -1021,6 +1036,39 @@ cdef class CompiledCore:
             return -1
         return p_intern_top(B)
 
+    cdef int _catch_up(self, Parser* P, int32_t* ids, int32_t base, int32_t upto) noexcept nogil:
+        """Materialize P's sets for depths [P's depth, upto) from their ids (-1: empty set)."""
+        cdef int32_t j, x
+        cdef int rc
+        if P.n_sets > base + upto:
+            p_pop_to(P, base + upto)
+        while P.n_sets < base + upto:
+            j = P.n_sets - base
+            x = ids[j]
+            if x < 0:
+                rc = p_push_empty(P)
+            else:
+                rc = p_materialize(P, x)
+                if rc == 2:
+                    rc = p_push_byte(P, &self.g, self.pbyte[j])
+            if rc < 0:
+                return -1
+        return 0
+
+    cdef int32_t _advance(self, Parser* P, int32_t* ids, int32_t base, int32_t d, uint8_t byte) noexcept nogil:
+        """The id of the set at depth d after `byte`, computing the step only on a memo miss."""
+        cdef int32_t r = m_trans_get(&self.memo, ids[d - 1], byte)
+        self.n_steps += 1
+        if r < 0:
+            self.n_miss += 1
+            if self._catch_up(P, ids, base, d) < 0:
+                return -1
+            if p_push_byte(P, &self.g, byte) < 0:
+                return -1
+            r = P.set_id[base + d]
+        ids[d] = r
+        return r
+
     cdef MaskEntry* _build_entry(self, int32_t node) noexcept nogil:
         """Walk the vocabulary trie from `node` with parser A (inside the rule) and B (what may follow it).
 
@@ -1034,8 +1082,9 @@ cdef class CompiledCore:
         cdef GrammarC* g = &self.g
         cdef int32_t rule = g.node_rule[node]
         cdef int32_t base = g.n_rules
-        cdef int32_t i = 0, d, r, okA, okB, st, nxt, k
+        cdef int32_t i = 0, d, r, okA, okB, st, nxt, k, x, empty_id
         cdef bint pure = g.node_pure[node], topA
+        cdef Memo* memo = &self.memo
         cdef uint8_t byte
         self.n_acc = 0
         self.n_unc = 0
@@ -1052,11 +1101,22 @@ cdef class CompiledCore:
             if p_start(A, g, TOP_BIT | <item_t>node) < 0:
                 return NULL
             topA = A.set_top[0]
+            self.aid[0] = A.set_id[0]
+        empty_id = B.set_id[base]
         if topA and p_complete_rule(B, g, rule, rule) < 0:
             return NULL
+        self.bid[0] = B.set_id[base]
+        # A and B advance by interned set ids through the memo; their sets are materialized only
+        # up to the depth where a transition is missing (lazy), which most of the walk never needs.
         while i < v.n_trie:
             d = v.trie_depth[i]
             byte = v.trie_byte[i]
+            self.pbyte[d] = byte
+            # Materialized sets at depth >= d belong to an earlier branch.
+            if A.n_sets > d:
+                p_pop_to(A, d)
+            if B.n_sets > base + d:
+                p_pop_to(B, base + d)
             if pure:
                 st = self.dstate[d - 1]
                 nxt = -1
@@ -1071,26 +1131,35 @@ cdef class CompiledCore:
                 okA = nxt >= 0
                 topA = okA and g.node_final[nxt]
             else:
-                p_pop_to(A, d)
-                okA = p_push_byte(A, g, byte)
-                if okA < 0:
+                x = self._advance(A, self.aid, 0, d, byte)
+                if x < 0:
                     return NULL
-                topA = okA and A.set_top[d]
-            # B holds only sets of ancestors; a dead B is not extended (most of the walk).
+                okA = memo.id_len[x] > 0
+                topA = okA and memo.id_top[x]
             okB = 0
-            if B.n_sets >= base + d:
-                p_pop_to(B, base + d)
-                if B.n_items > B.set_start[base + d - 1]:
-                    okB = p_push_byte(B, g, byte)
-                    if okB < 0:
-                        return NULL
-            if topA:
-                while B.n_sets < base + d + 1:
-                    if p_push_empty(B) < 0:
-                        return NULL
-                if p_complete_rule(B, g, rule, rule) < 0:
+            self.bid[d] = -1
+            x = self.bid[d - 1]
+            if x >= 0 and memo.id_len[x] > 0:
+                x = self._advance(B, self.bid, base, d, byte)
+                if x < 0:
                     return NULL
-                okB = B.n_items > B.set_start[base + d]
+                okB = memo.id_len[x] > 0
+            if topA:
+                # The rule ends here: resume its callers in B at this depth (memoized too).
+                x = self.bid[d] if self.bid[d] >= 0 else empty_id
+                r = m_trans_get(memo, x, 256 + <uint32_t>rule)
+                if r < 0:
+                    if self._catch_up(B, self.bid, base, d + 1) < 0:
+                        return NULL
+                    if p_complete_rule(B, g, rule, rule) < 0:
+                        return NULL
+                    r = B.set_id[base + d]
+                    if m_trans_put(memo, x, 256 + <uint32_t>rule, r) < 0:
+                        return NULL
+                elif B.n_sets > base + d:
+                    p_pop_to(B, base + d)   # the materialized set at d predates the completion
+                self.bid[d] = r
+                okB = memo.id_len[r] > 0
             if okA:
                 for r in range(v.trie_lo[i], v.trie_hi[i]):
                     self.acc_buf[self.n_acc] = r
@@ -1156,6 +1225,35 @@ cdef class CompiledCore:
             e.nbytes = e.n_list * 4
         e.nbytes += n_unc * 4 + sizeof(MaskEntry)
         return e
+
+    def memo_stats(self):
+        return dict(ids=self.memo.n_ids, pool=self.memo.pool_len, transitions=self.memo.th_count,
+                    steps=self.n_steps, misses=self.n_miss)
+
+    def entry_tokens(self, int32_t node):
+        """(accepted token ids, uncertain token ids) of a node's entry, both sorted; builds it."""
+        cdef MaskEntry* e
+        cdef VocabC* v = self.vc
+        cdef int32_t j, t
+        with nogil:
+            e = self.get_entry(node)
+        if e == NULL:
+            raise MemoryError()
+        acc = np.zeros(v.vocab_size, dtype=bool)
+        if e.kind == ENTRY_BITSET:
+            for t in range(v.vocab_size):
+                if (e.bits[t >> 6] >> (t & 63)) & 1:
+                    acc[t] = True
+        elif e.kind == ENTRY_ACCEPTED_LIST:
+            for j in range(e.n_list):
+                acc[e.list[j]] = True
+        else:
+            for j in range(v.n_ordinary):
+                acc[v.rank_token[j]] = True
+            for j in range(e.n_list):
+                acc[e.list[j]] = False
+        unc = sorted(v.rank_token[e.unc_ranks[j]] for j in range(e.n_unc))
+        return np.nonzero(acc)[0], np.array(unc, dtype=np.int64)
 
     def entry_stats(self, int32_t node):
         """(kind, accepted count or list length, uncertain count) of a node's entry; builds it."""
