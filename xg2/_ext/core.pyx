@@ -28,6 +28,8 @@ cdef enum:
     MAX_TOKEN_BYTES = 4096
     MEMO_MAX_ITEMS = 1 << 22
     MEMO_MAX_TRANSITIONS = 1 << 21
+    MCACHE_SLOTS = 8
+    MCACHE_MIN_CHECKS = 32
 
 cdef extern from *:
     int __builtin_ctzll(unsigned long long) nogil
@@ -73,6 +75,7 @@ cdef struct Parser
 cdef enum:
     ORIGIN_SELF = 0xFFFFFFFF
     ORIGIN_STATIC = 0x80000000
+    DENSE_IDS = 1 << 16
 
 cdef struct Memo:
     item_t* pool
@@ -90,6 +93,8 @@ cdef struct Memo:
     int32_t* th_val
     uint32_t th_mask
     int64_t th_count
+    int32_t* dense        # byte transitions of the first DENSE_IDS ids: dense[id * 256 + byte]
+    int32_t dense_cap
 
 
 cdef int m_init(Memo* m) noexcept nogil:
@@ -105,8 +110,10 @@ cdef int m_init(Memo* m) noexcept nogil:
     m.ih_slot = <int32_t*>malloc((m.ih_mask + 1) * sizeof(int32_t))
     m.th_key = <uint64_t*>malloc((m.th_mask + 1) * sizeof(uint64_t))
     m.th_val = <int32_t*>malloc((m.th_mask + 1) * sizeof(int32_t))
+    m.dense_cap = 256
+    m.dense = <int32_t*>malloc(m.dense_cap * 256 * sizeof(int32_t))
     if (m.pool == NULL or m.id_off == NULL or m.id_len == NULL or m.id_top == NULL or m.id_hash == NULL
-            or m.ih_slot == NULL or m.th_key == NULL or m.th_val == NULL):
+            or m.ih_slot == NULL or m.th_key == NULL or m.th_val == NULL or m.dense == NULL):
         return -1
     m_clear(m)
     return 0
@@ -121,6 +128,7 @@ cdef void m_free(Memo* m) noexcept nogil:
     free(m.ih_slot)
     free(m.th_key)
     free(m.th_val)
+    free(m.dense)
 
 
 cdef void m_clear(Memo* m) noexcept nogil:
@@ -129,6 +137,7 @@ cdef void m_clear(Memo* m) noexcept nogil:
     m.th_count = 0
     memset(m.ih_slot, 0xFF, (m.ih_mask + 1) * sizeof(int32_t))
     memset(m.th_val, 0xFF, (m.th_mask + 1) * sizeof(int32_t))
+    memset(m.dense, 0xFF, <int64_t>m.dense_cap * 256 * sizeof(int32_t))
 
 
 cdef inline uint64_t _mix(uint64_t h, uint64_t x) noexcept nogil:
@@ -222,8 +231,14 @@ cdef inline uint32_t _tslot(Memo* m, uint64_t key) noexcept nogil:
     return <uint32_t>(_mix(0, key) >> 7) & m.th_mask
 
 
-cdef int32_t m_trans_get(Memo* m, int32_t x, uint32_t sym) noexcept nogil:
+cdef inline int32_t m_trans_get(Memo* m, int32_t x, uint32_t sym) noexcept nogil:
     """sym: a byte (0-255), or 256 + rule for "complete rule from its callers' static set"."""
+    if sym < 256 and x < m.dense_cap:
+        return m.dense[<int64_t>x * 256 + sym]
+    return _m_trans_get_hashed(m, x, sym)
+
+
+cdef int32_t _m_trans_get_hashed(Memo* m, int32_t x, uint32_t sym) noexcept nogil:
     cdef uint64_t key = (<uint64_t>x << 32) | sym
     cdef uint32_t slot = _tslot(m, key)
     while m.th_val[slot] >= 0:
@@ -238,6 +253,19 @@ cdef int m_trans_put(Memo* m, int32_t x, uint32_t sym, int32_t r) noexcept nogil
     cdef uint32_t slot, size, i
     cdef uint64_t* old_key
     cdef int32_t* old_val
+    cdef int32_t old_cap
+    if sym < 256 and x < DENSE_IDS:
+        if x >= m.dense_cap:
+            old_cap = m.dense_cap
+            while x >= m.dense_cap:
+                m.dense_cap *= 2
+            m.dense = <int32_t*>realloc(m.dense, <int64_t>m.dense_cap * 256 * sizeof(int32_t))
+            if m.dense == NULL:
+                return -1
+            memset(m.dense + <int64_t>old_cap * 256, 0xFF, <int64_t>(m.dense_cap - old_cap) * 256 * sizeof(int32_t))
+        m.dense[<int64_t>x * 256 + sym] = r
+        m.th_count += 1
+        return 0
     if (m.th_count + 1) * 2 > <int64_t>m.th_mask:
         size = (m.th_mask + 1) * 2
         old_key = m.th_key
@@ -646,6 +674,58 @@ cdef int p_complete_rule(Parser* p, const GrammarC* g, int32_t rule, int64_t ori
     return p_intern_top(p)
 
 
+cdef int p_catch_up(Parser* P, const GrammarC* g, const int32_t* ids, int32_t base, int32_t upto,
+                    const uint8_t* path) noexcept nogil:
+    """Materialize P's sets for depths [P's depth, upto) from their ids (-1: an empty set).
+
+    Depth j is set index base + j; path[j] is the byte that led to depth j (used when a template
+    cannot be resolved and the step is recomputed).
+    """
+    cdef int32_t j, x
+    cdef int rc
+    if P.n_sets > base + upto:
+        p_pop_to(P, base + upto)
+    while P.n_sets < base + upto:
+        j = P.n_sets - base
+        x = ids[j]
+        if x < 0:
+            rc = p_push_empty(P)
+        else:
+            rc = p_materialize(P, x)
+            if rc == 2:
+                rc = p_push_byte(P, g, path[j])
+        if rc < 0:
+            return -1
+    return 0
+
+
+cdef int32_t p_advance(Parser* P, const GrammarC* g, int32_t* ids, int32_t base, int32_t d, uint8_t byte,
+                       const uint8_t* path) noexcept nogil:
+    """The id of the set at depth d after `byte`; the step is computed (and memoized) only on a miss."""
+    cdef int32_t r = m_trans_get(P.memo, ids[d - 1], byte)
+    if r < 0:
+        if p_catch_up(P, g, ids, base, d, path) < 0:
+            return -1
+        if p_push_byte(P, g, byte) < 0:
+            return -1
+        r = P.set_id[base + d]
+    ids[d] = r
+    return r
+
+
+cdef int p_reintern_all(Parser* P) noexcept nogil:
+    """Give every live set a fresh id (after the memo was cleared)."""
+    cdef int32_t k, x
+    memset(P.id_pos, 0xFF, P.cap_id_pos * sizeof(int32_t))
+    for k in range(P.n_sets):
+        P.set_id[k] = -1
+    for k in range(P.n_static, P.n_sets):
+        x = m_intern(P.memo, P, k)
+        if x < 0 or _assign_id(P, k, x) < 0:
+            return -1
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Vocabulary: token bytes and a pre-order byte trie over the ordinary tokens
 # ---------------------------------------------------------------------------------------------
@@ -894,8 +974,6 @@ cdef class CompiledCore:
     cdef uint8_t* pbyte
     cdef int64_t n_acc
     cdef int64_t n_unc
-    cdef readonly int64_t n_steps
-    cdef readonly int64_t n_miss
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
 
@@ -1036,39 +1114,6 @@ cdef class CompiledCore:
             return -1
         return p_intern_top(B)
 
-    cdef int _catch_up(self, Parser* P, int32_t* ids, int32_t base, int32_t upto) noexcept nogil:
-        """Materialize P's sets for depths [P's depth, upto) from their ids (-1: empty set)."""
-        cdef int32_t j, x
-        cdef int rc
-        if P.n_sets > base + upto:
-            p_pop_to(P, base + upto)
-        while P.n_sets < base + upto:
-            j = P.n_sets - base
-            x = ids[j]
-            if x < 0:
-                rc = p_push_empty(P)
-            else:
-                rc = p_materialize(P, x)
-                if rc == 2:
-                    rc = p_push_byte(P, &self.g, self.pbyte[j])
-            if rc < 0:
-                return -1
-        return 0
-
-    cdef int32_t _advance(self, Parser* P, int32_t* ids, int32_t base, int32_t d, uint8_t byte) noexcept nogil:
-        """The id of the set at depth d after `byte`, computing the step only on a memo miss."""
-        cdef int32_t r = m_trans_get(&self.memo, ids[d - 1], byte)
-        self.n_steps += 1
-        if r < 0:
-            self.n_miss += 1
-            if self._catch_up(P, ids, base, d) < 0:
-                return -1
-            if p_push_byte(P, &self.g, byte) < 0:
-                return -1
-            r = P.set_id[base + d]
-        ids[d] = r
-        return r
-
     cdef MaskEntry* _build_entry(self, int32_t node) noexcept nogil:
         """Walk the vocabulary trie from `node` with parser A (inside the rule) and B (what may follow it).
 
@@ -1131,7 +1176,7 @@ cdef class CompiledCore:
                 okA = nxt >= 0
                 topA = okA and g.node_final[nxt]
             else:
-                x = self._advance(A, self.aid, 0, d, byte)
+                x = p_advance(A, g, self.aid, 0, d, byte, self.pbyte)
                 if x < 0:
                     return NULL
                 okA = memo.id_len[x] > 0
@@ -1140,7 +1185,7 @@ cdef class CompiledCore:
             self.bid[d] = -1
             x = self.bid[d - 1]
             if x >= 0 and memo.id_len[x] > 0:
-                x = self._advance(B, self.bid, base, d, byte)
+                x = p_advance(B, g, self.bid, base, d, byte, self.pbyte)
                 if x < 0:
                     return NULL
                 okB = memo.id_len[x] > 0
@@ -1149,7 +1194,7 @@ cdef class CompiledCore:
                 x = self.bid[d] if self.bid[d] >= 0 else empty_id
                 r = m_trans_get(memo, x, 256 + <uint32_t>rule)
                 if r < 0:
-                    if self._catch_up(B, self.bid, base, d + 1) < 0:
+                    if p_catch_up(B, g, self.bid, base, d + 1, self.pbyte) < 0:
                         return NULL
                     if p_complete_rule(B, g, rule, rule) < 0:
                         return NULL
@@ -1227,8 +1272,7 @@ cdef class CompiledCore:
         return e
 
     def memo_stats(self):
-        return dict(ids=self.memo.n_ids, pool=self.memo.pool_len, transitions=self.memo.th_count,
-                    steps=self.n_steps, misses=self.n_miss)
+        return dict(ids=self.memo.n_ids, pool=self.memo.pool_len, transitions=self.memo.th_count)
 
     def entry_tokens(self, int32_t node):
         """(accepted token ids, uncertain token ids) of a node's entry, both sorted; builds it."""
@@ -1288,6 +1332,11 @@ cdef class MatcherCore:
     cdef int32_t* nodes
     cdef int32_t* stops
     cdef int32_t n_stop
+    cdef Memo memo
+    cdef int32_t* cid
+    cdef uint8_t* pbyte
+    cdef uint64_t* mcache             # final masks of recent costly states, direct-mapped by set id
+    cdef int32_t mcache_id[MCACHE_SLOTS]
     cdef readonly bint terminated
 
     def __cinit__(self):
@@ -1299,14 +1348,26 @@ cdef class MatcherCore:
         self.stamp = NULL
         self.nodes = NULL
         self.stops = NULL
+        self.memo.pool = NULL
+        self.cid = NULL
+        self.pbyte = NULL
+        self.mcache = NULL
 
     def __init__(self, CompiledCore core, stop_ids):
         self.core = core
         self.g = &core.g
         self.vc = &core.vocab.c
         cdef Vocab v = core.vocab
-        if p_init(&self.p) < 0:
+        if p_init(&self.p) < 0 or m_init(&self.memo) < 0:
             raise MemoryError()
+        self.p.memo = &self.memo
+        self.cid = <int32_t*>malloc((v.max_depth + 2) * sizeof(int32_t))
+        self.pbyte = <uint8_t*>malloc((v.max_depth + 2) * sizeof(uint8_t))
+        self.mcache = <uint64_t*>malloc(MCACHE_SLOTS * max(1, v.n_words) * sizeof(uint64_t))
+        if self.cid == NULL or self.pbyte == NULL or self.mcache == NULL:
+            raise MemoryError()
+        for i in range(MCACHE_SLOTS):
+            self.mcache_id[i] = -1
         self.cap_bound = 64
         self.boundaries = <int32_t*>malloc(self.cap_bound * sizeof(int32_t))
         self.acc = <uint64_t*>calloc(max(1, v.n_words), sizeof(uint64_t))
@@ -1338,6 +1399,11 @@ cdef class MatcherCore:
         free(self.stamp)
         free(self.nodes)
         free(self.stops)
+        free(self.cid)
+        free(self.pbyte)
+        free(self.mcache)
+        if self.memo.pool != NULL:
+            m_free(&self.memo)
 
     def reset(self):
         self.n_bound = 0
@@ -1451,9 +1517,13 @@ cdef class MatcherCore:
         cdef int32_t node, n_nodes = 0, k, w, r, t, base
         cdef MaskEntry* e
         cdef uint64_t bitsw
-        cdef int any_unc = 0
+        cdef int any_unc = 0, n_checked = 0
+        cdef int32_t sid = p.set_id[cur], slot = sid & (MCACHE_SLOTS - 1)
         memset(self.acc, 0, W * sizeof(uint64_t))
-        if not self.terminated:
+        if not self.terminated and sid >= 0 and self.mcache_id[slot] == sid:
+            # The same parse state as an earlier step (interned ids capture all of it): same mask.
+            memcpy(self.acc, self.mcache + <int64_t>slot * W, W * sizeof(uint64_t))
+        elif not self.terminated:
             self.stamp_gen += 1
             if self.stamp_gen == 0x7FFFFFFF:
                 memset(self.stamp, 0, self.g.n_nodes * sizeof(int32_t))
@@ -1490,7 +1560,8 @@ cdef class MatcherCore:
                         r = e.unc_ranks[j]
                         self.unc[r >> 6] |= (<uint64_t>1) << (r & 63)
             if any_unc:
-                if self._check_uncertain(WR) < 0:
+                n_checked = self._check_uncertain(WR)
+                if n_checked < 0:
                     return -1
             for k in range(self.n_stop):
                 t = self.stops[k]
@@ -1498,6 +1569,11 @@ cdef class MatcherCore:
                     self.acc[t >> 6] |= (<uint64_t>1) << (t & 63)
                 else:
                     self.acc[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+            sid = p.set_id[cur]
+            if n_checked >= MCACHE_MIN_CHECKS and sid >= 0:
+                slot = sid & (MCACHE_SLOTS - 1)
+                self.mcache_id[slot] = sid
+                memcpy(self.mcache + <int64_t>slot * W, self.acc, W * sizeof(uint64_t))
         if n_out <= W * 2:
             memcpy(out, self.acc, n_out * sizeof(int32_t))
         else:
@@ -1506,14 +1582,27 @@ cdef class MatcherCore:
         return 0
 
     cdef int _check_uncertain(self, int32_t WR) noexcept nogil:
-        """Run the parser over each uncertain token not already accepted, sharing prefixes in byte order."""
+        """Run the parser over each uncertain token not already accepted, in byte order.
+
+        Consecutive tokens share their common prefix, a failed prefix rejects every token that
+        extends it, and steps go through the memo (sets are materialized only on a miss).
+        """
         cdef VocabC* v = self.vc
         cdef Parser* p = &self.p
         cdef GrammarC* g = self.g
-        cdef int32_t base = p.n_sets, w, r, t, plen = 0, fail_at = -1, lcp, length, d, ok
+        cdef int32_t base = p.n_sets - 1, w, r, t, plen = 0, fail_at = -1, lcp, length, d, known = 0, x
         cdef uint64_t word
         cdef const uint8_t* prev = NULL
         cdef const uint8_t* cur
+        cdef bint ok
+        cdef int32_t n_checked = 0
+        if self.memo.pool_len > MEMO_MAX_ITEMS or self.memo.th_count > MEMO_MAX_TRANSITIONS:
+            m_clear(&self.memo)
+            for x in range(MCACHE_SLOTS):
+                self.mcache_id[x] = -1
+            if p_reintern_all(p) < 0:
+                return -1
+        self.cid[0] = p.set_id[base]
         for w in range(WR):
             word = self.unc[w]
             while word:
@@ -1532,23 +1621,26 @@ cdef class MatcherCore:
                 if fail_at >= 0 and lcp > fail_at:
                     continue          # shares the prefix that already failed
                 fail_at = -1
-                if p.n_sets - base > lcp:
-                    p_pop_to(p, base + lcp)
-                d = p.n_sets - base
-                ok = 1
+                n_checked += 1
+                d = min(lcp, known)
+                if p.n_sets > base + 1 + d:
+                    p_pop_to(p, base + 1 + d)
+                ok = True
                 while d < length:
-                    ok = p_push_byte(p, g, cur[d])
-                    if ok < 0:
+                    self.pbyte[d + 1] = cur[d]
+                    x = p_advance(p, g, self.cid, base, d + 1, cur[d], self.pbyte)
+                    if x < 0:
                         return -1
-                    if ok == 0:
-                        p_pop_to(p, base + d)
+                    if self.memo.id_len[x] == 0:
                         fail_at = d
+                        ok = False
                         break
                     d += 1
+                known = d
                 if ok:
                     self.acc[t >> 6] |= (<uint64_t>1) << (t & 63)
-        p_pop_to(p, base)
-        return 0
+        p_pop_to(p, base + 1)
+        return n_checked
 
     def allowed_bytes(self):
         """The set of bytes some item of the current state set can scan (for jump-forward)."""
