@@ -256,28 +256,141 @@ def _epsilon_free(nfa: NFA, start: int, end: int) -> RuleFSM:
     return canonical(fsm, start)
 
 
+def strongly_connected(n: int, succ: list[list[int]]) -> list[list[int]]:
+    """Tarjan's algorithm without recursion; components come out successors-first."""
+    index = [-1] * n
+    low = [0] * n
+    on = [False] * n
+    stack: list[int] = []
+    comps: list[list[int]] = []
+    counter = 0
+    for root in range(n):
+        if index[root] >= 0:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = counter
+                counter += 1
+                stack.append(v)
+                on[v] = True
+            if i < len(succ[v]):
+                work.append((v, i + 1))
+                w = succ[v][i]
+                if index[w] < 0:
+                    work.append((w, 0))
+                elif on[w]:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on[w] = False
+                    comp.append(w)
+                    if w == v:
+                        break
+                comps.append(comp)
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+    return comps
+
+
+def _signature(fsm: RuleFSM, u: int, cls) -> tuple:
+    """Finality plus edges with targets replaced by their classes (adjacent equal ranges merged)."""
+    bes: list[tuple] = []
+    for lo, hi, v in fsm.byte_edges[u]:
+        c = cls(v)
+        if bes and bes[-1][1] + 1 == lo and bes[-1][2] == c:
+            bes[-1] = (bes[-1][0], hi, c)
+        else:
+            bes.append((lo, hi, c))
+    return (u in fsm.finals, tuple(bes), tuple((r, cls(v)) for r, v in fsm.rule_edges[u]))
+
+
+def _canonical_component(fsm: RuleFSM, rep: dict, local: dict, members: set, cls: list) -> tuple:
+    best = None
+    for start in sorted(rep):
+        number = {start: 0}
+        order = [start]
+        parts = []
+        i = 0
+        while i < len(order):
+            u = rep[order[i]]
+            i += 1
+            for v in [v for *_x, v in fsm.byte_edges[u]] + [v for _r, v in fsm.rule_edges[u]]:
+                if v in members and local[v] not in number:
+                    number[local[v]] = len(order)
+                    order.append(local[v])
+            parts.append(_signature(fsm, u, lambda v: ("in", number[local[v]]) if v in members else ("out", cls[v])))
+        cand = ("cycle", tuple(parts))
+        if best is None or cand < best[0]:
+            best = (cand, order)
+    return best
+
+
 def minimize(fsm: RuleFSM) -> RuleFSM:
-    """Moore partition refinement; byte edges are compared after merging adjacent equal targets."""
+    """Merge equivalent states, one strongly connected component at a time, successors first.
+
+    States outside cycles get their class in one pass from their successors' final classes (bounded
+    repetitions unroll into long acyclic chains, where round-based refinement would need one round
+    per state); inside a cyclic component, Moore refinement runs on that component alone. States of
+    different cyclic components are never merged, which keeps the result correct if not always
+    minimal.
+    """
     n = fsm.n_nodes
-    cls = [1 if u in fsm.finals else 0 for u in range(n)]
-    n_cls = len(set(cls))
-    while True:
-        sigs: dict[tuple, int] = {}
-        new = []
-        for u in range(n):
-            bes = []
-            for lo, hi, v in fsm.byte_edges[u]:
-                c = cls[v]
-                if bes and bes[-1][1] + 1 == lo and bes[-1][2] == c:
-                    bes[-1] = (bes[-1][0], hi, c)
-                else:
-                    bes.append((lo, hi, c))
-            sig = (cls[u], tuple(bes), tuple((r, cls[v]) for r, v in fsm.rule_edges[u]))
-            new.append(sigs.setdefault(sig, len(sigs)))
-        cls = new
-        if len(sigs) == n_cls:
-            break
-        n_cls = len(sigs)
+    succ = [sorted({v for *_x, v in fsm.byte_edges[u]} | {v for _r, v in fsm.rule_edges[u]}) for u in range(n)]
+    cls: list[int] = [-1] * n
+    global_sigs: dict[tuple, int] = {}
+    n_cls = 0
+    for comp in strongly_connected(n, succ):
+        members = set(comp)
+        if len(comp) == 1 and comp[0] not in succ[comp[0]]:
+            u = comp[0]
+            sig = _signature(fsm, u, cls.__getitem__)
+            if sig not in global_sigs:
+                global_sigs[sig] = n_cls
+                n_cls += 1
+            cls[u] = global_sigs[sig]
+            continue
+        local = {u: int(u in fsm.finals) for u in comp}
+        n_local = len(set(local.values()))
+        while True:
+            sigs: dict[tuple, int] = {}
+            new_local = {}
+            for u in comp:
+                sig = _signature(fsm, u, lambda v: ("in", local[v]) if v in members else ("out", cls[v]))
+                new_local[u] = sigs.setdefault(sig, len(sigs))
+            local = new_local
+            if len(sigs) == n_local:
+                break
+            n_local = len(sigs)
+        # Equal cyclic components (the same loop inlined twice) share classes through a canonical
+        # form: the smallest breadth-first serialisation over the choice of start group.
+        rep = {}
+        for u in comp:
+            rep.setdefault(local[u], u)
+        key, order = _canonical_component(fsm, rep, local, members, cls) if n_local <= 64 else (None, None)
+        if key is not None and key in global_sigs:
+            base = global_sigs[key]
+            number = {g: i for i, g in enumerate(order)}
+            for u in comp:
+                cls[u] = base + number[local[u]]
+            continue
+        if key is not None:
+            global_sigs[key] = n_cls
+            number = {g: i for i, g in enumerate(order)}
+            for u in comp:
+                cls[u] = n_cls + number[local[u]]
+        else:
+            for u in comp:
+                cls[u] = n_cls + local[u]
+        n_cls += n_local
+        # An acyclic state that behaves like a loop state (the first `x` of `x+`) joins its class.
+        for u in rep.values():
+            global_sigs.setdefault(_signature(fsm, u, cls.__getitem__), cls[u])
     # Build the quotient automaton.
     rep: dict[int, int] = {}
     for u in range(n):

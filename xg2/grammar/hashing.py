@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .fsm import RuleFSM
+from .fsm import RuleFSM, strongly_connected
 
 
 def _digest(parts: list[bytes]) -> bytes:
@@ -32,48 +32,6 @@ def _serialize(fsm: RuleFSM, callee: dict[int, bytes]) -> list[bytes]:
         calls = sorted((callee[r], v) for r, v in fsm.rule_edges[u])
         parts.append(b"R" + b"".join(c + v.to_bytes(4, "little") for c, v in calls))
     return parts
-
-
-def strongly_connected(n: int, succ: list[list[int]]) -> list[list[int]]:
-    """Tarjan's algorithm without recursion; components come out callees-first."""
-    index = [-1] * n
-    low = [0] * n
-    on = [False] * n
-    stack: list[int] = []
-    comps: list[list[int]] = []
-    counter = 0
-    for root in range(n):
-        if index[root] >= 0:
-            continue
-        work = [(root, 0)]
-        while work:
-            v, i = work.pop()
-            if i == 0:
-                index[v] = low[v] = counter
-                counter += 1
-                stack.append(v)
-                on[v] = True
-            if i < len(succ[v]):
-                work.append((v, i + 1))
-                w = succ[v][i]
-                if index[w] < 0:
-                    work.append((w, 0))
-                elif on[w]:
-                    low[v] = min(low[v], index[w])
-                continue
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on[w] = False
-                    comp.append(w)
-                    if w == v:
-                        break
-                comps.append(comp)
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[v])
-    return comps
 
 
 def rule_hashes(fsms: list[RuleFSM]) -> list[str]:
