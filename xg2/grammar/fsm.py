@@ -9,6 +9,7 @@ what lets equal rule structures in different grammars map node to node (XGrammar
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from ..errors import GrammarLimitError
@@ -37,6 +38,12 @@ def _utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
         if a <= b:
             _split_same_length(a, b, n, out)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_sequences(cc: CharClass) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """UTF-8 byte-range sequences of a character class (cached: classes repeat under {m,n})."""
+    return tuple(tuple(seq) for lo, hi in cc.codepoint_ranges() for seq in _utf8_sequences(lo, hi))
 
 
 def _split_same_length(lo: int, hi: int, n: int, out: list) -> None:
@@ -96,13 +103,12 @@ def build_nfa(body: Expr, rule_index: dict[str, int]) -> tuple[NFA, int, int]:
             if not data:
                 nfa.add(s, 2, 0, 0, t)
         elif isinstance(e, CharClass):
-            for lo, hi in e.codepoint_ranges():
-                for seq in _utf8_sequences(lo, hi):
-                    cur = s
-                    for i, (a, b) in enumerate(seq):
-                        nxt = t if i == len(seq) - 1 else nfa.node()
-                        nfa.add(cur, 0, a, b, nxt)
-                        cur = nxt
+            for seq in _class_sequences(e):
+                cur = s
+                for i, (a, b) in enumerate(seq):
+                    nxt = t if i == len(seq) - 1 else nfa.node()
+                    nfa.add(cur, 0, a, b, nxt)
+                    cur = nxt
         elif isinstance(e, Seq):
             if not e.items:
                 nfa.add(s, 2, 0, 0, t)
