@@ -745,6 +745,9 @@ cdef struct VocabC:
     int32_t* trie_next
     int32_t* trie_lo
     int32_t* trie_hi
+    uint64_t* trie_below     # 4 words per node: the bytes that occur strictly below it
+    int32_t* trie_dlo        # rank range [dlo, dhi) of the tokens strictly below it
+    int32_t* trie_dhi
     uint64_t* ordinary_bits
     int32_t* stop_ids
     int32_t n_stop
@@ -772,6 +775,9 @@ cdef class Vocab:
     cdef int32_t* trie_next
     cdef int32_t* trie_lo
     cdef int32_t* trie_hi
+    cdef uint64_t* trie_below
+    cdef int32_t* trie_dlo
+    cdef int32_t* trie_dhi
     cdef uint64_t* ordinary_bits
     cdef int32_t* stop_ids
     cdef int32_t n_stop
@@ -785,6 +791,9 @@ cdef class Vocab:
         self.trie_next = NULL
         self.trie_lo = NULL
         self.trie_hi = NULL
+        self.trie_below = NULL
+        self.trie_dlo = NULL
+        self.trie_dhi = NULL
         self.ordinary_bits = NULL
         self.stop_ids = NULL
 
@@ -897,9 +906,57 @@ cdef class Vocab:
         self.c.trie_next = self.trie_next
         self.c.trie_lo = self.trie_lo
         self.c.trie_hi = self.trie_hi
+        self._build_subtrees()
+        self.c.trie_below = self.trie_below
+        self.c.trie_dlo = self.trie_dlo
+        self.c.trie_dhi = self.trie_dhi
         self.c.ordinary_bits = self.ordinary_bits
         self.c.stop_ids = self.stop_ids
         self.c.n_stop = self.n_stop
+
+    cdef void _build_subtrees(self):
+        """Per trie node: the bytes below it and the rank range of the tokens below it.
+
+        A walk whose state loops on every byte below a node accepts that whole subtree at once.
+        """
+        cdef int32_t n = self.n_trie, i, par, d, w
+        cdef int32_t* parent_at = <int32_t*>malloc((self.max_depth + 2) * sizeof(int32_t))
+        cdef int32_t* parent = <int32_t*>malloc(max(1, n) * sizeof(int32_t))
+        self.trie_below = <uint64_t*>calloc(max(1, n) * 4, sizeof(uint64_t))
+        self.trie_dlo = <int32_t*>malloc(max(1, n) * sizeof(int32_t))
+        self.trie_dhi = <int32_t*>malloc(max(1, n) * sizeof(int32_t))
+        if (parent_at == NULL or parent == NULL or self.trie_below == NULL or self.trie_dlo == NULL
+                or self.trie_dhi == NULL):
+            free(parent_at)
+            free(parent)
+            raise MemoryError()
+        for i in range(n):
+            d = self.trie_depth[i]
+            parent[i] = parent_at[d - 1] if d > 1 else -1
+            parent_at[d] = i
+            self.trie_dlo[i] = 0x7FFFFFFF
+            self.trie_dhi[i] = -1
+        i = n
+        while i > 0:
+            i -= 1
+            par = parent[i]
+            if par < 0:
+                continue
+            for w in range(4):
+                self.trie_below[par * 4 + w] |= self.trie_below[i * 4 + w]
+            self.trie_below[par * 4 + (self.trie_byte[i] >> 6)] |= (<uint64_t>1) << (self.trie_byte[i] & 63)
+            if self.trie_hi[i] > self.trie_lo[i]:
+                self.trie_dlo[par] = min(self.trie_dlo[par], self.trie_lo[i])
+                self.trie_dhi[par] = max(self.trie_dhi[par], self.trie_hi[i])
+            if self.trie_dhi[i] >= 0:
+                self.trie_dlo[par] = min(self.trie_dlo[par], self.trie_dlo[i])
+                self.trie_dhi[par] = max(self.trie_dhi[par], self.trie_dhi[i])
+        for i in range(n):
+            if self.trie_dhi[i] < 0:
+                self.trie_dlo[i] = 0
+                self.trie_dhi[i] = 0
+        free(parent_at)
+        free(parent)
 
     def token_bytes(self, int32_t t):
         return self.tok_data[self.tok_off[t]:self.tok_off[t + 1]]
@@ -912,6 +969,9 @@ cdef class Vocab:
         free(self.trie_next)
         free(self.trie_lo)
         free(self.trie_hi)
+        free(self.trie_below)
+        free(self.trie_dlo)
+        free(self.trie_dhi)
         free(self.ordinary_bits)
         free(self.stop_ids)
 
@@ -969,6 +1029,7 @@ cdef class CompiledCore:
     cdef int32_t* acc_buf
     cdef int32_t* unc_buf
     cdef int32_t* dstate
+    cdef uint64_t* node_loop          # 4 words per node: bytes on which a pure node loops to itself
     cdef int32_t* aid
     cdef int32_t* bid
     cdef uint8_t* pbyte
@@ -982,6 +1043,7 @@ cdef class CompiledCore:
         self.acc_buf = NULL
         self.unc_buf = NULL
         self.dstate = NULL
+        self.node_loop = NULL
         self.aid = NULL
         self.bid = NULL
         self.pbyte = NULL
@@ -1027,6 +1089,15 @@ cdef class CompiledCore:
             raise MemoryError()
         if p_init(&self.pa) < 0 or p_init(&self.pb) < 0 or m_init(&self.memo) < 0:
             raise MemoryError()
+        self.node_loop = <uint64_t*>calloc(max(1, self.g.n_nodes) * 4, sizeof(uint64_t))
+        if self.node_loop == NULL:
+            raise MemoryError()
+        cdef int32_t nd, ke, b
+        for nd in range(self.g.n_nodes):
+            for ke in range(self.g.be_start[nd], self.g.be_start[nd + 1]):
+                if self.g.be_target[ke] == nd:
+                    for b in range(self.g.be_lo[ke], self.g.be_hi[ke] + 1):
+                        self.node_loop[nd * 4 + (b >> 6)] |= (<uint64_t>1) << (b & 63)
         self.pa.memo = &self.memo
         self.pb.memo = &self.memo
         self.cache_bytes = 0
@@ -1043,6 +1114,7 @@ cdef class CompiledCore:
         free(self.acc_buf)
         free(self.unc_buf)
         free(self.dstate)
+        free(self.node_loop)
         free(self.aid)
         free(self.bid)
         free(self.pbyte)
@@ -1127,7 +1199,9 @@ cdef class CompiledCore:
         cdef GrammarC* g = &self.g
         cdef int32_t rule = g.node_rule[node]
         cdef int32_t base = g.n_rules
-        cdef int32_t i = 0, d, r, okA, okB, st, nxt, k, x, empty_id
+        cdef int32_t i = 0, d, r, okA, okB, st, nxt = -1, k, x, empty_id
+        cdef uint64_t* lp
+        cdef uint64_t* bl
         cdef bint pure = g.node_pure[node], topA
         cdef Memo* memo = &self.memo
         cdef uint8_t byte
@@ -1209,6 +1283,16 @@ cdef class CompiledCore:
                 for r in range(v.trie_lo[i], v.trie_hi[i]):
                     self.acc_buf[self.n_acc] = r
                     self.n_acc += 1
+                if pure and v.trie_next[i] > i + 1:
+                    lp = self.node_loop + nxt * 4
+                    bl = v.trie_below + <int64_t>i * 4
+                    if ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0:
+                        # Every byte below keeps the automaton on this node: the subtree is accepted.
+                        for r in range(v.trie_dlo[i], v.trie_dhi[i]):
+                            self.acc_buf[self.n_acc] = r
+                            self.n_acc += 1
+                        i = v.trie_next[i]
+                        continue
                 i += 1
             elif okB:
                 for r in range(v.trie_lo[i], v.trie_hi[i]):
