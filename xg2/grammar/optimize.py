@@ -10,7 +10,7 @@ from __future__ import annotations
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
 #: Largest (weighted) expression size inlined into a caller.
-INLINE_LIMIT = 400
+INLINE_LIMIT = 40
 
 
 def _children(e: Expr) -> tuple[Expr, ...]:
