@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_masks import GRAMMARS, compile_, unpack
 
 import xg2
-
-from test_masks import GRAMMARS, compile_, unpack
 
 WALK_SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 

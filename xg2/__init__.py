@@ -6,7 +6,12 @@ The public API follows xgrammar's names and shapes, so an engine integration swi
 from .compiler import CompiledGrammar, GrammarCompiler
 from .errors import GrammarError, GrammarLimitError, TokenizerError, XG2Error
 from .grammar.grammar import Grammar
-from .kernels import allocate_token_bitmask, apply_token_bitmask_inplace, get_bitmask_shape, reset_token_bitmask
+from .kernels import (
+    allocate_token_bitmask,
+    apply_token_bitmask_inplace,
+    get_bitmask_shape,
+    reset_token_bitmask,
+)
 from .matcher import GrammarMatcher
 from .tokenizer import TokenizerInfo, VocabType
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import numpy as np
 
@@ -17,6 +16,7 @@ from .grammar.hashing import rule_hashes
 from .grammar.ir import GrammarIR
 from .grammar.optimize import inline_small_rules
 from .tokenizer import TokenizerInfo
+
 
 @dataclass
 class LoweredGrammar:
@@ -102,22 +102,22 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
             node_pure[int(base[r]) + u] = u not in impure
 
     rule_start = base[:-1].astype(np.int32)
-    arrays = dict(
-        node_rule=node_rule,
-        node_final=node_final,
-        be_start=be_start,
-        be_lo=np.array(be_lo, np.uint8),
-        be_hi=np.array(be_hi, np.uint8),
-        be_target=np.array(be_target, np.int32),
-        re_start=re_start,
-        re_rule=np.array(re_rule, np.int32),
-        re_target=np.array(re_target, np.int32),
-        rule_start=rule_start,
-        rule_nullable=np.array([r in nullable for r in range(len(fsms))], np.uint8),
-        ctx_start=ctx_start,
-        ctx_item=np.array(ctx_item, np.uint64),
-        node_pure=node_pure,
-    )
+    arrays = {
+        "node_rule": node_rule,
+        "node_final": node_final,
+        "be_start": be_start,
+        "be_lo": np.array(be_lo, np.uint8),
+        "be_hi": np.array(be_hi, np.uint8),
+        "be_target": np.array(be_target, np.int32),
+        "re_start": re_start,
+        "re_rule": np.array(re_rule, np.int32),
+        "re_target": np.array(re_target, np.int32),
+        "rule_start": rule_start,
+        "rule_nullable": np.array([r in nullable for r in range(len(fsms))], np.uint8),
+        "ctx_start": ctx_start,
+        "ctx_item": np.array(ctx_item, np.uint64),
+        "node_pure": node_pure,
+    }
     return LoweredGrammar(names, fsms, root, rule_hashes(fsms), arrays)
 
 
@@ -187,9 +187,9 @@ class GrammarCompiler:
         self._cache: dict[tuple[str, str], CompiledGrammar] = {}
         self._lock = threading.Lock()
         self._vocab = vocab_core(tokenizer_info)
-        self.last_compile_seconds: Optional[float] = None
+        self.last_compile_seconds: float | None = None
 
-    def compile_grammar(self, grammar: Union[str, Grammar], *, root_rule_name: str = "root") -> CompiledGrammar:
+    def compile_grammar(self, grammar: str | Grammar, *, root_rule_name: str = "root") -> CompiledGrammar:
         if isinstance(grammar, str):
             grammar = Grammar.from_ebnf(grammar, root_rule_name=root_rule_name)
         elif not isinstance(grammar, Grammar):

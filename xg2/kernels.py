@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -62,8 +63,8 @@ def _unpack_torch(bitmask: Any, vocab_size: int) -> Any:
     return bits.reshape(*bitmask.shape[:-1], -1)[..., :vocab_size].bool()
 
 
-def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, vocab_size: Optional[int] = None,
-                                indices: Optional[Sequence[int]] = None) -> None:
+def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, vocab_size: int | None = None,
+                                indices: Sequence[int] | None = None) -> None:
     """Set logits of disallowed tokens to -inf, in place.
 
     `logits` is (batch, V) or (V,); `bitmask` is (batch, W) or (W,). `indices` picks the logits rows

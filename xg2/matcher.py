@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class GrammarMatcher:
     """Matches one generation against a compiled grammar, token by token."""
 
     def __init__(self, compiled_grammar: CompiledGrammar, *,
-                 override_stop_tokens: Optional[Union[int, Sequence[int]]] = None,
+                 override_stop_tokens: int | Sequence[int] | None = None,
                  terminate_without_stop_token: bool = False, max_rollback_tokens: int = -1):
         if not isinstance(compiled_grammar, CompiledGrammar):
             raise TypeError("compiled_grammar must be an xg2.CompiledGrammar")
@@ -86,7 +87,7 @@ class GrammarMatcher:
             self._core.forget_history(self._max_rollback)
         return bool(ok)
 
-    def accept_string(self, input_str: Union[str, bytes], *, debug_print: bool = False) -> bool:
+    def accept_string(self, input_str: str | bytes, *, debug_print: bool = False) -> bool:
         """Advance by raw text (not tokens); False and no change if the text does not fit."""
         if self.is_terminated():
             return False

@@ -330,7 +330,8 @@ def _canonical_component(fsm: RuleFSM, rep: dict, local: dict, members: set, cls
                 if v in members and local[v] not in number:
                     number[local[v]] = len(order)
                     order.append(local[v])
-            parts.append(_signature(fsm, u, lambda v: ("in", number[local[v]]) if v in members else ("out", cls[v])))
+            parts.append(_signature(fsm, u, lambda v, number=number: ("in", number[local[v]]) if v in members
+                                    else ("out", cls[v])))
         cand = ("cycle", tuple(parts))
         if best is None or cand < best[0]:
             best = (cand, order)
@@ -367,7 +368,8 @@ def minimize(fsm: RuleFSM) -> RuleFSM:
             sigs: dict[tuple, int] = {}
             new_local = {}
             for u in comp:
-                sig = _signature(fsm, u, lambda v: ("in", local[v]) if v in members else ("out", cls[v]))
+                sig = _signature(fsm, u, lambda v, local=local, members=members: ("in", local[v]) if v in members
+                                 else ("out", cls[v]))
                 new_local[u] = sigs.setdefault(sig, len(sigs))
             local = new_local
             if len(sigs) == n_local:

@@ -19,13 +19,13 @@ class Grammar:
         return self._ir
 
     @staticmethod
-    def from_ebnf(ebnf_string: str, *, root_rule_name: str = "root") -> "Grammar":
+    def from_ebnf(ebnf_string: str, *, root_rule_name: str = "root") -> Grammar:
         if not isinstance(ebnf_string, str):
             raise TypeError("ebnf_string must be a str")
         return Grammar(parse_ebnf(ebnf_string, root_rule_name=root_rule_name))
 
     @staticmethod
-    def builtin_json_grammar() -> "Grammar":
+    def builtin_json_grammar() -> Grammar:
         return Grammar.from_ebnf(JSON_EBNF)
 
     def to_string(self) -> str:

@@ -10,7 +10,7 @@ hash equal, which the lowering uses to share work.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Union
 
 MAX_CODEPOINT = 0x10FFFF
 
@@ -52,21 +52,21 @@ class CharClass:
 
 @dataclass(frozen=True)
 class Seq:
-    items: tuple["Expr", ...]
+    items: tuple[Expr, ...]
 
 
 @dataclass(frozen=True)
 class Choice:
-    alts: tuple["Expr", ...]
+    alts: tuple[Expr, ...]
 
 
 @dataclass(frozen=True)
 class Repeat:
     """`expr{min,max}`; `max is None` means unbounded (`*` is {0,}, `+` is {1,}, `?` is {0,1})."""
 
-    expr: "Expr"
+    expr: Expr
     min: int
-    max: Optional[int]
+    max: int | None
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,14 @@ class RuleRef:
     name: str
 
 
-Expr = Union[Literal, CharClass, Seq, Choice, Repeat, RuleRef]
+Expr = Union[Literal, CharClass, Seq, Choice, Repeat, RuleRef]  # noqa: UP007 (runtime alias)
 
 
 @dataclass
 class Rule:
     name: str
     body: Expr
-    lookahead: Optional[Expr] = None
+    lookahead: Expr | None = None
 
 
 @dataclass

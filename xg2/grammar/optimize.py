@@ -81,7 +81,6 @@ def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
 
 def inline_small_rules(ir: GrammarIR) -> GrammarIR:
     """Inline reference-free, non-recursive small rules; drop rules no longer reachable from root."""
-    rules = ir.rule_map()
     inlined: dict[str, Expr] = {}
     # Resolve bottom-up: a rule becomes inlinable once every rule it references was inlined.
     pending = [r for r in ir.rules if r.name != ir.root and r.lookahead is None]
