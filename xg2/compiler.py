@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._ext.core import CompiledCore, Vocab
+from ._ext.core import ClassTrie, CompiledCore, Vocab
 from .errors import GrammarError
 from .grammar.fsm import RuleFSM, build_nfa, determinize, nullable_rules, productive_rules, prune
 from .grammar.grammar import Grammar
@@ -170,6 +170,42 @@ def vocab_core(info: TokenizerInfo) -> Vocab:
         return core
 
 
+#: Walk the class trie only when it is at most this fraction of the byte trie.
+CLASS_TRIE_MAX_RATIO = 0.6
+#: Build a class trie only when a sample of tokens collapses to at most this fraction of distinct
+#: class sequences (a cheap stand-in for the size of the trie).
+CLASS_TRIE_MAX_SAMPLE_RATIO = 0.7
+_CLASS_TRIES: dict[tuple[str, bytes], ClassTrie | None] = {}
+_MAX_CLASS_TRIES = 64
+
+
+def byte_classes(arrays: dict[str, np.ndarray]) -> bytes:
+    """Byte -> class: bytes that no byte edge of the grammar separates share a class."""
+    bounds = np.union1d(arrays["be_lo"].astype(np.int32), arrays["be_hi"].astype(np.int32) + 1)
+    return np.searchsorted(bounds, np.arange(256), side="right").astype(np.uint8).tobytes()
+
+
+def class_trie(vocab: Vocab, fingerprint: str, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
+    """The vocabulary trie over the grammar's byte classes, cached per (vocabulary, classes); None
+    when it would not be much smaller than the byte trie."""
+    classes = byte_classes(arrays)
+    sample = vocab.token_sample
+    if len({t.translate(classes) for t in sample}) > CLASS_TRIE_MAX_SAMPLE_RATIO * len(sample):
+        return None
+    key = (fingerprint, classes)
+    with _VOCAB_LOCK:
+        if key in _CLASS_TRIES:
+            return _CLASS_TRIES[key]
+    trie = ClassTrie(vocab, np.frombuffer(key[1], dtype=np.uint8))
+    if trie.n_nodes > CLASS_TRIE_MAX_RATIO * vocab.n_trie:
+        trie = None
+    with _VOCAB_LOCK:
+        if len(_CLASS_TRIES) >= _MAX_CLASS_TRIES:
+            _CLASS_TRIES.pop(next(iter(_CLASS_TRIES)))
+        _CLASS_TRIES[key] = trie
+    return trie
+
+
 class GrammarCompiler:
     """Compiles grammars for one tokenizer; compiled grammars are cached by their normalised text."""
 
@@ -208,7 +244,7 @@ class GrammarCompiler:
                 return hit
         t0 = time.perf_counter()
         lowered = lower(grammar.ir)
-        core = CompiledCore(self._vocab, lowered.arrays, lowered.root)
+        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, class_trie(self._vocab, self.tokenizer_info.fingerprint, lowered.arrays))
         self._precompute(core, t0)
         compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered, core)
         self.last_compile_seconds = time.perf_counter() - t0

@@ -730,6 +730,22 @@ cdef int p_reintern_all(Parser* P) noexcept nogil:
 # Vocabulary: token bytes and a pre-order byte trie over the ordinary tokens
 # ---------------------------------------------------------------------------------------------
 
+# A token trie in pre-order arrays: node i has an incoming byte, a depth, the index just past its
+# subtree, the tokens ending at it (toks[lo:hi]) and below it (toks[dlo:dhi]), and the set of bytes
+# below it (4 words).
+cdef struct TrieC:
+    int32_t n
+    const uint8_t* byte
+    const int32_t* depth
+    const int32_t* next
+    const int32_t* lo
+    const int32_t* hi
+    const int32_t* dlo
+    const int32_t* dhi
+    const uint64_t* below
+    const int32_t* toks
+
+
 cdef struct VocabC:
     int32_t vocab_size
     int32_t n_ordinary
@@ -751,6 +767,7 @@ cdef struct VocabC:
     uint64_t* ordinary_bits
     int32_t* stop_ids
     int32_t n_stop
+    TrieC trie
 
 
 cdef class Vocab:
@@ -782,6 +799,7 @@ cdef class Vocab:
     cdef int32_t* stop_ids
     cdef int32_t n_stop
     cdef VocabC c
+    cdef object _sample
 
     def __cinit__(self):
         self.rank_token = NULL
@@ -910,6 +928,16 @@ cdef class Vocab:
         self.c.trie_below = self.trie_below
         self.c.trie_dlo = self.trie_dlo
         self.c.trie_dhi = self.trie_dhi
+        self.c.trie.n = self.n_trie
+        self.c.trie.byte = self.trie_byte
+        self.c.trie.depth = self.trie_depth
+        self.c.trie.next = self.trie_next
+        self.c.trie.lo = self.trie_lo
+        self.c.trie.hi = self.trie_hi
+        self.c.trie.dlo = self.trie_dlo
+        self.c.trie.dhi = self.trie_dhi
+        self.c.trie.below = self.trie_below
+        self.c.trie.toks = self.rank_token
         self.c.ordinary_bits = self.ordinary_bits
         self.c.stop_ids = self.stop_ids
         self.c.n_stop = self.n_stop
@@ -958,6 +986,13 @@ cdef class Vocab:
         free(parent_at)
         free(parent)
 
+    @property
+    def token_sample(self):
+        """Every 64th ordinary token in byte order (distinct bytes), for cheap estimates."""
+        if self._sample is None:
+            self._sample = [self.token_bytes(self.rank_token[r]) for r in range(0, self.n_ordinary, 64)]
+        return self._sample
+
     def token_bytes(self, int32_t t):
         return self.tok_data[self.tok_off[t]:self.tok_off[t + 1]]
 
@@ -974,6 +1009,214 @@ cdef class Vocab:
         free(self.trie_dhi)
         free(self.ordinary_bits)
         free(self.stop_ids)
+
+
+cdef class ClassTrie:
+    """The vocabulary trie with bytes replaced by a grammar's byte classes.
+
+    Bytes that no edge of a grammar tells apart behave the same in every parser state, so tokens
+    whose class sequences are equal share one path. For most grammars this trie is 2 to 100 times
+    smaller than the byte trie, and mask-entry walks visit it instead.
+    """
+    cdef readonly int32_t n_nodes
+    cdef TrieC t
+    cdef uint8_t* byte
+    cdef int32_t* depth
+    cdef int32_t* next
+    cdef int32_t* lo
+    cdef int32_t* hi
+    cdef int32_t* dlo
+    cdef int32_t* dhi
+    cdef uint64_t* below
+    cdef int32_t* toks
+
+    def __cinit__(self):
+        self.byte = NULL
+        self.depth = NULL
+        self.next = NULL
+        self.lo = NULL
+        self.hi = NULL
+        self.dlo = NULL
+        self.dhi = NULL
+        self.below = NULL
+        self.toks = NULL
+
+    def __init__(self, Vocab vocab, const uint8_t[::1] classmap):
+        if classmap.shape[0] != 256:
+            raise ValueError("classmap must have 256 entries")
+        if self._build(&vocab.c, &classmap[0]) < 0:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.byte)
+        free(self.depth)
+        free(self.next)
+        free(self.lo)
+        free(self.hi)
+        free(self.dlo)
+        free(self.dhi)
+        free(self.below)
+        free(self.toks)
+
+    cdef int _build(self, VocabC* v, const uint8_t* cmap) noexcept nogil:
+        """Map every byte-trie node to a class-trie node (children kept in sorted sibling lists,
+        short for coarse classes), then lay the class trie out in pre-order."""
+        cdef const TrieC* bt = &v.trie
+        cdef int32_t nb = bt.n, cap = nb + 1, i, d, c, nc = 1, par, j, k, r, x, prev, top
+        cdef int rc = -1
+        cdef int32_t* cmap_node = <int32_t*>malloc(cap * sizeof(int32_t))
+        cdef int32_t* cpar = <int32_t*>malloc(cap * sizeof(int32_t))
+        cdef int32_t* first = <int32_t*>malloc(cap * sizeof(int32_t))
+        cdef int32_t* sibling = <int32_t*>malloc(cap * sizeof(int32_t))
+        cdef uint8_t* ccls = <uint8_t*>malloc(cap * sizeof(uint8_t))
+        cdef uint8_t* crep = <uint8_t*>malloc(cap * sizeof(uint8_t))
+        cdef int32_t* ccount = <int32_t*>malloc(cap * sizeof(int32_t))
+        cdef int32_t* stack = <int32_t*>malloc((v.max_depth + 2) * sizeof(int32_t))
+        cdef int32_t* pre = NULL
+        cdef int32_t* order = NULL
+        cdef int32_t* dfs = NULL
+        cdef int32_t* tok_start = NULL
+        if (cmap_node == NULL or cpar == NULL or first == NULL or sibling == NULL or ccls == NULL
+                or crep == NULL or ccount == NULL or stack == NULL):
+            return self._free_scratch(cmap_node, cpar, first, sibling, ccls, crep, ccount, stack, pre, order,
+                                      dfs, tok_start, -1)
+        cpar[0] = -1
+        first[0] = -1
+        ccount[0] = 0
+        stack[0] = 0
+        for i in range(nb):
+            d = bt.depth[i]
+            par = stack[d - 1]
+            c = cmap[bt.byte[i]]
+            prev = -1
+            x = first[par]
+            while x >= 0 and ccls[x] < c:
+                prev = x
+                x = sibling[x]
+            if x < 0 or ccls[x] != c:
+                cpar[nc] = par
+                ccls[nc] = <uint8_t>c
+                crep[nc] = bt.byte[i]
+                first[nc] = -1
+                ccount[nc] = 0
+                sibling[nc] = x
+                if prev < 0:
+                    first[par] = nc
+                else:
+                    sibling[prev] = nc
+                x = nc
+                nc += 1
+            stack[d] = x
+            cmap_node[i] = x
+            ccount[x] += bt.hi[i] - bt.lo[i]
+        pre = <int32_t*>malloc(nc * sizeof(int32_t))
+        order = <int32_t*>malloc(nc * sizeof(int32_t))
+        dfs = <int32_t*>malloc((nc + 1) * sizeof(int32_t))
+        tok_start = <int32_t*>malloc((nc + 1) * sizeof(int32_t))
+        self.byte = <uint8_t*>malloc(nc * sizeof(uint8_t))
+        self.depth = <int32_t*>malloc(nc * sizeof(int32_t))
+        self.next = <int32_t*>malloc(nc * sizeof(int32_t))
+        self.lo = <int32_t*>malloc(nc * sizeof(int32_t))
+        self.hi = <int32_t*>malloc(nc * sizeof(int32_t))
+        self.dlo = <int32_t*>malloc(nc * sizeof(int32_t))
+        self.dhi = <int32_t*>malloc(nc * sizeof(int32_t))
+        self.below = <uint64_t*>calloc(nc * 4, sizeof(uint64_t))
+        self.toks = <int32_t*>malloc(max(1, v.n_ordinary) * sizeof(int32_t))
+        if not (pre == NULL or order == NULL or dfs == NULL or tok_start == NULL or self.byte == NULL
+                or self.depth == NULL or self.next == NULL or self.lo == NULL or self.hi == NULL
+                or self.dlo == NULL or self.dhi == NULL or self.below == NULL or self.toks == NULL):
+            # Pre-order over the non-root nodes (children in class order).
+            top = 0
+            self.n_nodes = 0
+            x = first[0]
+            while x >= 0:
+                dfs[top] = x
+                top += 1
+                x = sibling[x]
+            # reverse the root's children on the stack so the smallest class is popped first
+            j = 0
+            k = top - 1
+            while j < k:
+                dfs[j], dfs[k] = dfs[k], dfs[j]
+                j += 1
+                k -= 1
+            while top > 0:
+                top -= 1
+                x = dfs[top]
+                pre[x] = self.n_nodes
+                order[self.n_nodes] = x
+                self.n_nodes += 1
+                r = top
+                c = first[x]
+                while c >= 0:
+                    dfs[top] = c
+                    top += 1
+                    c = sibling[c]
+                j = r
+                k = top - 1
+                while j < k:
+                    dfs[j], dfs[k] = dfs[k], dfs[j]
+                    j += 1
+                    k -= 1
+            nc = self.n_nodes
+            tok_start[0] = 0
+            for j in range(nc):
+                x = order[j]
+                self.byte[j] = crep[x]
+                self.depth[j] = 1 if cpar[x] == 0 else self.depth[pre[cpar[x]]] + 1
+                tok_start[j + 1] = tok_start[j] + ccount[x]
+                self.lo[j] = tok_start[j]
+                self.hi[j] = tok_start[j + 1]
+                self.next[j] = j + 1
+            j = nc
+            while j > 0:
+                j -= 1
+                x = order[j]
+                if cpar[x] != 0:
+                    k = pre[cpar[x]]
+                    if self.next[j] > self.next[k]:
+                        self.next[k] = self.next[j]
+                    for r in range(4):
+                        self.below[k * 4 + r] |= self.below[j * 4 + r]
+                    self.below[k * 4 + (self.byte[j] >> 6)] |= (<uint64_t>1) << (self.byte[j] & 63)
+            for j in range(nc):
+                self.dlo[j] = self.hi[j]
+                self.dhi[j] = tok_start[self.next[j]]
+            # Tokens grouped by class node in pre-order (tok_start is reused as a fill cursor).
+            for i in range(nb):
+                j = pre[cmap_node[i]]
+                for r in range(bt.lo[i], bt.hi[i]):
+                    self.toks[tok_start[j]] = bt.toks[r]
+                    tok_start[j] += 1
+            self.t.n = nc
+            self.t.byte = self.byte
+            self.t.depth = self.depth
+            self.t.next = self.next
+            self.t.lo = self.lo
+            self.t.hi = self.hi
+            self.t.dlo = self.dlo
+            self.t.dhi = self.dhi
+            self.t.below = self.below
+            self.t.toks = self.toks
+            rc = 0
+        return self._free_scratch(cmap_node, cpar, first, sibling, ccls, crep, ccount, stack, pre, order, dfs,
+                                  tok_start, rc)
+
+    cdef int _free_scratch(self, void* a, void* b, void* c, void* d, void* e, void* f, void* g, void* h,
+                           void* i, void* j, void* k, void* l, int rc) noexcept nogil:
+        free(a)
+        free(b)
+        free(c)
+        free(d)
+        free(e)
+        free(f)
+        free(g)
+        free(h)
+        free(i)
+        free(j)
+        free(k)
+        free(l)
+        return rc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1020,6 +1263,9 @@ cdef class CompiledCore:
     cdef object _arrays
     cdef readonly Vocab vocab
     cdef VocabC* vc
+    cdef const TrieC* trie            # the trie mask-entry walks visit (byte trie or class trie)
+    cdef object _class_trie
+    cdef uint64_t* rank_bits
     cdef readonly int32_t root_rule
     cdef MaskEntry** entries
     cdef PyThread_type_lock lock
@@ -1042,6 +1288,7 @@ cdef class CompiledCore:
         self.entries = NULL
         self.acc_buf = NULL
         self.unc_buf = NULL
+        self.rank_bits = NULL
         self.dstate = NULL
         self.node_loop = NULL
         self.aid = NULL
@@ -1052,9 +1299,11 @@ cdef class CompiledCore:
         self.pb.items = NULL
         self.memo.pool = NULL
 
-    def __init__(self, Vocab vocab, dict arrays, int root_rule):
+    def __init__(self, Vocab vocab, dict arrays, int root_rule, ClassTrie class_trie=None):
         self.vocab = vocab
         self.vc = &vocab.c
+        self._class_trie = class_trie
+        self.trie = &class_trie.t if class_trie is not None else &vocab.c.trie
         self.root_rule = root_rule
         keep = {}
         for k, v in arrays.items():
@@ -1080,12 +1329,14 @@ cdef class CompiledCore:
         self.lock = PyThread_allocate_lock()
         self.acc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
         self.unc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
+        self.rank_bits = <uint64_t*>malloc(max(1, (vocab.n_ordinary + 63) // 64) * sizeof(uint64_t))
         self.dstate = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
         self.aid = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
         self.bid = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
         self.pbyte = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
         if (self.entries == NULL or self.lock == NULL or self.acc_buf == NULL or self.unc_buf == NULL
-                or self.dstate == NULL or self.aid == NULL or self.bid == NULL or self.pbyte == NULL):
+                or self.dstate == NULL or self.aid == NULL or self.bid == NULL or self.pbyte == NULL
+                or self.rank_bits == NULL):
             raise MemoryError()
         if p_init(&self.pa) < 0 or p_init(&self.pb) < 0 or m_init(&self.memo) < 0:
             raise MemoryError()
@@ -1113,6 +1364,7 @@ cdef class CompiledCore:
             PyThread_free_lock(self.lock)
         free(self.acc_buf)
         free(self.unc_buf)
+        free(self.rank_bits)
         free(self.dstate)
         free(self.node_loop)
         free(self.aid)
@@ -1194,6 +1446,7 @@ cdef class CompiledCore:
         Where the rule is a plain deterministic automaton from `node` on, A is just a node per depth.
         """
         cdef VocabC* v = self.vc
+        cdef const TrieC* T = self.trie
         cdef Parser* A = &self.pa
         cdef Parser* B = &self.pb
         cdef GrammarC* g = &self.g
@@ -1201,7 +1454,7 @@ cdef class CompiledCore:
         cdef int32_t base = g.n_rules
         cdef int32_t i = 0, d, r, okA, okB, st, nxt = -1, k, x, empty_id
         cdef uint64_t* lp
-        cdef uint64_t* bl
+        cdef const uint64_t* bl
         cdef bint pure = g.node_pure[node], topA
         cdef Memo* memo = &self.memo
         cdef uint8_t byte
@@ -1227,9 +1480,9 @@ cdef class CompiledCore:
         self.bid[0] = B.set_id[base]
         # A and B advance by interned set ids through the memo; their sets are materialized only
         # up to the depth where a transition is missing (lazy), which most of the walk never needs.
-        while i < v.n_trie:
-            d = v.trie_depth[i]
-            byte = v.trie_byte[i]
+        while i < T.n:
+            d = T.depth[i]
+            byte = T.byte[i]
             self.pbyte[d] = byte
             # Materialized sets at depth >= d belong to an earlier branch.
             if A.n_sets > d:
@@ -1280,34 +1533,39 @@ cdef class CompiledCore:
                 self.bid[d] = r
                 okB = memo.id_len[r] > 0
             if okA:
-                for r in range(v.trie_lo[i], v.trie_hi[i]):
+                for r in range(T.lo[i], T.hi[i]):
                     self.acc_buf[self.n_acc] = r
                     self.n_acc += 1
-                if pure and v.trie_next[i] > i + 1:
+                if pure and T.next[i] > i + 1:
                     lp = self.node_loop + nxt * 4
-                    bl = v.trie_below + <int64_t>i * 4
+                    bl = T.below + <int64_t>i * 4
                     if ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0:
                         # Every byte below keeps the automaton on this node: the subtree is accepted.
-                        for r in range(v.trie_dlo[i], v.trie_dhi[i]):
+                        for r in range(T.dlo[i], T.dhi[i]):
                             self.acc_buf[self.n_acc] = r
                             self.n_acc += 1
-                        i = v.trie_next[i]
+                        i = T.next[i]
                         continue
                 i += 1
             elif okB:
-                for r in range(v.trie_lo[i], v.trie_hi[i]):
+                for r in range(T.lo[i], T.hi[i]):
                     self.unc_buf[self.n_unc] = r
                     self.n_unc += 1
                 i += 1
             else:
-                i = v.trie_next[i]
+                i = T.next[i]
         return self._store(v)
 
     cdef MaskEntry* _store(self, VocabC* v) noexcept nogil:
-        """Keep the smallest of: accepted ids, non-accepted ids, or a bitset (paper App. B)."""
+        """Keep the smallest of: accepted ids, non-accepted ids, or a bitset (paper App. B).
+
+        acc_buf and unc_buf hold positions in the walked trie's token array.
+        """
+        cdef const int32_t* toks = self.trie.toks
         cdef int64_t n_acc = self.n_acc, n_unc = self.n_unc, n_other = v.n_ordinary - n_acc
-        cdef int64_t j, k = 0
-        cdef int32_t r, t, nxt_acc
+        cdef int64_t j, k = 0, u = 0
+        cdef int32_t r, t, w, WR = (v.n_ordinary + 63) // 64
+        cdef uint64_t word
         cdef MaskEntry* e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
         if e == NULL:
             return NULL
@@ -1316,7 +1574,17 @@ cdef class CompiledCore:
         if e.unc_ranks == NULL:
             entry_free(e)
             return NULL
-        memcpy(e.unc_ranks, self.unc_buf, n_unc * sizeof(int32_t))
+        # Uncertain tokens as ranks in byte order (the runtime check shares prefixes in that order).
+        memset(self.rank_bits, 0, WR * sizeof(uint64_t))
+        for j in range(n_unc):
+            r = v.token_rank[toks[self.unc_buf[j]]]
+            self.rank_bits[r >> 6] |= (<uint64_t>1) << (r & 63)
+        for w in range(WR):
+            word = self.rank_bits[w]
+            while word:
+                e.unc_ranks[u] = (w << 6) + __builtin_ctzll(word)
+                u += 1
+                word &= word - 1
         if n_acc * 4 <= v.n_words * 8 and n_acc <= n_other:
             e.kind = ENTRY_ACCEPTED_LIST
             e.n_list = <int32_t>n_acc
@@ -1325,33 +1593,36 @@ cdef class CompiledCore:
             e.n_list = <int32_t>n_other
         else:
             e.kind = ENTRY_BITSET
-        if e.kind == ENTRY_BITSET:
+        if e.kind == ENTRY_ACCEPTED_LIST:
+            e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
+            if e.list == NULL:
+                entry_free(e)
+                return NULL
+            for j in range(n_acc):
+                e.list[j] = toks[self.acc_buf[j]]
+            e.nbytes = e.n_list * 4
+        else:
             e.bits = <uint64_t*>calloc(v.n_words, sizeof(uint64_t))
             if e.bits == NULL:
                 entry_free(e)
                 return NULL
             for j in range(n_acc):
-                t = v.rank_token[self.acc_buf[j]]
+                t = toks[self.acc_buf[j]]
                 e.bits[t >> 6] |= (<uint64_t>1) << (t & 63)
             e.nbytes = v.n_words * 8
-        else:
-            e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
-            if e.list == NULL:
-                entry_free(e)
-                return NULL
-            if e.kind == ENTRY_ACCEPTED_LIST:
-                for j in range(n_acc):
-                    e.list[j] = v.rank_token[self.acc_buf[j]]
-            else:
-                # Accepted ranks are ascending: emit the gaps between them.
-                j = 0
+            if e.kind == ENTRY_REJECTED_LIST:
+                e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
+                if e.list == NULL:
+                    entry_free(e)
+                    return NULL
                 for r in range(v.n_ordinary):
-                    if j < n_acc and self.acc_buf[j] == r:
-                        j += 1
-                    else:
-                        e.list[k] = v.rank_token[r]
+                    t = v.rank_token[r]
+                    if not (e.bits[t >> 6] >> (t & 63)) & 1:
+                        e.list[k] = t
                         k += 1
-            e.nbytes = e.n_list * 4
+                free(e.bits)
+                e.bits = NULL
+                e.nbytes = e.n_list * 4
         e.nbytes += n_unc * 4 + sizeof(MaskEntry)
         return e
 
