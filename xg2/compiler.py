@@ -77,9 +77,13 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
     # whose static state set in the core's context parser holds that caller's callers.
     ctx_start = np.zeros(len(fsms) + 1, np.int32)
     ctx_item: list[int] = []
+    ctx_unique = np.full(len(fsms), -1, np.int32)
     for r in range(len(fsms)):
         ctx_item.extend(sorted((p << 32) | (int(base[p]) + u) for p, u in sites[r]))
         ctx_start[r + 1] = len(ctx_item)
+        resumes = {int(base[p]) + v for p, u in sites[r] for rr, v in fsms[p].rule_edges[u] if rr == r}
+        if len(resumes) == 1:
+            ctx_unique[r] = resumes.pop()
 
     # Nodes from which the rule is a plain deterministic automaton: no call is reachable.
     node_pure = np.zeros(n_nodes, np.uint8)
@@ -117,6 +121,7 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
         "ctx_start": ctx_start,
         "ctx_item": np.array(ctx_item, np.uint64),
         "node_pure": node_pure,
+        "ctx_unique": ctx_unique,
     }
     return LoweredGrammar(names, fsms, root, rule_hashes(fsms), arrays)
 
@@ -255,12 +260,12 @@ class GrammarCompiler:
         return compiled
 
     def _precompute(self, core: CompiledCore, t0: float) -> None:
-        """Partial JIT: build the costliest mask entries now, within the time budget; the rest are
-        built on first visit. Costly (wide) states first, since they are the ones a mid-generation
-        JIT build would stall on."""
+        """Partial JIT: build the costliest mask entries now, within the time budget (counted from the
+        start of compilation); the rest are built on first visit. Costliest first, since those are
+        the ones a mid-generation build would stall on."""
         deadline = t0 + self.precompute_budget_ms / 1e3
-        nodes = sorted(core.scannable_nodes(), key=lambda nw: -nw[1])
-        for node, _width in nodes:
+        nodes = sorted((-core.estimate_cost(node), node) for node, _width in core.scannable_nodes())
+        for _cost, node in nodes:
             if time.perf_counter() >= deadline:
                 break
             core.precompute([node])

@@ -55,6 +55,7 @@ cdef struct GrammarC:
     const int32_t* ctx_start
     const uint64_t* ctx_item
     const uint8_t* node_pure      # deterministic, and no rule call reachable inside its rule
+    const int32_t* ctx_unique     # per rule: the one caller node every call resumes at, or -1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -674,6 +675,16 @@ cdef int p_complete_rule(Parser* p, const GrammarC* g, int32_t rule, int64_t ori
     return p_intern_top(p)
 
 
+cdef int p_inject_top(Parser* P, const GrammarC* g, int32_t node) noexcept nogil:
+    """Add a top item at `node` (origin: the open set) and close it."""
+    cdef int64_t s = P.n_items
+    if p_add(P, (<item_t>(P.n_sets - 1) << 32) | TOP_BIT | <item_t>node) < 0:
+        return -1
+    if p_closure(P, g, s) < 0:
+        return -1
+    return p_intern_top(P)
+
+
 cdef int p_catch_up(Parser* P, const GrammarC* g, const int32_t* ids, int32_t base, int32_t upto,
                     const uint8_t* path) noexcept nogil:
     """Materialize P's sets for depths [P's depth, upto) from their ids (-1: an empty set).
@@ -1271,6 +1282,7 @@ cdef class CompiledCore:
     cdef PyThread_type_lock lock
     cdef Parser pa
     cdef Parser pb
+    cdef Parser pc
     cdef Memo memo
     cdef int32_t* acc_buf
     cdef int32_t* unc_buf
@@ -1278,6 +1290,7 @@ cdef class CompiledCore:
     cdef uint64_t* node_loop          # 4 words per node: bytes on which a pure node loops to itself
     cdef int32_t* aid
     cdef int32_t* bid
+    cdef int32_t* cids
     cdef uint8_t* pbyte
     cdef int64_t n_acc
     cdef int64_t n_unc
@@ -1293,10 +1306,12 @@ cdef class CompiledCore:
         self.node_loop = NULL
         self.aid = NULL
         self.bid = NULL
+        self.cids = NULL
         self.pbyte = NULL
         self.lock = NULL
         self.pa.items = NULL
         self.pb.items = NULL
+        self.pc.items = NULL
         self.memo.pool = NULL
 
     def __init__(self, Vocab vocab, dict arrays, int root_rule, ClassTrie class_trie=None):
@@ -1325,6 +1340,7 @@ cdef class CompiledCore:
         self.g.ctx_start = <const int32_t*>_ptr(keep, "ctx_start", np.int32)
         self.g.ctx_item = <const uint64_t*>_ptr(keep, "ctx_item", np.uint64)
         self.g.node_pure = <const uint8_t*>_ptr(keep, "node_pure", np.uint8)
+        self.g.ctx_unique = <const int32_t*>_ptr(keep, "ctx_unique", np.int32)
         self.entries = <MaskEntry**>calloc(max(1, self.g.n_nodes), sizeof(MaskEntry*))
         self.lock = PyThread_allocate_lock()
         self.acc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
@@ -1333,13 +1349,16 @@ cdef class CompiledCore:
         self.dstate = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
         self.aid = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
         self.bid = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
+        self.cids = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
         self.pbyte = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
         if (self.entries == NULL or self.lock == NULL or self.acc_buf == NULL or self.unc_buf == NULL
-                or self.dstate == NULL or self.aid == NULL or self.bid == NULL or self.pbyte == NULL
+                or self.dstate == NULL or self.aid == NULL or self.bid == NULL or self.cids == NULL
+                or self.pbyte == NULL
                 or self.rank_bits == NULL):
             raise MemoryError()
-        if p_init(&self.pa) < 0 or p_init(&self.pb) < 0 or m_init(&self.memo) < 0:
+        if p_init(&self.pa) < 0 or p_init(&self.pb) < 0 or p_init(&self.pc) < 0 or m_init(&self.memo) < 0:
             raise MemoryError()
+        self.pc.memo = &self.memo
         self.node_loop = <uint64_t*>calloc(max(1, self.g.n_nodes) * 4, sizeof(uint64_t))
         if self.node_loop == NULL:
             raise MemoryError()
@@ -1369,11 +1388,14 @@ cdef class CompiledCore:
         free(self.node_loop)
         free(self.aid)
         free(self.bid)
+        free(self.cids)
         free(self.pbyte)
         if self.pa.items != NULL:
             p_free(&self.pa)
         if self.pb.items != NULL:
             p_free(&self.pb)
+        if self.pc.items != NULL:
+            p_free(&self.pc)
         if self.memo.pool != NULL:
             m_free(&self.memo)
 
@@ -1414,6 +1436,32 @@ cdef class CompiledCore:
                 out.append((n, w))
         return out
 
+    def estimate_cost(self, int32_t node):
+        """Trie nodes under the first bytes the node's closure can scan: a cheap proxy for the cost
+        of its mask entry (the walk visits roughly those subtrees)."""
+        cdef Parser* A = &self.pa
+        cdef const TrieC* T = self.trie
+        cdef uint64_t first[4]
+        cdef int64_t j, total = 0
+        cdef int32_t k, i, b, nd
+        first[0] = first[1] = first[2] = first[3] = 0
+        with nogil:
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+            if p_start(A, &self.g, TOP_BIT | <item_t>node) == 0:
+                for j in range(A.set_start[0], A.n_items):
+                    nd = A.items[j] & NODE_MASK
+                    for k in range(self.g.be_start[nd], self.g.be_start[nd + 1]):
+                        for b in range(self.g.be_lo[k], self.g.be_hi[k] + 1):
+                            first[b >> 6] |= (<uint64_t>1) << (b & 63)
+            p_pop_to(A, 0)
+            PyThread_release_lock(self.lock)
+            i = 0
+            while i < T.n:
+                if (first[T.byte[i] >> 6] >> (T.byte[i] & 63)) & 1:
+                    total += T.next[i] - i
+                i = T.next[i]
+        return total
+
     def has_entry(self, int32_t node):
         return self.entries[node] != NULL
 
@@ -1443,16 +1491,20 @@ cdef class CompiledCore:
 
         A token is accepted when A consumes all of it, uncertain when only B survives (it leaves the
         rule and fits some caller context), rejected otherwise; a dead prefix skips its whole subtree.
+        When every call of the rule resumes at the same caller node, parser C follows that caller
+        (without going further up): a token C consumes is valid wherever the rule is, so accepted.
         Where the rule is a plain deterministic automaton from `node` on, A is just a node per depth.
         """
         cdef VocabC* v = self.vc
         cdef const TrieC* T = self.trie
         cdef Parser* A = &self.pa
         cdef Parser* B = &self.pb
+        cdef Parser* C = &self.pc
         cdef GrammarC* g = &self.g
         cdef int32_t rule = g.node_rule[node]
+        cdef int32_t resume = g.ctx_unique[rule]
         cdef int32_t base = g.n_rules
-        cdef int32_t i = 0, d, r, okA, okB, st, nxt = -1, k, x, empty_id
+        cdef int32_t i = 0, d, r, okA, okB, okC, st, nxt = -1, k, x, empty_id, c_empty = -1
         cdef uint64_t* lp
         cdef const uint64_t* bl
         cdef bint pure = g.node_pure[node], topA
@@ -1463,6 +1515,7 @@ cdef class CompiledCore:
         if self.memo.pool_len > MEMO_MAX_ITEMS or self.memo.th_count > MEMO_MAX_TRANSITIONS:
             p_pop_to(A, 0)
             p_pop_to(B, 0)
+            p_pop_to(C, 0)
             m_clear(&self.memo)
         if self._start_context() < 0:
             return NULL
@@ -1478,6 +1531,14 @@ cdef class CompiledCore:
         if topA and p_complete_rule(B, g, rule, rule) < 0:
             return NULL
         self.bid[0] = B.set_id[base]
+        if resume >= 0:
+            p_pop_to(C, 0)
+            if p_begin_set(C) < 0 or p_intern_top(C) < 0:
+                return NULL
+            c_empty = C.set_id[0]
+            if topA and p_inject_top(C, g, resume) < 0:
+                return NULL
+            self.cids[0] = C.set_id[0]
         # A and B advance by interned set ids through the memo; their sets are materialized only
         # up to the depth where a transition is missing (lazy), which most of the walk never needs.
         while i < T.n:
@@ -1489,6 +1550,8 @@ cdef class CompiledCore:
                 p_pop_to(A, d)
             if B.n_sets > base + d:
                 p_pop_to(B, base + d)
+            if C.n_sets > d:
+                p_pop_to(C, d)
             if pure:
                 st = self.dstate[d - 1]
                 nxt = -1
@@ -1532,11 +1595,35 @@ cdef class CompiledCore:
                     p_pop_to(B, base + d)   # the materialized set at d predates the completion
                 self.bid[d] = r
                 okB = memo.id_len[r] > 0
-            if okA:
+            okC = 0
+            if resume >= 0:
+                self.cids[d] = -1
+                x = self.cids[d - 1]
+                if x >= 0 and memo.id_len[x] > 0:
+                    x = p_advance(C, g, self.cids, 0, d, byte, self.pbyte)
+                    if x < 0:
+                        return NULL
+                    okC = memo.id_len[x] > 0
+                if topA:
+                    x = self.cids[d] if self.cids[d] >= 0 else c_empty
+                    r = m_trans_get(memo, x, 256 + <uint32_t>(g.n_rules + rule))
+                    if r < 0:
+                        if p_catch_up(C, g, self.cids, 0, d + 1, self.pbyte) < 0:
+                            return NULL
+                        if p_inject_top(C, g, resume) < 0:
+                            return NULL
+                        r = C.set_id[d]
+                        if m_trans_put(memo, x, 256 + <uint32_t>(g.n_rules + rule), r) < 0:
+                            return NULL
+                    elif C.n_sets > d:
+                        p_pop_to(C, d)
+                    self.cids[d] = r
+                    okC = memo.id_len[r] > 0
+            if okA or okC:
                 for r in range(T.lo[i], T.hi[i]):
                     self.acc_buf[self.n_acc] = r
                     self.n_acc += 1
-                if pure and T.next[i] > i + 1:
+                if pure and okA and T.next[i] > i + 1:
                     lp = self.node_loop + nxt * 4
                     bl = T.below + <int64_t>i * 4
                     if ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0:
