@@ -31,6 +31,36 @@ class LoweredGrammar:
         return len(self.arrays["node_rule"])
 
 
+#: Caller nodes per rule the mask builder follows as certain contexts (the core's MAX_RESUMES).
+MAX_RESUMES = 4
+
+
+def _resumes(rule: int, fsms: list[RuleFSM], sites: list[list[tuple[int, int]]], root: int):
+    """The caller nodes (rule, node) where calls of `rule` resume, looking through tail calls (a
+    resume node that is final with no way on hands over to that rule's own callers). None when the
+    root is among the callers seen through tail calls (the text may end there)."""
+    out: set[tuple[int, int]] = set()
+    seen = {rule}
+    work = [rule]
+    while work:
+        r = work.pop()
+        if r == root:
+            return None
+        for p, u in sites[r]:
+            for rr, v in fsms[p].rule_edges[u]:
+                if rr != r:
+                    continue
+                if v in fsms[p].finals and not fsms[p].byte_edges[v] and not fsms[p].rule_edges[v]:
+                    if p not in seen:
+                        seen.add(p)
+                        work.append(p)
+                else:
+                    out.add((p, v))
+        if len(out) > MAX_RESUMES:
+            return None
+    return out
+
+
 def lower(ir: GrammarIR) -> LoweredGrammar:
     """Lower IR to per-rule automata and flatten them (CSR) for the core."""
     ir = inline_small_rules(ir)
@@ -77,13 +107,14 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
     # whose static state set in the core's context parser holds that caller's callers.
     ctx_start = np.zeros(len(fsms) + 1, np.int32)
     ctx_item: list[int] = []
-    ctx_unique = np.full(len(fsms), -1, np.int32)
     for r in range(len(fsms)):
         ctx_item.extend(sorted((p << 32) | (int(base[p]) + u) for p, u in sites[r]))
         ctx_start[r + 1] = len(ctx_item)
-        resumes = {int(base[p]) + v for p, u in sites[r] for rr, v in fsms[p].rule_edges[u] if rr == r}
-        if len(resumes) == 1:
-            ctx_unique[r] = resumes.pop()
+    ctx_resume = np.full((len(fsms), MAX_RESUMES), -1, np.int32)
+    for r in range(len(fsms)):
+        resumes = _resumes(r, fsms, sites, root)
+        if resumes is not None and len(resumes) <= MAX_RESUMES:
+            ctx_resume[r, : len(resumes)] = sorted(int(base[p]) + v for p, v in resumes)
 
     # Nodes from which the rule is a plain deterministic automaton: no call is reachable.
     node_pure = np.zeros(n_nodes, np.uint8)
@@ -121,7 +152,7 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
         "ctx_start": ctx_start,
         "ctx_item": np.array(ctx_item, np.uint64),
         "node_pure": node_pure,
-        "ctx_unique": ctx_unique,
+        "ctx_resume": ctx_resume.reshape(-1),
     }
     return LoweredGrammar(names, fsms, root, rule_hashes(fsms), arrays)
 

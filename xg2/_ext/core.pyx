@@ -29,6 +29,7 @@ cdef enum:
     MEMO_MAX_ITEMS = 1 << 22
     MEMO_MAX_TRANSITIONS = 1 << 21
     MCACHE_SLOTS = 8
+    MAX_RESUMES = 4
     MCACHE_MIN_CHECKS = 32
 
 cdef extern from *:
@@ -55,7 +56,7 @@ cdef struct GrammarC:
     const int32_t* ctx_start
     const uint64_t* ctx_item
     const uint8_t* node_pure      # deterministic, and no rule call reachable inside its rule
-    const int32_t* ctx_unique     # per rule: the one caller node every call resumes at, or -1
+    const int32_t* ctx_resume     # per rule, MAX_RESUMES slots: the caller nodes calls resume at (-1: unused)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1282,7 +1283,7 @@ cdef class CompiledCore:
     cdef PyThread_type_lock lock
     cdef Parser pa
     cdef Parser pb
-    cdef Parser pc
+    cdef Parser pc[MAX_RESUMES]
     cdef Memo memo
     cdef int32_t* acc_buf
     cdef int32_t* unc_buf
@@ -1291,6 +1292,8 @@ cdef class CompiledCore:
     cdef int32_t* aid
     cdef int32_t* bid
     cdef int32_t* cids
+    cdef uint8_t* topa                # per depth: the rule completed there (A's top item)
+    cdef int32_t c_done[MAX_RESUMES]  # per certain parser: depth its ids are valid to
     cdef uint8_t* pbyte
     cdef int64_t n_acc
     cdef int64_t n_unc
@@ -1307,11 +1310,13 @@ cdef class CompiledCore:
         self.aid = NULL
         self.bid = NULL
         self.cids = NULL
+        self.topa = NULL
         self.pbyte = NULL
         self.lock = NULL
         self.pa.items = NULL
         self.pb.items = NULL
-        self.pc.items = NULL
+        for j in range(MAX_RESUMES):
+            self.pc[j].items = NULL
         self.memo.pool = NULL
 
     def __init__(self, Vocab vocab, dict arrays, int root_rule, ClassTrie class_trie=None):
@@ -1340,7 +1345,7 @@ cdef class CompiledCore:
         self.g.ctx_start = <const int32_t*>_ptr(keep, "ctx_start", np.int32)
         self.g.ctx_item = <const uint64_t*>_ptr(keep, "ctx_item", np.uint64)
         self.g.node_pure = <const uint8_t*>_ptr(keep, "node_pure", np.uint8)
-        self.g.ctx_unique = <const int32_t*>_ptr(keep, "ctx_unique", np.int32)
+        self.g.ctx_resume = <const int32_t*>_ptr(keep, "ctx_resume", np.int32)
         self.entries = <MaskEntry**>calloc(max(1, self.g.n_nodes), sizeof(MaskEntry*))
         self.lock = PyThread_allocate_lock()
         self.acc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
@@ -1349,16 +1354,22 @@ cdef class CompiledCore:
         self.dstate = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
         self.aid = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
         self.bid = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
-        self.cids = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
+        self.cids = <int32_t*>malloc(MAX_RESUMES * (vocab.max_depth + 2) * sizeof(int32_t))
+        self.topa = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
         self.pbyte = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
         if (self.entries == NULL or self.lock == NULL or self.acc_buf == NULL or self.unc_buf == NULL
                 or self.dstate == NULL or self.aid == NULL or self.bid == NULL or self.cids == NULL
+                or self.topa == NULL
                 or self.pbyte == NULL
                 or self.rank_bits == NULL):
             raise MemoryError()
-        if p_init(&self.pa) < 0 or p_init(&self.pb) < 0 or p_init(&self.pc) < 0 or m_init(&self.memo) < 0:
+        if p_init(&self.pa) < 0 or p_init(&self.pb) < 0 or m_init(&self.memo) < 0:
             raise MemoryError()
-        self.pc.memo = &self.memo
+        cdef int32_t j
+        for j in range(MAX_RESUMES):
+            if p_init(&self.pc[j]) < 0:
+                raise MemoryError()
+            self.pc[j].memo = &self.memo
         self.node_loop = <uint64_t*>calloc(max(1, self.g.n_nodes) * 4, sizeof(uint64_t))
         if self.node_loop == NULL:
             raise MemoryError()
@@ -1389,13 +1400,15 @@ cdef class CompiledCore:
         free(self.aid)
         free(self.bid)
         free(self.cids)
+        free(self.topa)
         free(self.pbyte)
         if self.pa.items != NULL:
             p_free(&self.pa)
         if self.pb.items != NULL:
             p_free(&self.pb)
-        if self.pc.items != NULL:
-            p_free(&self.pc)
+        for i in range(MAX_RESUMES):
+            if self.pc[i].items != NULL:
+                p_free(&self.pc[i])
         if self.memo.pool != NULL:
             m_free(&self.memo)
 
@@ -1486,25 +1499,65 @@ cdef class CompiledCore:
             return -1
         return p_intern_top(B)
 
+    cdef int32_t _advance_certain(self, int32_t k, int32_t d, int32_t rule, int32_t c_empty) noexcept nogil:
+        """The id of certain-context parser k at depth d, replaying the path from where it was last
+        brought up to date (bytes, and the rule's completions as top items). -1 dead, -2 OOM."""
+        cdef Parser* C = &self.pc[k]
+        cdef GrammarC* g = &self.g
+        cdef int32_t stride = self.vc.max_depth + 2, e = self.c_done[k], x, r
+        cdef int32_t res = g.ctx_resume[rule * MAX_RESUMES + k]
+        cdef int32_t* cids = self.cids + k * stride
+        cdef Memo* memo = &self.memo
+        if C.n_sets > e + 1:
+            p_pop_to(C, e + 1)
+        while e < d:
+            e += 1
+            cids[e] = -1
+            x = cids[e - 1]
+            if x >= 0 and memo.id_len[x] > 0:
+                x = p_advance(C, g, cids, 0, e, self.pbyte[e], self.pbyte)
+                if x < 0:
+                    return -2
+            if self.topa[e]:
+                x = cids[e] if cids[e] >= 0 else c_empty
+                r = m_trans_get(memo, x, 256 + <uint32_t>(g.n_rules + res))
+                if r < 0:
+                    if p_catch_up(C, g, cids, 0, e + 1, self.pbyte) < 0:
+                        return -2
+                    if p_inject_top(C, g, res) < 0:
+                        return -2
+                    r = C.set_id[e]
+                    if m_trans_put(memo, x, 256 + <uint32_t>(g.n_rules + res), r) < 0:
+                        return -2
+                elif C.n_sets > e:
+                    p_pop_to(C, e)
+                cids[e] = r
+        self.c_done[k] = d
+        return cids[d]
+
     cdef MaskEntry* _build_entry(self, int32_t node) noexcept nogil:
         """Walk the vocabulary trie from `node` with parser A (inside the rule) and B (what may follow it).
 
         A token is accepted when A consumes all of it, uncertain when only B survives (it leaves the
         rule and fits some caller context), rejected otherwise; a dead prefix skips its whole subtree.
-        When every call of the rule resumes at the same caller node, parser C follows that caller
-        (without going further up): a token C consumes is valid wherever the rule is, so accepted.
+        Parsers C follow each caller node the rule's calls can resume at (at most MAX_RESUMES of
+        them, without going further up): a token every one of them consumes is valid whichever
+        callers are live, so it is accepted.
         Where the rule is a plain deterministic automaton from `node` on, A is just a node per depth.
         """
         cdef VocabC* v = self.vc
         cdef const TrieC* T = self.trie
         cdef Parser* A = &self.pa
         cdef Parser* B = &self.pb
-        cdef Parser* C = &self.pc
+        cdef Parser* C
         cdef GrammarC* g = &self.g
         cdef int32_t rule = g.node_rule[node]
-        cdef int32_t resume = g.ctx_unique[rule]
+        cdef int32_t n_res = 0, res, stride = v.max_depth + 2
+        cdef int32_t* cids
         cdef int32_t base = g.n_rules
         cdef int32_t i = 0, d, r, okA, okB, okC, st, nxt = -1, k, x, empty_id, c_empty = -1
+        while n_res < MAX_RESUMES and g.ctx_resume[rule * MAX_RESUMES + n_res] >= 0:
+            n_res += 1
         cdef uint64_t* lp
         cdef const uint64_t* bl
         cdef bint pure = g.node_pure[node], topA
@@ -1515,7 +1568,8 @@ cdef class CompiledCore:
         if self.memo.pool_len > MEMO_MAX_ITEMS or self.memo.th_count > MEMO_MAX_TRANSITIONS:
             p_pop_to(A, 0)
             p_pop_to(B, 0)
-            p_pop_to(C, 0)
+            for k in range(MAX_RESUMES):
+                p_pop_to(&self.pc[k], 0)
             m_clear(&self.memo)
         if self._start_context() < 0:
             return NULL
@@ -1528,17 +1582,20 @@ cdef class CompiledCore:
             topA = A.set_top[0]
             self.aid[0] = A.set_id[0]
         empty_id = B.set_id[base]
+        self.topa[0] = topA
         if topA and p_complete_rule(B, g, rule, rule) < 0:
             return NULL
         self.bid[0] = B.set_id[base]
-        if resume >= 0:
+        for k in range(n_res):
+            C = &self.pc[k]
             p_pop_to(C, 0)
             if p_begin_set(C) < 0 or p_intern_top(C) < 0:
                 return NULL
             c_empty = C.set_id[0]
-            if topA and p_inject_top(C, g, resume) < 0:
+            if topA and p_inject_top(C, g, g.ctx_resume[rule * MAX_RESUMES + k]) < 0:
                 return NULL
-            self.cids[0] = C.set_id[0]
+            self.cids[k * stride] = C.set_id[0]
+            self.c_done[k] = 0
         # A and B advance by interned set ids through the memo; their sets are materialized only
         # up to the depth where a transition is missing (lazy), which most of the walk never needs.
         while i < T.n:
@@ -1550,8 +1607,9 @@ cdef class CompiledCore:
                 p_pop_to(A, d)
             if B.n_sets > base + d:
                 p_pop_to(B, base + d)
-            if C.n_sets > d:
-                p_pop_to(C, d)
+            for k in range(n_res):
+                if self.c_done[k] > d - 1:
+                    self.c_done[k] = d - 1    # deeper ids belong to an earlier branch
             if pure:
                 st = self.dstate[d - 1]
                 nxt = -1
@@ -1595,30 +1653,18 @@ cdef class CompiledCore:
                     p_pop_to(B, base + d)   # the materialized set at d predates the completion
                 self.bid[d] = r
                 okB = memo.id_len[r] > 0
+            self.topa[d] = topA
             okC = 0
-            if resume >= 0:
-                self.cids[d] = -1
-                x = self.cids[d - 1]
-                if x >= 0 and memo.id_len[x] > 0:
-                    x = p_advance(C, g, self.cids, 0, d, byte, self.pbyte)
-                    if x < 0:
+            if not okA and okB and n_res > 0:
+                # Only tokens A rejects need the certain contexts: bring each C up to this depth.
+                okC = 1
+                for k in range(n_res):
+                    x = self._advance_certain(k, d, rule, c_empty)
+                    if x == -2:
                         return NULL
-                    okC = memo.id_len[x] > 0
-                if topA:
-                    x = self.cids[d] if self.cids[d] >= 0 else c_empty
-                    r = m_trans_get(memo, x, 256 + <uint32_t>(g.n_rules + rule))
-                    if r < 0:
-                        if p_catch_up(C, g, self.cids, 0, d + 1, self.pbyte) < 0:
-                            return NULL
-                        if p_inject_top(C, g, resume) < 0:
-                            return NULL
-                        r = C.set_id[d]
-                        if m_trans_put(memo, x, 256 + <uint32_t>(g.n_rules + rule), r) < 0:
-                            return NULL
-                    elif C.n_sets > d:
-                        p_pop_to(C, d)
-                    self.cids[d] = r
-                    okC = memo.id_len[r] > 0
+                    if x < 0 or memo.id_len[x] == 0:
+                        okC = 0
+                        break
             if okA or okC:
                 for r in range(T.lo[i], T.hi[i]):
                     self.acc_buf[self.n_acc] = r
