@@ -200,6 +200,7 @@ def vocab_core(info: TokenizerInfo) -> Vocab:
             ordinary = [i for i, b in enumerate(decoded) if b and i not in special and i not in stops]
             ordinary.sort(key=decoded.__getitem__)
             core = Vocab(list(decoded), info.vocab_size, ordinary, sorted(stops))
+            core.token_sample  # noqa: B018 - built here, once per vocabulary, not in a compile
             if len(_VOCABS) >= _MAX_VOCABS:
                 _VOCABS.pop(next(iter(_VOCABS)))
             _VOCABS[info.fingerprint] = core
@@ -211,8 +212,8 @@ CLASS_TRIE_MAX_RATIO = 0.6
 #: Build a class trie only when a sample of tokens collapses to at most this fraction of distinct
 #: class sequences (a cheap stand-in for the size of the trie).
 CLASS_TRIE_MAX_SAMPLE_RATIO = 0.7
-_CLASS_TRIES: dict[tuple[str, bytes], ClassTrie | None] = {}
-_MAX_CLASS_TRIES = 64
+#: Class tries a compiler keeps (grammars with equal byte classes share one).
+MAX_CLASS_TRIES = 64
 
 
 def byte_classes(arrays: dict[str, np.ndarray]) -> bytes:
@@ -221,32 +222,11 @@ def byte_classes(arrays: dict[str, np.ndarray]) -> bytes:
     return np.searchsorted(bounds, np.arange(256), side="right").astype(np.uint8).tobytes()
 
 
-def class_trie(vocab: Vocab, fingerprint: str, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
-    """The vocabulary trie over the grammar's byte classes, cached per (vocabulary, classes); None
-    when it would not be much smaller than the byte trie."""
-    classes = byte_classes(arrays)
-    sample = vocab.token_sample
-    if len({t.translate(classes) for t in sample}) > CLASS_TRIE_MAX_SAMPLE_RATIO * len(sample):
-        return None
-    key = (fingerprint, classes)
-    with _VOCAB_LOCK:
-        if key in _CLASS_TRIES:
-            return _CLASS_TRIES[key]
-    trie = ClassTrie(vocab, np.frombuffer(key[1], dtype=np.uint8))
-    if trie.n_nodes > CLASS_TRIE_MAX_RATIO * vocab.n_trie:
-        trie = None
-    with _VOCAB_LOCK:
-        if len(_CLASS_TRIES) >= _MAX_CLASS_TRIES:
-            _CLASS_TRIES.pop(next(iter(_CLASS_TRIES)))
-        _CLASS_TRIES[key] = trie
-    return trie
-
-
 class GrammarCompiler:
     """Compiles grammars for one tokenizer; compiled grammars are cached by their normalised text."""
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, max_threads: int = 8, cache_enabled: bool = True,
-                 cache_limit_bytes: int = -1, precompute_budget_ms: float = 30.0):
+                 cache_limit_bytes: int = -1, precompute_budget_ms: float = 40.0):
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise TypeError("tokenizer_info must be an xg2.TokenizerInfo")
         if max_threads < 1:
@@ -259,6 +239,7 @@ class GrammarCompiler:
         self._cache: dict[tuple[str, str], CompiledGrammar] = {}
         self._lock = threading.Lock()
         self._vocab = vocab_core(tokenizer_info)
+        self._class_tries: dict[bytes, ClassTrie | None] = {}
         self.last_compile_seconds: float | None = None
 
     def compile_grammar(self, grammar: str | Grammar, *, root_rule_name: str = "root") -> CompiledGrammar:
@@ -280,7 +261,7 @@ class GrammarCompiler:
                 return hit
         t0 = time.perf_counter()
         lowered = lower(grammar.ir)
-        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, class_trie(self._vocab, self.tokenizer_info.fingerprint, lowered.arrays))
+        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, self._class_trie(lowered.arrays))
         self._precompute(core, t0)
         compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered, core)
         self.last_compile_seconds = time.perf_counter() - t0
@@ -290,16 +271,42 @@ class GrammarCompiler:
                 self._evict()
         return compiled
 
+    def _class_trie(self, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
+        """The vocabulary trie over the grammar's byte classes, kept per compiler and byte classes;
+        None when a token sample shows it would not be much smaller than the byte trie."""
+        classes = byte_classes(arrays)
+        with self._lock:
+            if classes in self._class_tries:
+                return self._class_tries[classes]
+        sample = self._vocab.token_sample
+        trie = None
+        if len({t.translate(classes) for t in sample}) <= CLASS_TRIE_MAX_SAMPLE_RATIO * len(sample):
+            trie = ClassTrie(self._vocab, np.frombuffer(classes, dtype=np.uint8))
+            if trie.n_nodes > CLASS_TRIE_MAX_RATIO * self._vocab.n_trie:
+                trie = None
+        with self._lock:
+            if len(self._class_tries) >= MAX_CLASS_TRIES:
+                self._class_tries.pop(next(iter(self._class_tries)))
+            self._class_tries[classes] = trie
+        return trie
+
     def _precompute(self, core: CompiledCore, t0: float) -> None:
         """Partial JIT: build the costliest mask entries now, within the time budget (counted from the
         start of compilation); the rest are built on first visit. Costliest first, since those are
-        the ones a mid-generation build would stall on."""
+        the ones a mid-generation build would stall on; an entry predicted to overrun the budget
+        (from the time per estimated trie node seen so far) is left for later."""
         deadline = t0 + self.precompute_budget_ms / 1e3
         nodes = sorted((-core.estimate_cost(node), node) for node, _width in core.scannable_nodes())
-        for _cost, node in nodes:
-            if time.perf_counter() >= deadline:
+        seconds_per_unit = 30e-9
+        for neg_cost, node in nodes:
+            now = time.perf_counter()
+            if now >= deadline:
                 break
+            if now - neg_cost * seconds_per_unit > deadline:
+                continue
             core.precompute([node])
+            if neg_cost < -1000:
+                seconds_per_unit = max(seconds_per_unit, (time.perf_counter() - now) / -neg_cost)
 
     def _evict(self) -> None:
         if self.cache_limit_bytes < 0:

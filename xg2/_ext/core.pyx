@@ -1475,9 +1475,6 @@ cdef class CompiledCore:
                 i = T.next[i]
         return total
 
-    def has_entry(self, int32_t node):
-        return self.entries[node] != NULL
-
     cdef int _start_context(self) noexcept nogil:
         """Parser B starts with one static state set per rule: the caller items waiting on that rule.
 
@@ -1758,9 +1755,6 @@ cdef class CompiledCore:
                 e.nbytes = e.n_list * 4
         e.nbytes += n_unc * 4 + sizeof(MaskEntry)
         return e
-
-    def memo_stats(self):
-        return dict(ids=self.memo.n_ids, pool=self.memo.pool_len, transitions=self.memo.th_count)
 
     def entry_tokens(self, int32_t node):
         """(accepted token ids, uncertain token ids) of a node's entry, both sorted; builds it."""
