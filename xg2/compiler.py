@@ -10,7 +10,7 @@ import numpy as np
 
 from ._ext.core import ClassTrie, CompiledCore, Vocab
 from .errors import GrammarError
-from .grammar.fsm import RuleFSM, build_nfa, determinize, nullable_rules, productive_rules, prune
+from .grammar.fsm import RuleFSM, build_nfa, determinize, nullable_rules, productive_rules, prune, reaching
 from .grammar.grammar import Grammar
 from .grammar.hashing import rule_hashes
 from .grammar.ir import GrammarIR
@@ -121,18 +121,8 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
     for r, f in enumerate(fsms):
         if not f.deterministic:
             continue
-        rev: list[list[int]] = [[] for _ in range(f.n_nodes)]
-        for u in range(f.n_nodes):
-            for _lo, _hi, v in f.byte_edges[u]:
-                rev[v].append(u)
-        impure = {u for u in range(f.n_nodes) if f.rule_edges[u]}
-        work = list(impure)
-        while work:
-            v = work.pop()
-            for u in rev[v]:
-                if u not in impure:
-                    impure.add(u)
-                    work.append(u)
+        calls = [u for u in range(f.n_nodes) if f.rule_edges[u]]
+        impure = reaching(f, calls, [[] for _ in range(f.n_nodes)])
         for u in range(f.n_nodes):
             node_pure[int(base[r]) + u] = u not in impure
 

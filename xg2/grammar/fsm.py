@@ -442,24 +442,32 @@ def canonical(fsm: RuleFSM, start: int) -> RuleFSM:
     return RuleFSM(byte_edges, rule_edges, finals, fsm.deterministic)
 
 
+def reaching(fsm: RuleFSM, targets, rule_edges=None) -> set[int]:
+    """Nodes from which some node in `targets` is reachable (rule edges: `rule_edges` if given,
+    else the automaton's own; pass empty lists to follow byte edges only)."""
+    rule_edges = fsm.rule_edges if rule_edges is None else rule_edges
+    pred: list[list[int]] = [[] for _ in range(fsm.n_nodes)]
+    for u in range(fsm.n_nodes):
+        for _lo, _hi, v in fsm.byte_edges[u]:
+            pred[v].append(u)
+        for _r, v in rule_edges[u]:
+            pred[v].append(u)
+    out = set(targets)
+    work = list(out)
+    while work:
+        v = work.pop()
+        for u in pred[v]:
+            if u not in out:
+                out.add(u)
+                work.append(u)
+    return out
+
+
 def prune(fsm: RuleFSM, live_rules: set[int]) -> RuleFSM:
     """Remove calls to rules that accept nothing and nodes from which no final node is reachable."""
     n = fsm.n_nodes
     rule_edges = [[(r, v) for r, v in fsm.rule_edges[u] if r in live_rules] for u in range(n)]
-    rev: list[list[int]] = [[] for _ in range(n)]
-    for u in range(n):
-        for _lo, _hi, v in fsm.byte_edges[u]:
-            rev[v].append(u)
-        for _r, v in rule_edges[u]:
-            rev[v].append(u)
-    alive = set(fsm.finals)
-    work = list(alive)
-    while work:
-        v = work.pop()
-        for u in rev[v]:
-            if u not in alive:
-                alive.add(u)
-                work.append(u)
+    alive = reaching(fsm, fsm.finals, rule_edges)
     if 0 not in alive:
         return RuleFSM([[]], [[]], set(), fsm.deterministic)
     byte_edges = [[e for e in fsm.byte_edges[u] if e[2] in alive] if u in alive else [] for u in range(n)]
