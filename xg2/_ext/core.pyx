@@ -78,6 +78,7 @@ cdef enum:
     ORIGIN_SELF = 0xFFFFFFFF
     ORIGIN_STATIC = 0x80000000
     DENSE_IDS = 1 << 16
+    SMALL_SLOTS = 4096
 
 cdef struct Memo:
     item_t* pool
@@ -97,6 +98,8 @@ cdef struct Memo:
     int64_t th_count
     int32_t* dense        # byte transitions of the first DENSE_IDS ids: dense[id * 256 + byte]
     int32_t dense_cap
+    uint64_t small_key[SMALL_SLOTS]   # direct-mapped front for the hashed (completion) transitions
+    int32_t small_val[SMALL_SLOTS]
 
 
 cdef int m_init(Memo* m) noexcept nogil:
@@ -140,6 +143,7 @@ cdef void m_clear(Memo* m) noexcept nogil:
     memset(m.ih_slot, 0xFF, (m.ih_mask + 1) * sizeof(int32_t))
     memset(m.th_val, 0xFF, (m.th_mask + 1) * sizeof(int32_t))
     memset(m.dense, 0xFF, <int64_t>m.dense_cap * 256 * sizeof(int32_t))
+    memset(m.small_val, 0xFF, SMALL_SLOTS * sizeof(int32_t))
 
 
 cdef inline uint64_t _mix(uint64_t h, uint64_t x) noexcept nogil:
@@ -235,9 +239,22 @@ cdef inline uint32_t _tslot(Memo* m, uint64_t key) noexcept nogil:
 
 cdef inline int32_t m_trans_get(Memo* m, int32_t x, uint32_t sym) noexcept nogil:
     """sym: a byte (0-255), or 256 + rule for "complete rule from its callers' static set"."""
-    if sym < 256 and x < m.dense_cap:
-        return m.dense[<int64_t>x * 256 + sym]
-    return _m_trans_get_hashed(m, x, sym)
+    cdef int32_t r
+    cdef uint64_t key
+    cdef uint32_t slot
+    if sym < 256:
+        if x < m.dense_cap:
+            return m.dense[<int64_t>x * 256 + sym]
+        return _m_trans_get_hashed(m, x, sym)
+    key = (<uint64_t>x << 32) | sym
+    slot = <uint32_t>(key * <uint64_t>0x9E3779B97F4A7C15 >> 52) & (SMALL_SLOTS - 1)
+    if m.small_val[slot] >= 0 and m.small_key[slot] == key:
+        return m.small_val[slot]
+    r = _m_trans_get_hashed(m, x, sym)
+    if r >= 0:
+        m.small_key[slot] = key
+        m.small_val[slot] = r
+    return r
 
 
 cdef int32_t _m_trans_get_hashed(Memo* m, int32_t x, uint32_t sym) noexcept nogil:
