@@ -1577,8 +1577,13 @@ cdef class CompiledCore:
         cdef bint pure = g.node_pure[node], topA
         cdef Memo* memo = &self.memo
         cdef uint8_t byte
-        self.n_acc = 0
-        self.n_unc = 0
+        cdef int32_t* accb = self.acc_buf
+        cdef int32_t* uncb = self.unc_buf
+        cdef int32_t* aid = self.aid
+        cdef int32_t* bid = self.bid
+        cdef int32_t* dstate = self.dstate
+        cdef uint8_t* pbyte = self.pbyte
+        cdef int64_t nacc = 0, nunc = 0
         if self.memo.pool_len > MEMO_MAX_ITEMS or self.memo.th_count > MEMO_MAX_TRANSITIONS:
             p_pop_to(A, 0)
             p_pop_to(B, 0)
@@ -1615,7 +1620,7 @@ cdef class CompiledCore:
         while i < T.n:
             d = T.depth[i]
             byte = T.byte[i]
-            self.pbyte[d] = byte
+            pbyte[d] = byte
             # Materialized sets at depth >= d belong to an earlier branch.
             if A.n_sets > d:
                 p_pop_to(A, d)
@@ -1625,7 +1630,7 @@ cdef class CompiledCore:
                 if self.c_done[k] > d - 1:
                     self.c_done[k] = d - 1    # deeper ids belong to an earlier branch
             if pure:
-                st = self.dstate[d - 1]
+                st = dstate[d - 1]
                 nxt = -1
                 if st >= 0:
                     for k in range(g.be_start[st], g.be_start[st + 1]):
@@ -1634,29 +1639,29 @@ cdef class CompiledCore:
                         if byte <= g.be_hi[k]:
                             nxt = g.be_target[k]
                             break
-                self.dstate[d] = nxt
+                dstate[d] = nxt
                 okA = nxt >= 0
                 topA = okA and g.node_final[nxt]
             else:
-                x = p_advance(A, g, self.aid, 0, d, byte, self.pbyte)
+                x = p_advance(A, g, aid, 0, d, byte, pbyte)
                 if x < 0:
                     return NULL
                 okA = memo.id_len[x] > 0
                 topA = okA and memo.id_top[x]
             okB = 0
-            self.bid[d] = -1
-            x = self.bid[d - 1]
+            bid[d] = -1
+            x = bid[d - 1]
             if x >= 0 and memo.id_len[x] > 0:
-                x = p_advance(B, g, self.bid, base, d, byte, self.pbyte)
+                x = p_advance(B, g, bid, base, d, byte, pbyte)
                 if x < 0:
                     return NULL
                 okB = memo.id_len[x] > 0
             if topA:
                 # The rule ends here: resume its callers in B at this depth (memoized too).
-                x = self.bid[d] if self.bid[d] >= 0 else empty_id
+                x = bid[d] if bid[d] >= 0 else empty_id
                 r = m_trans_get(memo, x, 256 + <uint32_t>rule)
                 if r < 0:
-                    if p_catch_up(B, g, self.bid, base, d + 1, self.pbyte) < 0:
+                    if p_catch_up(B, g, bid, base, d + 1, pbyte) < 0:
                         return NULL
                     if p_complete_rule(B, g, rule, rule) < 0:
                         return NULL
@@ -1665,7 +1670,7 @@ cdef class CompiledCore:
                         return NULL
                 elif B.n_sets > base + d:
                     p_pop_to(B, base + d)   # the materialized set at d predates the completion
-                self.bid[d] = r
+                bid[d] = r
                 okB = memo.id_len[r] > 0
             self.topa[d] = topA
             okC = 0
@@ -1681,26 +1686,28 @@ cdef class CompiledCore:
                         break
             if okA or okC:
                 for r in range(T.lo[i], T.hi[i]):
-                    self.acc_buf[self.n_acc] = r
-                    self.n_acc += 1
+                    accb[nacc] = r
+                    nacc += 1
                 if pure and okA and T.next[i] > i + 1:
                     lp = self.node_loop + nxt * 4
                     bl = T.below + <int64_t>i * 4
                     if ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0:
                         # Every byte below keeps the automaton on this node: the subtree is accepted.
                         for r in range(T.dlo[i], T.dhi[i]):
-                            self.acc_buf[self.n_acc] = r
-                            self.n_acc += 1
+                            accb[nacc] = r
+                            nacc += 1
                         i = T.next[i]
                         continue
                 i += 1
             elif okB:
                 for r in range(T.lo[i], T.hi[i]):
-                    self.unc_buf[self.n_unc] = r
-                    self.n_unc += 1
+                    uncb[nunc] = r
+                    nunc += 1
                 i += 1
             else:
                 i = T.next[i]
+        self.n_acc = nacc
+        self.n_unc = nunc
         return self._store(v)
 
     cdef MaskEntry* _store(self, VocabC* v) noexcept nogil:
