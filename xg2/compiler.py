@@ -287,7 +287,7 @@ class GrammarCompiler:
         (from the time per estimated trie node seen so far) is left for later."""
         deadline = t0 + self.precompute_budget_ms / 1e3
         nodes = sorted((-core.estimate_cost(node), node) for node, _width in core.scannable_nodes())
-        seconds_per_unit = 30e-9
+        seconds_per_unit = 100e-9
         for neg_cost, node in nodes:
             now = time.perf_counter()
             if now >= deadline:

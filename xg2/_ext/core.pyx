@@ -693,6 +693,18 @@ cdef int p_complete_rule(Parser* p, const GrammarC* g, int32_t rule, int64_t ori
     return p_intern_top(p)
 
 
+cdef void _first_bytes(Parser* P, const GrammarC* g, uint64_t* first) noexcept nogil:
+    """Add the bytes the open set of P can scan to the 256-bit set `first`."""
+    cdef int64_t j
+    cdef uint32_t nd
+    cdef int32_t k, b
+    for j in range(P.set_start[P.n_sets - 1], P.n_items):
+        nd = P.items[j] & NODE_MASK
+        for k in range(g.be_start[nd], g.be_start[nd + 1]):
+            for b in range(g.be_lo[k], g.be_hi[k] + 1):
+                first[b >> 6] |= (<uint64_t>1) << (b & 63)
+
+
 cdef int p_inject_top(Parser* P, const GrammarC* g, int32_t node) noexcept nogil:
     """Add a top item at `node` (origin: the open set) and close it."""
     cdef int64_t s = P.n_items
@@ -1478,11 +1490,12 @@ cdef class CompiledCore:
         with nogil:
             PyThread_acquire_lock(self.lock, WAIT_LOCK)
             if p_start(A, &self.g, TOP_BIT | <item_t>node) == 0:
-                for j in range(A.set_start[0], A.n_items):
-                    nd = A.items[j] & NODE_MASK
-                    for k in range(self.g.be_start[nd], self.g.be_start[nd + 1]):
-                        for b in range(self.g.be_lo[k], self.g.be_hi[k] + 1):
-                            first[b >> 6] |= (<uint64_t>1) << (b & 63)
+                _first_bytes(A, &self.g, first)
+                if A.set_top[0] and self._start_context() == 0:
+                    # The rule can end right here: what follows it counts too.
+                    if p_complete_rule(&self.pb, &self.g, self.g.node_rule[node], self.g.node_rule[node]) == 0:
+                        _first_bytes(&self.pb, &self.g, first)
+                    p_pop_to(&self.pb, 0)
             p_pop_to(A, 0)
             PyThread_release_lock(self.lock)
             i = 0
