@@ -8,7 +8,7 @@ of the parse, so its completion means "the parse can end here"; the mask builder
 the rule whose entry it builds and for the context it checks leftover bytes against.
 """
 
-from libc.stdint cimport uint8_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
+from libc.stdint cimport uint8_t, int8_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, realloc, free, calloc
 from libc.string cimport memset, memcpy
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
@@ -88,6 +88,7 @@ cdef struct Memo:
     int32_t* id_len
     uint8_t* id_top
     uint64_t* id_hash
+    int32_t* id_text      # a "text" node among the set's items, -1 none, -2 not looked up yet
     int32_t n_ids
     int32_t cap_ids
     int32_t* ih_slot
@@ -112,13 +113,15 @@ cdef int m_init(Memo* m) noexcept nogil:
     m.id_len = <int32_t*>malloc(m.cap_ids * sizeof(int32_t))
     m.id_top = <uint8_t*>malloc(m.cap_ids * sizeof(uint8_t))
     m.id_hash = <uint64_t*>malloc(m.cap_ids * sizeof(uint64_t))
+    m.id_text = <int32_t*>malloc(m.cap_ids * sizeof(int32_t))
     m.ih_slot = <int32_t*>malloc((m.ih_mask + 1) * sizeof(int32_t))
     m.th_key = <uint64_t*>malloc((m.th_mask + 1) * sizeof(uint64_t))
     m.th_val = <int32_t*>malloc((m.th_mask + 1) * sizeof(int32_t))
     m.dense_cap = 256
     m.dense = <int32_t*>malloc(m.dense_cap * 256 * sizeof(int32_t))
     if (m.pool == NULL or m.id_off == NULL or m.id_len == NULL or m.id_top == NULL or m.id_hash == NULL
-            or m.ih_slot == NULL or m.th_key == NULL or m.th_val == NULL or m.dense == NULL):
+            or m.ih_slot == NULL or m.th_key == NULL or m.th_val == NULL or m.dense == NULL
+            or m.id_text == NULL):
         return -1
     m_clear(m)
     return 0
@@ -130,6 +133,7 @@ cdef void m_free(Memo* m) noexcept nogil:
     free(m.id_len)
     free(m.id_top)
     free(m.id_hash)
+    free(m.id_text)
     free(m.ih_slot)
     free(m.th_key)
     free(m.th_val)
@@ -199,7 +203,8 @@ cdef int32_t m_intern(Memo* m, Parser* p, int32_t k) noexcept nogil:
         m.id_len = <int32_t*>realloc(m.id_len, m.cap_ids * sizeof(int32_t))
         m.id_top = <uint8_t*>realloc(m.id_top, m.cap_ids * sizeof(uint8_t))
         m.id_hash = <uint64_t*>realloc(m.id_hash, m.cap_ids * sizeof(uint64_t))
-        if m.id_off == NULL or m.id_len == NULL or m.id_top == NULL or m.id_hash == NULL:
+        m.id_text = <int32_t*>realloc(m.id_text, m.cap_ids * sizeof(int32_t))
+        if m.id_off == NULL or m.id_len == NULL or m.id_top == NULL or m.id_hash == NULL or m.id_text == NULL:
             return -1
     x = m.n_ids
     m.n_ids += 1
@@ -207,6 +212,7 @@ cdef int32_t m_intern(Memo* m, Parser* p, int32_t k) noexcept nogil:
     m.id_len[x] = <int32_t>n
     m.id_top[x] = top
     m.id_hash[x] = h
+    m.id_text[x] = -2
     for j in range(n):
         m.pool[m.pool_len + j] = _encode(p, k, p.items[s + j])
     m.pool_len += n
@@ -768,6 +774,71 @@ cdef int p_reintern_all(Parser* P) noexcept nogil:
 
 
 # ---------------------------------------------------------------------------------------------
+# UTF-8 structure: a decoder automaton, and per trie node the decoder states from which every token
+# below the node is well-formed UTF-8 (a truncated last character allowed)
+# ---------------------------------------------------------------------------------------------
+
+cdef enum:
+    U8_STATES = 8
+
+cdef int8_t U8[U8_STATES][256]
+
+
+cdef void _u8_init() noexcept nogil:
+    """States: 0 at a boundary; 1, 2, 5 need 1, 2, 3 continuation bytes; 3 (after E0), 4 (after ED),
+    6 (after F0) and 7 (after F4) restrict the next byte. -1: invalid."""
+    cdef int q, b
+    for q in range(U8_STATES):
+        for b in range(256):
+            U8[q][b] = -1
+    for b in range(0x80):
+        U8[0][b] = 0
+    for b in range(0xC2, 0xE0):
+        U8[0][b] = 1
+    U8[0][0xE0] = 3
+    for b in range(0xE1, 0xF0):
+        U8[0][b] = 2
+    U8[0][0xED] = 4
+    U8[0][0xF0] = 6
+    for b in range(0xF1, 0xF4):
+        U8[0][b] = 5
+    U8[0][0xF4] = 7
+    for b in range(0x80, 0xC0):
+        U8[1][b] = 0
+        U8[2][b] = 1
+        U8[5][b] = 2
+    for b in range(0xA0, 0xC0):
+        U8[3][b] = 1
+    for b in range(0x80, 0xA0):
+        U8[4][b] = 1
+    for b in range(0x90, 0xC0):
+        U8[6][b] = 2
+    for b in range(0x80, 0x90):
+        U8[7][b] = 2
+
+_u8_init()
+
+
+cdef void _u8_subtrees(int32_t n, const uint8_t* sym, const int32_t* parent, uint8_t* ok,
+                       int8_t (*table)[256]) noexcept nogil:
+    """ok[i] bit q: from decoder state q, every byte sequence below node i is valid UTF-8 so far.
+    `table[q][sym]` is the decoder step on a node's symbol (a byte, or a byte class whose bytes all
+    step alike; -1 otherwise). Children follow their parent in pre-order, so one backward pass
+    folds children into parents."""
+    cdef int32_t i = n, p, q, nq
+    memset(ok, 0xFF, n)
+    while i > 0:
+        i -= 1
+        p = parent[i]
+        if p < 0:
+            continue
+        for q in range(U8_STATES):
+            nq = table[q][sym[i]]
+            if nq < 0 or not ((ok[i] >> nq) & 1):
+                ok[p] &= ~(1 << q)
+
+
+# ---------------------------------------------------------------------------------------------
 # Vocabulary: token bytes and a pre-order byte trie over the ordinary tokens
 # ---------------------------------------------------------------------------------------------
 
@@ -785,6 +856,7 @@ cdef struct TrieC:
     const int32_t* dhi
     const uint64_t* below
     const int32_t* toks
+    const uint8_t* u8ok      # per node: decoder states from which everything below is valid UTF-8
 
 
 cdef struct VocabC:
@@ -836,6 +908,7 @@ cdef class Vocab:
     cdef uint64_t* trie_below
     cdef int32_t* trie_dlo
     cdef int32_t* trie_dhi
+    cdef uint8_t* trie_u8ok
     cdef uint64_t* ordinary_bits
     cdef int32_t* stop_ids
     cdef int32_t n_stop
@@ -853,6 +926,7 @@ cdef class Vocab:
         self.trie_below = NULL
         self.trie_dlo = NULL
         self.trie_dhi = NULL
+        self.trie_u8ok = NULL
         self.ordinary_bits = NULL
         self.stop_ids = NULL
 
@@ -979,6 +1053,7 @@ cdef class Vocab:
         self.c.trie.dhi = self.trie_dhi
         self.c.trie.below = self.trie_below
         self.c.trie.toks = self.rank_token
+        self.c.trie.u8ok = self.trie_u8ok
         self.c.ordinary_bits = self.ordinary_bits
         self.c.stop_ids = self.stop_ids
         self.c.n_stop = self.n_stop
@@ -1024,6 +1099,12 @@ cdef class Vocab:
             if self.trie_dhi[i] < 0:
                 self.trie_dlo[i] = 0
                 self.trie_dhi[i] = 0
+        self.trie_u8ok = <uint8_t*>malloc(max(1, n))
+        if self.trie_u8ok == NULL:
+            free(parent_at)
+            free(parent)
+            raise MemoryError()
+        _u8_subtrees(n, self.trie_byte, parent, self.trie_u8ok, U8)
         free(parent_at)
         free(parent)
 
@@ -1048,8 +1129,25 @@ cdef class Vocab:
         free(self.trie_below)
         free(self.trie_dlo)
         free(self.trie_dhi)
+        free(self.trie_u8ok)
         free(self.ordinary_bits)
         free(self.stop_ids)
+
+
+cdef void _class_u8_table(const uint8_t* cmap, int8_t (*out)[256]) noexcept nogil:
+    """out[q][c]: the decoder step shared by every byte of class c from state q, else -1."""
+    cdef bint seen[256]
+    cdef int b, q, c
+    for c in range(256):
+        seen[c] = False
+    for b in range(256):
+        c = cmap[b]
+        for q in range(U8_STATES):
+            if not seen[c]:
+                out[q][c] = U8[q][b]
+            elif out[q][c] != U8[q][b]:
+                out[q][c] = -1
+        seen[c] = True
 
 
 cdef class ClassTrie:
@@ -1070,8 +1168,10 @@ cdef class ClassTrie:
     cdef int32_t* dhi
     cdef uint64_t* below
     cdef int32_t* toks
+    cdef uint8_t* u8ok
 
     def __cinit__(self):
+        self.u8ok = NULL
         self.byte = NULL
         self.depth = NULL
         self.next = NULL
@@ -1098,12 +1198,14 @@ cdef class ClassTrie:
         free(self.dhi)
         free(self.below)
         free(self.toks)
+        free(self.u8ok)
 
     cdef int _build(self, VocabC* v, const uint8_t* cmap) noexcept nogil:
         """Map every byte-trie node to a class-trie node (children kept in sorted sibling lists,
         short for coarse classes), then lay the class trie out in pre-order."""
         cdef const TrieC* bt = &v.trie
         cdef int32_t nb = bt.n, cap = nb + 1, i, d, c, nc = 1, par, j, k, r, x, prev, top
+        cdef int8_t u8c[U8_STATES][256]
         cdef int rc = -1
         cdef int32_t* cmap_node = <int32_t*>malloc(cap * sizeof(int32_t))
         cdef int32_t* cpar = <int32_t*>malloc(cap * sizeof(int32_t))
@@ -1239,7 +1341,17 @@ cdef class ClassTrie:
             self.t.dhi = self.dhi
             self.t.below = self.below
             self.t.toks = self.toks
-            rc = 0
+            # UTF-8 structure on class paths: a class steps the decoder only where all its bytes agree.
+            self.u8ok = <uint8_t*>calloc(max(1, nc), 1)
+            if self.u8ok != NULL:
+                _class_u8_table(cmap, u8c)
+                for j in range(nc):
+                    x = order[j]
+                    dfs[j] = pre[cpar[x]] if cpar[x] != 0 else -1
+                    crep[j] = ccls[x]
+                _u8_subtrees(nc, crep, dfs, self.u8ok, u8c)
+                self.t.u8ok = self.u8ok
+                rc = 0
         return self._free_scratch(cmap_node, cpar, first, sibling, ccls, crep, ccount, stack, pre, order, dfs,
                                   tok_start, rc)
 
@@ -1318,6 +1430,8 @@ cdef class CompiledCore:
     cdef int32_t* unc_buf
     cdef int32_t* dstate
     cdef uint64_t* node_loop          # 4 words per node: bytes on which a pure node loops to itself
+    cdef uint64_t* node_text          # 2 words per node: ASCII bytes that leave a "text" node; see _text_node
+    cdef uint8_t* node_textual
     cdef int32_t* aid
     cdef int32_t* bid
     cdef int32_t* cids
@@ -1336,6 +1450,8 @@ cdef class CompiledCore:
         self.rank_bits = NULL
         self.dstate = NULL
         self.node_loop = NULL
+        self.node_text = NULL
+        self.node_textual = NULL
         self.aid = NULL
         self.bid = NULL
         self.cids = NULL
@@ -1408,6 +1524,13 @@ cdef class CompiledCore:
                 if self.g.be_target[ke] == nd:
                     for b in range(self.g.be_lo[ke], self.g.be_hi[ke] + 1):
                         self.node_loop[nd * 4 + (b >> 6)] |= (<uint64_t>1) << (b & 63)
+        self.node_text = <uint64_t*>calloc(max(1, self.g.n_nodes) * 2, sizeof(uint64_t))
+        self.node_textual = <uint8_t*>calloc(max(1, self.g.n_nodes), 1)
+        if self.node_text == NULL or self.node_textual == NULL:
+            raise MemoryError()
+        for nd in range(self.g.n_nodes):
+            if self.g.be_start[nd + 1] > self.g.be_start[nd]:
+                self._text_node(nd)
         self.pa.memo = &self.memo
         self.pb.memo = &self.memo
         self.cache_bytes = 0
@@ -1426,6 +1549,8 @@ cdef class CompiledCore:
         free(self.rank_bits)
         free(self.dstate)
         free(self.node_loop)
+        free(self.node_text)
+        free(self.node_textual)
         free(self.aid)
         free(self.bid)
         free(self.cids)
@@ -1477,6 +1602,73 @@ cdef class CompiledCore:
                     w += self.g.be_hi[k] - self.g.be_lo[k] + 1
                 out.append((n, w))
         return out
+
+    cdef int _step(self, int32_t node, int b) noexcept nogil:
+        cdef int32_t k
+        for k in range(self.g.be_start[node], self.g.be_start[node + 1]):
+            if self.g.be_lo[k] > b:
+                break
+            if b <= self.g.be_hi[k]:
+                return self.g.be_target[k]
+        return -1
+
+    cdef bint _text_node(self, int32_t s) noexcept nogil:
+        """Whether node s reads any well-formed non-ASCII character and comes back to s
+        (with every prefix alive); then node_text[s] gets the ASCII bytes that do not loop on s.
+        From such a node, every token of a subtree that is well-formed UTF-8 and avoids those bytes
+        is accepted without walking it."""
+        cdef int32_t pair_d[64]
+        cdef int8_t pair_q[64]
+        cdef int n_pairs = 1, i = 0, j, b, q, nq, nd, d
+        cdef bint known
+        pair_d[0] = s
+        pair_q[0] = 0
+        while i < n_pairs:
+            d = pair_d[i]
+            q = pair_q[i]
+            i += 1
+            for b in range(0x80, 0x100):
+                nq = U8[q][b]
+                if nq < 0:
+                    continue
+                nd = self._step(d, b)
+                if nd < 0:
+                    return False
+                if nq == 0:
+                    if nd != s:
+                        return False
+                    continue
+                known = False
+                for j in range(n_pairs):
+                    if pair_d[j] == nd and pair_q[j] == nq:
+                        known = True
+                        break
+                if not known:
+                    if n_pairs == 64:
+                        return False
+                    pair_d[n_pairs] = nd
+                    pair_q[n_pairs] = <int8_t>nq
+                    n_pairs += 1
+        self.node_text[s * 2] = self.node_text[s * 2 + 1] = 0
+        for b in range(0x80):
+            if self._step(s, b) != s:
+                self.node_text[s * 2 + (b >> 6)] |= (<uint64_t>1) << (b & 63)
+        self.node_textual[s] = 1
+        return True
+
+    cdef int32_t _text_item(self, int32_t x) noexcept nogil:
+        """A node of some item of interned set x that is a text node (or loops), or -1."""
+        cdef Memo* m = &self.memo
+        cdef int32_t j, nd, best = -1
+        if m.id_text[x] != -2:
+            return m.id_text[x]
+        for j in range(m.id_len[x]):
+            nd = m.pool[m.id_off[x] + j] & NODE_MASK
+            if self.node_textual[nd]:
+                best = nd
+                break
+        m.id_text[x] = best
+        return best
 
     def estimate_cost(self, int32_t node):
         """Trie nodes under the first bytes the node's closure can scan: a cheap proxy for the cost
@@ -1586,6 +1778,7 @@ cdef class CompiledCore:
         while n_res < MAX_RESUMES and g.ctx_resume[rule * MAX_RESUMES + n_res] >= 0:
             n_res += 1
         cdef uint64_t* lp
+        cdef uint64_t* tx
         cdef const uint64_t* bl
         cdef bint pure = g.node_pure[node], topA
         cdef Memo* memo = &self.memo
@@ -1701,11 +1894,19 @@ cdef class CompiledCore:
                 for r in range(T.lo[i], T.hi[i]):
                     accb[nacc] = r
                     nacc += 1
-                if pure and okA and T.next[i] > i + 1:
-                    lp = self.node_loop + nxt * 4
+                st = -1
+                if okA and T.next[i] > i + 1:
+                    if pure:
+                        st = nxt
+                    elif T.next[i] - i >= 16:
+                        st = self._text_item(aid[d])
+                if st >= 0:
+                    lp = self.node_loop + st * 4
                     bl = T.below + <int64_t>i * 4
-                    if ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0:
-                        # Every byte below keeps the automaton on this node: the subtree is accepted.
+                    tx = self.node_text + st * 2
+                    if ((self.node_textual[st] and ((bl[0] & tx[0]) | (bl[1] & tx[1])) == 0 and (T.u8ok[i] & 1))
+                            or ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0):
+                        # Every token below keeps an item looping on node st: the subtree is accepted.
                         for r in range(T.dlo[i], T.dhi[i]):
                             accb[nacc] = r
                             nacc += 1
