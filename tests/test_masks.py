@@ -177,7 +177,7 @@ def test_entries_do_not_depend_on_memo_history(deepseek_info, name):
     built = {n: shared.entry_tokens(n) for n in nodes}
     lowered = compiled._lowered
     for n in reversed(nodes):
-        fresh = CompiledCore(shared.vocab, lowered.arrays, lowered.root)
+        fresh = CompiledCore(shared.vocab, lowered.arrays, lowered.root, shared.class_trie)
         acc, unc = fresh.entry_tokens(n)
         np.testing.assert_array_equal(acc, built[n][0])
         np.testing.assert_array_equal(unc, built[n][1])

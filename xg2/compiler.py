@@ -281,13 +281,15 @@ class GrammarCompiler:
         return trie
 
     def _precompute(self, core: CompiledCore, t0: float) -> None:
-        """Partial JIT: build the costliest mask entries now, within the time budget (counted from the
-        start of compilation); the rest are built on first visit. Costliest first, since those are
-        the ones a mid-generation build would stall on; an entry predicted to overrun the budget
-        (from the time per estimated trie node seen so far) is left for later."""
+        """Partial JIT: build the entries the first mask needs, then the costliest others within the
+        time budget (counted from the start of compilation); the rest are built on first visit.
+        Costliest first, by an estimate of the trie they reach, since those are the ones a
+        mid-generation build would stall on; one predicted to overrun the budget (from the time per
+        estimated trie node seen so far) is left for later."""
+        core.precompute(core.initial_nodes())
         deadline = t0 + self.precompute_budget_ms / 1e3
         nodes = sorted((-core.estimate_cost(node), node) for node, _width in core.scannable_nodes())
-        seconds_per_unit = 100e-9
+        seconds_per_unit = 25e-9
         for neg_cost, node in nodes:
             now = time.perf_counter()
             if now >= deadline:

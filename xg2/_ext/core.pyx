@@ -30,6 +30,7 @@ cdef enum:
     MEMO_MAX_TRANSITIONS = 1 << 21
     MCACHE_SLOTS = 8
     MAX_RESUMES = 4
+    CERTAIN_WORK_LIMIT = 65536
     MCACHE_MIN_CHECKS = 32
 
 cdef extern from *:
@@ -1670,6 +1671,25 @@ cdef class CompiledCore:
         m.id_text[x] = best
         return best
 
+    def initial_nodes(self):
+        """Scannable nodes of the parse's first state set: the entries the first mask needs."""
+        cdef Parser* A = &self.pa
+        cdef int64_t j
+        cdef uint32_t nd
+        out = set()
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        try:
+            if p_start(A, &self.g, TOP_BIT | <item_t>self.g.rule_start[self.root_rule]) < 0:
+                raise MemoryError()
+            for j in range(A.set_start[0], A.n_items):
+                nd = A.items[j] & NODE_MASK
+                if self.g.be_start[nd + 1] > self.g.be_start[nd]:
+                    out.add(nd)
+            p_pop_to(A, 0)
+        finally:
+            PyThread_release_lock(self.lock)
+        return sorted(out)
+
     def estimate_cost(self, int32_t node):
         """Trie nodes under the first bytes the node's closure can scan: a cheap proxy for the cost
         of its mask entry (the walk visits roughly those subtrees)."""
@@ -1775,6 +1795,7 @@ cdef class CompiledCore:
         cdef int32_t* cids
         cdef int32_t base = g.n_rules
         cdef int32_t i = 0, d, r, okA, okB, okC, st, nxt = -1, k, x, empty_id, c_empty = -1
+        cdef int64_t c_work = 0
         while n_res < MAX_RESUMES and g.ctx_resume[rule * MAX_RESUMES + n_res] >= 0:
             n_res += 1
         cdef uint64_t* lp
@@ -1882,7 +1903,12 @@ cdef class CompiledCore:
             okC = 0
             if not okA and okB and n_res > 0:
                 # Only tokens A rejects need the certain contexts: bring each C up to this depth.
-                okC = 1
+                # Past a work limit they are dropped: the remaining tokens stay uncertain (checked
+                # at run time), which bounds the cost of an entry without changing any mask.
+                c_work += n_res
+                if c_work > CERTAIN_WORK_LIMIT:
+                    n_res = 0
+                okC = n_res > 0
                 for k in range(n_res):
                     x = self._advance_certain(k, d, rule, c_empty)
                     if x == -2:
@@ -1993,6 +2019,10 @@ cdef class CompiledCore:
                 e.nbytes = e.n_list * 4
         e.nbytes += n_unc * 4 + sizeof(MaskEntry)
         return e
+
+    @property
+    def class_trie(self):
+        return self._class_trie
 
     def entry_tokens(self, int32_t node):
         """(accepted token ids, uncertain token ids) of a node's entry, both sorted; builds it."""
