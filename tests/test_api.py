@@ -109,3 +109,12 @@ def test_compiler_cache_and_override_stop(small_info):
     m = xg2.GrammarMatcher(a, override_stop_tokens=[ord("z")])
     assert m.accept_string("a")
     assert m.accept_token(ord("z")) and m.is_terminated()
+
+
+def test_automaton_size_limit_raises_typed_error(small_info):
+    """Nested large repetitions must raise GrammarLimitError quickly, not compile for minutes."""
+    compiler = xg2.GrammarCompiler(small_info)
+    with pytest.raises(xg2.GrammarLimitError):
+        compiler.compile_grammar('root ::= ("a"{0,300}){0,300}')
+    with pytest.raises(xg2.GrammarLimitError):
+        compiler.compile_grammar('root ::= "a"{0,100001}')

@@ -19,6 +19,20 @@ from .ir import CharClass, Choice, Expr, Literal, Repeat, RuleRef, Seq
 MAX_NFA_NODES = 400_000
 #: Subset construction gives up (keeps the epsilon-free NFA) past this many states.
 MAX_DFA_STATES = 20_000
+#: Work budget (NFA nodes visited in epsilon closures) for building one rule's automaton; past it the
+#: grammar is rejected with GrammarLimitError instead of compiling for minutes.
+MAX_CLOSURE_WORK = 4_000_000
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.left = MAX_CLOSURE_WORK
+
+    def spend(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise GrammarLimitError(
+                "a rule's automaton is too large to build (nested or very large repetition bounds)")
 
 _UTF8_BOUNDS = ((0, 0x7F, 1), (0x80, 0x7FF, 2), (0x800, 0xFFFF, 3), (0x10000, 0x10FFFF, 4))
 
@@ -196,6 +210,7 @@ def _split_ranges(ranges: list[tuple[int, int, object]]) -> list[tuple[int, int,
 
 
 def determinize(nfa: NFA, start: int, end: int) -> RuleFSM:
+    budget = _Budget()
     start_set = _eps_closure(nfa, [start])
     index = {start_set: 0}
     order = [start_set]
@@ -205,8 +220,9 @@ def determinize(nfa: NFA, start: int, end: int) -> RuleFSM:
     i = 0
     while i < len(order):
         if len(order) > MAX_DFA_STATES:
-            return _epsilon_free(nfa, start, end)
+            return _epsilon_free(nfa, start, end, budget)
         cur = order[i]
+        budget.spend(len(cur))
         if end in cur:
             finals.add(i)
         ranges = []
@@ -239,7 +255,7 @@ def determinize(nfa: NFA, start: int, end: int) -> RuleFSM:
     return minimize(RuleFSM(byte_edges, rule_edges, finals))
 
 
-def _epsilon_free(nfa: NFA, start: int, end: int) -> RuleFSM:
+def _epsilon_free(nfa: NFA, start: int, end: int, budget: _Budget) -> RuleFSM:
     """Fallback for automata whose subset construction explodes: an NFA without epsilon edges."""
     n = len(nfa.edges)
     byte_edges: list[list[tuple[int, int, int]]] = []
@@ -247,6 +263,7 @@ def _epsilon_free(nfa: NFA, start: int, end: int) -> RuleFSM:
     finals = set()
     for u in range(n):
         closure = _eps_closure(nfa, [u])
+        budget.spend(len(closure))
         bes, res = set(), set()
         for w in closure:
             for kind, a, b, v in nfa.edges[w]:
