@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._ext.core import ClassTrie, CompiledCore, Vocab
-from .errors import GrammarError
+from .errors import GrammarError, TokenizerError
 from .grammar.fsm import RuleFSM, build_nfa, determinize, nullable_rules, productive_rules, prune, reaching
 from .grammar.grammar import Grammar
 from .grammar.hashing import rule_hashes
@@ -189,7 +189,10 @@ def vocab_core(info: TokenizerInfo) -> Vocab:
             stops = set(info.stop_token_ids)
             ordinary = [i for i, b in enumerate(decoded) if b and i not in special and i not in stops]
             ordinary.sort(key=decoded.__getitem__)
-            core = Vocab(list(decoded), info.vocab_size, ordinary, sorted(stops))
+            try:
+                core = Vocab(list(decoded), info.vocab_size, ordinary, sorted(stops))
+            except ValueError as e:
+                raise TokenizerError(str(e)) from e
             core.token_sample  # noqa: B018 - built here, once per vocabulary, not in a compile
             if len(_VOCABS) >= _MAX_VOCABS:
                 _VOCABS.pop(next(iter(_VOCABS)))
