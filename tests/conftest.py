@@ -17,6 +17,23 @@ def shared_file(name: str) -> Path:
     return path
 
 
+def longest_match(table: dict[bytes, int], data: bytes) -> list[int]:
+    """Longest-match tokenization of `data` over a byte -> token id table. Any spelling of a text is
+    a valid token path for a matcher; it need not be the tokenizer's canonical one."""
+    longest = max(map(len, table))
+    out, pos = [], 0
+    while pos < len(data):
+        for n in range(min(longest, len(data) - pos), 0, -1):
+            idx = table.get(data[pos:pos + n])
+            if idx is not None:
+                out.append(idx)
+                pos += n
+                break
+        else:
+            raise AssertionError(f"byte {data[pos]:#x} has no token")
+    return out
+
+
 @pytest.fixture(scope="session")
 def deepseek_info():
     import xg2

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import longest_match
 
 import xg2
 
@@ -101,23 +102,12 @@ def check_walk(info, name, token_ids, candidates, max_steps=None):
 
 def greedy_tokenize(info, text: str) -> list[int]:
     """Longest-match tokenization over the decoded vocabulary (ordinary tokens only)."""
-    data = text.encode()
     special = set(info.special_token_ids) | set(info.stop_token_ids)
-    by_bytes = {}
+    table: dict[bytes, int] = {}
     for i, b in enumerate(info.decoded_vocab):
         if b and i not in special:
-            by_bytes.setdefault(b, i)
-    out, pos = [], 0
-    while pos < len(data):
-        for k in range(min(16, len(data) - pos), 0, -1):
-            t = by_bytes.get(data[pos:pos + k])
-            if t is not None:
-                out.append(t)
-                pos += k
-                break
-        else:
-            raise AssertionError("untokenizable")
-    return out
+            table.setdefault(b, i)
+    return longest_match(table, text.encode())
 
 
 @pytest.mark.parametrize("name", sorted(GRAMMARS))

@@ -31,6 +31,7 @@ BENCH = REPO / "benchmarks"
 TOKENIZERS = REPO.parent / "shared" / "tokenizers"
 sys.path.insert(0, str(BENCH))
 
+from conftest import longest_match
 from corpus import grammar_names, load_case
 
 
@@ -109,21 +110,9 @@ def _greedy_encoder(pieces: list[bytes], skip: set[int]):
     """Longest-match tokenization over raw byte pieces (any spelling of the text is a
     valid token path for a matcher; it need not be the canonical BPE one)."""
     table = {p: i for i, p in enumerate(pieces) if p and i not in skip}
-    longest = max(len(p) for p in table)
 
     def encode(text: str) -> list[int]:
-        data = text.encode("utf-8")
-        out, pos = [], 0
-        while pos < len(data):
-            for n in range(min(longest, len(data) - pos), 0, -1):
-                idx = table.get(data[pos:pos + n])
-                if idx is not None:
-                    out.append(idx)
-                    pos += n
-                    break
-            else:
-                raise AssertionError(f"byte {data[pos]:#x} has no token")
-        return out
+        return longest_match(table, text.encode("utf-8"))
 
     return encode
 
