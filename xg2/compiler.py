@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -241,6 +242,13 @@ class GrammarCompiler:
         elif not isinstance(grammar, Grammar):
             raise TypeError("grammar must be EBNF text or an xg2.Grammar")
         return self._compile(grammar)
+
+    def compile_json_schema(self, schema: Any, *, any_whitespace: bool = True, indent: int | None = None,
+                            separators: tuple[str, str] | None = None, strict_mode: bool = True,
+                            max_whitespace_cnt: int | None = None) -> CompiledGrammar:
+        return self._compile(Grammar.from_json_schema(
+            schema, any_whitespace=any_whitespace, indent=indent, separators=separators,
+            strict_mode=strict_mode, max_whitespace_cnt=max_whitespace_cnt))
 
     def compile_builtin_json_grammar(self) -> CompiledGrammar:
         return self._compile(Grammar.builtin_json_grammar())

@@ -24,3 +24,13 @@ class GrammarLimitError(GrammarError):
 
 class TokenizerError(XG2Error, ValueError):
     """A vocabulary or tokenizer could not be read."""
+
+
+class SchemaError(XG2Error, ValueError):
+    """A JSON Schema is malformed or uses a keyword that cannot be enforced; `pointer` is the JSON
+    pointer (RFC 6901) of the offending schema element."""
+
+    def __init__(self, message: str, pointer: str = ""):
+        self.message = message
+        self.pointer = pointer
+        super().__init__(f"{message} (at {pointer or '/'})")

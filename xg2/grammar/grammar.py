@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .builtin import JSON_EBNF
 from .ebnf import parse_ebnf, print_ebnf
 from .ir import GrammarIR
@@ -23,6 +25,20 @@ class Grammar:
         if not isinstance(ebnf_string, str):
             raise TypeError("ebnf_string must be a str")
         return Grammar(parse_ebnf(ebnf_string, root_rule_name=root_rule_name))
+
+    @staticmethod
+    def from_json_schema(schema: Any, *, any_whitespace: bool = True, indent: int | None = None,
+                         separators: tuple[str, str] | None = None, strict_mode: bool = True,
+                         max_whitespace_cnt: int | None = None) -> Grammar:
+        """A JSON Schema (dict, JSON text, or a pydantic model class) as a grammar; option meanings
+        follow xgrammar's `compile_json_schema`."""
+        from .json_schema import json_schema_to_ir
+
+        if hasattr(schema, "model_json_schema"):
+            schema = schema.model_json_schema()
+        return Grammar(json_schema_to_ir(schema, any_whitespace=any_whitespace, indent=indent,
+                                         separators=separators, strict_mode=strict_mode,
+                                         max_whitespace_cnt=max_whitespace_cnt))
 
     @staticmethod
     def builtin_json_grammar() -> Grammar:

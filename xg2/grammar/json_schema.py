@@ -1,0 +1,829 @@
+"""JSON Schema front-end: lower a JSON Schema to the grammar IR (xgrammar's `compile_json_schema` shape).
+
+`json_schema_to_ir(schema, ...)` returns a :class:`GrammarIR` whose language is the set of JSON texts
+valid under the schema, written with the chosen layout. Supported keywords: `type` (string or list),
+`enum`, `const`, `properties`, `required`, `additionalProperties`, `items` (schema, or the draft-4
+list form with `additionalItems`), `prefixItems`, `minItems`, `maxItems`, `minLength`, `maxLength`,
+`anyOf`, `oneOf`, `allOf` (subschemas are merged into one schema; conflicting keywords that cannot
+be merged exactly raise), `$ref` (local JSON pointers: `#`, `#/$defs/..`, `#/definitions/..`, any
+other `#/...`), integer `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum` (exact), and
+`uniqueItems: false`. Annotation keywords are ignored; every other JSON Schema assertion raises
+:class:`SchemaError` naming the keyword and its JSON pointer. Non-standard keywords (not defined by
+any JSON Schema draft, e.g. `x-foo`) are ignored, as validators do.
+
+Exactness notes (documented restrictions; everything else is exact):
+
+* Object members appear in the order of `properties` (then `required` names not listed in
+  `properties`); optional ones may be left out; additional properties (when allowed) come after
+  all named ones. An additional key never equals a named property (so named properties are always
+  checked against their own schema); while a key is still a prefix of a named key, `\\uXXXX`
+  escapes are not allowed in it.
+* Property names and `enum`/`const` strings are matched in their canonical spelling
+  (`json.dumps(..., ensure_ascii=False)`), and `enum`/`const` arrays/objects keep their own member
+  order; whitespace and separators inside them follow the layout options. `enum`/`const` may be
+  combined only with `type` (values of other types are dropped).
+* `integer` values are written without fraction or exponent (`1.0` and `1e2` are not accepted).
+* `oneOf` is treated like `anyOf` (not exclusive).
+* `minLength`/`maxLength` count characters as one unescaped code point or one escape sequence (a
+  surrogate pair written as two `\\u` escapes counts as two).
+* Without `type`, all types are allowed and each keyword restricts only its own type (exact JSON
+  Schema semantics, unlike xgrammar which infers `object` from `properties`).
+* With `indent` and `any_whitespace=False` the layout depends on nesting depth; values nested more
+  than :data:`MAX_INDENT_DEPTH` containers deep are then not accepted.
+* The root value has no surrounding whitespace.
+* `anyOf`/`oneOf` combined with sibling keywords are distributed (each alternative is merged with
+  the siblings); `$ref` with siblings is inlined and merged.
+* Nesting is bounded: more than :data:`MAX_SCHEMA_DEPTH` nested schemas (counting `$ref` hops and
+  merges) raise :class:`GrammarLimitError`; bounds above :data:`MAX_BOUND` do too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ..errors import GrammarLimitError, SchemaError
+from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
+
+__all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
+
+#: Largest accepted minItems/maxItems/minLength/maxLength.
+MAX_BOUND = 10_000
+#: Nested schemas (including `$ref` hops and `enum` values) the converter descends before giving up.
+MAX_SCHEMA_DEPTH = 128
+#: Deepest container nesting accepted with `indent` and `any_whitespace=False`.
+MAX_INDENT_DEPTH = 20
+#: Largest number of decimal digits in an integer bound.
+MAX_BOUND_DIGITS = 400
+
+ANNOTATIONS = frozenset({
+    "title", "description", "examples", "default", "$schema", "$id", "id", "$comment", "deprecated",
+    "readOnly", "writeOnly", "$defs", "definitions",
+})
+UNSUPPORTED = frozenset({
+    "pattern", "format", "multipleOf", "patternProperties", "propertyNames", "minProperties",
+    "maxProperties", "unevaluatedProperties", "unevaluatedItems", "dependentRequired",
+    "dependentSchemas", "dependencies", "contains", "minContains", "maxContains", "not", "if", "then",
+    "else", "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
+    "contentSchema",
+})
+HANDLED = frozenset({
+    "type", "enum", "const", "properties", "required", "additionalProperties", "items",
+    "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "anyOf",
+    "oneOf", "allOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "uniqueItems",
+})
+TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
+
+NEVER = CharClass(())  # the empty language
+EMPTY = Literal("")
+DIGIT = CharClass(((0x30, 0x39),))
+NONZERO = CharClass(((0x31, 0x39),))
+HEX = CharClass(((0x30, 0x39), (0x41, 0x46), (0x61, 0x66)))
+SHORT_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+UNESCAPED = CharClass(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)), negated=True)
+ESCAPE = Seq((Literal("\\"), Choice((
+    CharClass(tuple((ord(c), ord(c)) for c in sorted(SHORT_ESCAPES))),
+    Seq((Literal("u"), HEX, HEX, HEX, HEX)),
+))))
+CHAR = Choice((UNESCAPED, ESCAPE))
+NUMBER = Seq((
+    Repeat(Literal("-"), 0, 1),
+    Choice((Literal("0"), Seq((NONZERO, Repeat(DIGIT, 0, None))))),
+    Repeat(Seq((Literal("."), Repeat(DIGIT, 1, None))), 0, 1),
+    Repeat(Seq((CharClass(((0x45, 0x45), (0x65, 0x65))), Repeat(CharClass(((0x2B, 0x2B), (0x2D, 0x2D))), 0, 1),
+                Repeat(DIGIT, 1, None))), 0, 1),
+))
+INTEGER = Seq((Repeat(Literal("-"), 0, 1), Choice((Literal("0"), Seq((NONZERO, Repeat(DIGIT, 0, None)))))))
+
+
+def _ptr(base: str, *parts: Any) -> str:
+    out = base
+    for p in parts:
+        out += "/" + str(p).replace("~", "~0").replace("/", "~1")
+    return out
+
+
+def _seq(*items: Expr | None) -> Expr | None:
+    if any(i is None for i in items):
+        return None
+    flat = [i for i in items if i != EMPTY]
+    if not flat:
+        return EMPTY
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def _choice(alts: list[Expr | None]) -> Expr | None:
+    out: list[Expr] = []
+    for a in alts:
+        if a is not None and a not in out:
+            out.append(a)
+    if not out:
+        return None
+    return out[0] if len(out) == 1 else Choice(tuple(out))
+
+
+def _opt(e: Expr | None) -> Expr:
+    return EMPTY if e is None else Repeat(e, 0, 1)
+
+
+def _canon_str(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _type_of(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "integer" if v.is_integer() else "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return "object"
+
+
+# --- integer ranges -------------------------------------------------------------------------------
+
+def _same_len_range(x: str, y: str) -> Expr | None:
+    """Digit strings of len(x) == len(y) between x and y inclusive (leading zeros allowed here)."""
+    if not x:
+        return EMPTY
+    if x > y:
+        return None
+    if x[0] == y[0]:
+        return _seq(Literal(x[0]), _same_len_range(x[1:], y[1:]))
+    n = len(x) - 1
+    if x[1:] == "0" * n and y[1:] == "9" * n:
+        return _seq(CharClass(((ord(x[0]), ord(y[0])),)), *([Repeat(DIGIT, n, n)] if n else []))
+    alts = [_seq(Literal(x[0]), _same_len_range(x[1:], "9" * n))]
+    if ord(y[0]) - ord(x[0]) > 1:
+        alts.append(_seq(CharClass(((ord(x[0]) + 1, ord(y[0]) - 1),)), *([Repeat(DIGIT, n, n)] if n else [])))
+    alts.append(_seq(Literal(y[0]), _same_len_range("0" * n, y[1:])))
+    return _choice(alts)
+
+
+def _nonneg_range(a: int, b: int | None) -> Expr | None:
+    """Canonical decimal naturals in [a, b] (b None: unbounded); a >= 0."""
+    if b is not None and a > b:
+        return None
+    alts: list[Expr | None] = []
+    la = len(str(a))
+    top = len(str(b)) if b is not None else la
+    for n in range(la, top + 1):
+        lo = max(a, 10 ** (n - 1) if n > 1 else 0)
+        hi = 10 ** n - 1 if b is None else min(b, 10 ** n - 1)
+        if lo <= hi:
+            alts.append(_same_len_range(str(lo), str(hi)))
+    if b is None:
+        alts.append(Seq((NONZERO, Repeat(DIGIT, la, None))))
+    return _choice(alts)
+
+
+def _int_range(lo: int | None, hi: int | None) -> Expr | None:
+    for v in (lo, hi):
+        if v is not None and len(str(abs(v))) > MAX_BOUND_DIGITS:
+            raise GrammarLimitError(f"integer bound has more than {MAX_BOUND_DIGITS} digits")
+    if lo is not None and hi is not None and lo > hi:
+        return None
+    alts: list[Expr | None] = []
+    if hi is None or hi >= 0:
+        alts.append(_nonneg_range(max(lo, 0) if lo is not None else 0, hi))
+    if lo is None or lo < 0:
+        # negatives: "-" then magnitude in [max(1, -hi), -lo]
+        mag_lo = 1 if hi is None or hi >= 0 else -hi
+        alts.append(_seq(Literal("-"), _nonneg_range(mag_lo, None if lo is None else -lo)))
+    if (lo is None or lo <= 0) and (hi is None or hi >= 0):
+        alts.append(Literal("-0"))
+    return _choice(alts)
+
+
+# --- converter ------------------------------------------------------------------------------------
+
+class _Converter:
+    def __init__(self, root: Any, any_whitespace: bool, indent: int | str | None,
+                 separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None):
+        self.root = root
+        self.any_ws = any_whitespace
+        if isinstance(indent, int) and not isinstance(indent, bool):
+            if indent < 0:
+                raise ValueError("indent must be non-negative")
+            indent = " " * indent
+        elif indent is not None and not isinstance(indent, str):
+            raise TypeError("indent must be an int, a str or None")
+        self.indent = indent
+        if separators is None:
+            separators = (",", ": ") if indent is not None else (", ", ": ")
+        if len(separators) != 2 or not all(isinstance(s, str) for s in separators):
+            raise TypeError("separators must be a pair of strings")
+        self.item_sep, self.key_sep = separators
+        self.strict = strict_mode
+        if max_whitespace_cnt is not None and (max_whitespace_cnt < 0 or max_whitespace_cnt > MAX_BOUND):
+            raise GrammarLimitError(f"max_whitespace_cnt must be between 0 and {MAX_BOUND}")
+        self.ws = Repeat(CharClass(((9, 10), (13, 13), (32, 32))), 0, max_whitespace_cnt)
+        self.depth_layout = indent is not None and not any_whitespace
+        self.rules: list[Rule] = []
+        self.names: set[str] = set()
+        self.cache: dict[Any, str] = {}
+        self.level = 0
+
+    # layout -----------------------------------------------------------------------------------
+    def dkey(self, d: int) -> int:
+        return d if self.depth_layout else 0
+
+    def open(self, ch: str, d: int) -> Expr:
+        if self.any_ws:
+            return Seq((Literal(ch), self.ws))
+        if self.indent is not None:
+            return Literal(ch + "\n" + self.indent * (d + 1))
+        return Literal(ch)
+
+    def close(self, ch: str, d: int) -> Expr:
+        if self.any_ws:
+            return Seq((self.ws, Literal(ch)))
+        if self.indent is not None:
+            return Literal("\n" + self.indent * d + ch)
+        return Literal(ch)
+
+    def empty(self, pair: str) -> Expr:
+        if self.any_ws:
+            return Seq((Literal(pair[0]), self.ws, Literal(pair[1])))
+        return Literal(pair)
+
+    def sep(self, d: int) -> Expr:
+        if self.any_ws:
+            return Seq((self.ws, Literal(self.item_sep.strip(" \t\n\r")), self.ws))
+        if self.indent is not None:
+            return Literal(self.item_sep + "\n" + self.indent * (d + 1))
+        return Literal(self.item_sep)
+
+    def colon(self) -> Expr:
+        if self.any_ws:
+            return Seq((self.ws, Literal(self.key_sep.strip(" \t\n\r")), self.ws))
+        return Literal(self.key_sep)
+
+    def too_deep(self, d: int) -> bool:
+        return self.depth_layout and d >= MAX_INDENT_DEPTH
+
+    # rules ------------------------------------------------------------------------------------
+    def new_name(self, hint: str) -> str:
+        base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint)[:40] or "r"
+        name, i = base, 1
+        while name in self.names or name == "root":
+            i += 1
+            name = f"{base}_{i}"
+        self.names.add(name)
+        return name
+
+    def add_rule(self, hint: str, body: Expr | None) -> Expr | None:
+        if body is None:
+            return None
+        if isinstance(body, RuleRef):
+            return body
+        name = self.new_name(hint)
+        self.rules.append(Rule(name, body))
+        return RuleRef(name)
+
+    def cached(self, key: Any, hint: str, build) -> Expr | None:
+        """A rule built once per key; the name is reserved before building so recursion works."""
+        if key in self.cache:
+            name = self.cache[key]
+            return None if name is None else RuleRef(name)
+        name = self.new_name(hint)
+        self.cache[key] = name
+        rule = Rule(name, NEVER)
+        self.rules.append(rule)
+        body = build()
+        if body is None:
+            body = NEVER
+        rule.body = body
+        return RuleRef(name)
+
+    # generic values ---------------------------------------------------------------------------
+    def string(self, lo: int = 0, hi: int | None = None) -> Expr:
+        if (lo, hi) == (0, None):
+            return self.cached(("string",), "string", lambda: Seq((Literal('"'), Repeat(CHAR, 0, None), Literal('"'))))
+        return Seq((Literal('"'), Repeat(CHAR, lo, hi), Literal('"')))
+
+    def any_value(self, d: int) -> Expr | None:
+        def build():
+            alts: list[Expr | None] = [Literal("null"), Literal("true"), Literal("false"),
+                                       self.cached(("number",), "number", lambda: NUMBER), self.string()]
+            if not self.too_deep(d):
+                member = Seq((self.string(), self.colon(), self.any_value(d + 1)))
+                alts.append(Choice((self.empty("{}"), Seq((self.open("{", d), member, Repeat(Seq((self.sep(d), member)), 0, None), self.close("}", d))))))
+                item = self.any_value(d + 1)
+                alts.append(Choice((self.empty("[]"), Seq((self.open("[", d), item, Repeat(Seq((self.sep(d), item)), 0, None), self.close("]", d))))))
+            return _choice(alts)
+        return self.cached(("any", self.dkey(d)), f"any_value_{self.dkey(d)}" if self.depth_layout else "any_value", build)
+
+    def const(self, v: Any, d: int, ptr: str) -> Expr | None:
+        self.enter(ptr)
+        try:
+            if isinstance(v, dict):
+                if not v:
+                    return self.empty("{}")
+                if self.too_deep(d):
+                    return None
+                parts: list[Expr | None] = [self.open("{", d)]
+                for i, (k, x) in enumerate(v.items()):
+                    if i:
+                        parts.append(self.sep(d))
+                    parts += [Literal(_canon_str(k)), self.colon(), self.const(x, d + 1, ptr)]
+                parts.append(self.close("}", d))
+                return _seq(*parts)
+            if isinstance(v, list):
+                if not v:
+                    return self.empty("[]")
+                if self.too_deep(d):
+                    return None
+                parts = [self.open("[", d)]
+                for i, x in enumerate(v):
+                    if i:
+                        parts.append(self.sep(d))
+                    parts.append(self.const(x, d + 1, ptr))
+                parts.append(self.close("]", d))
+                return _seq(*parts)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise SchemaError("non-finite number in enum/const", ptr)
+            return Literal(json.dumps(v, ensure_ascii=False))
+        finally:
+            self.level -= 1
+
+    # schema lowering --------------------------------------------------------------------------
+    def enter(self, ptr: str) -> None:
+        self.level += 1
+        if self.level > MAX_SCHEMA_DEPTH:
+            self.level -= 1
+            raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels at {ptr}")
+
+    def resolve(self, ref: Any, ptr: str) -> tuple[Any, str]:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise SchemaError(f"unsupported $ref {ref!r} (only local '#...' references)", ptr)
+        from urllib.parse import unquote
+        frag = unquote(ref[1:])
+        if frag and not frag.startswith("/"):
+            raise SchemaError(f"unsupported $ref {ref!r} (anchors are not supported)", ptr)
+        node = self.root
+        for raw in frag.split("/")[1:] if frag else []:
+            part = raw.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise SchemaError(f"$ref {ref!r} does not resolve", ptr)
+        return node, frag
+
+    def inline_ref(self, schema: dict, ptr: str) -> dict:
+        """`schema` with its `$ref` replaced by the (merged) referenced schema."""
+        target, where = self.resolve(schema["$ref"], _ptr(ptr, "$ref"))
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        if target is True:
+            return rest
+        if not isinstance(target, dict):
+            raise SchemaError("cannot combine a false $ref target with other keywords", _ptr(ptr, "$ref"))
+        self.enter(where)
+        try:
+            return self.merge(rest, target, ptr)
+        finally:
+            self.level -= 1
+
+    def merge(self, a: dict, b: dict, ptr: str) -> dict:
+        """One schema valid exactly where both `a` and `b` are (or SchemaError)."""
+        self.enter(ptr)
+        try:
+            return self._merge(a, b, ptr)
+        finally:
+            self.level -= 1
+
+    def _merge(self, a: dict, b: dict, ptr: str) -> dict:
+        for k in b:
+            if k in UNSUPPORTED:
+                raise SchemaError(f"unsupported keyword {k!r}", _ptr(ptr, k))
+        # inline references first so that properties keep the order they are written in
+        if "$ref" in a and any(k in HANDLED for k in b):
+            a = self.inline_ref(a, ptr)
+        if "$ref" in b and any(k in HANDLED for k in a):
+            b = self.inline_ref(b, ptr)
+        out = {k: v for k, v in a.items() if k not in ANNOTATIONS}
+        bb = {k: v for k, v in b.items() if k not in ANNOTATIONS}
+        if any(k in out or k in bb for k in ("properties", "additionalProperties")) and (
+                "properties" in out or "additionalProperties" in out) and (
+                "properties" in bb or "additionalProperties" in bb):
+            pa, pb = out.pop("properties", {}), bb.pop("properties", {})
+            aa, ab = out.pop("additionalProperties", None), bb.pop("additionalProperties", None)
+            if not isinstance(pa, dict) or not isinstance(pb, dict):
+                raise SchemaError("properties must be an object", _ptr(ptr, "properties"))
+            props = {}
+            for k in list(pa) + [k for k in pb if k not in pa]:
+                sa = pa.get(k, True if aa is None else aa)
+                sb = pb.get(k, True if ab is None else ab)
+                props[k] = _both(sa, sb)
+            out["properties"] = props
+            if aa is not None or ab is not None:
+                out["additionalProperties"] = _both(True if aa is None else aa, True if ab is None else ab)
+        for k, v in bb.items():
+            if k not in out or out[k] == v:
+                out[k] = v
+            elif k == "type":
+                ta = out[k] if isinstance(out[k], list) else [out[k]]
+                tb = v if isinstance(v, list) else [v]
+                both = [t for t in ta if t in tb or (t == "integer" and "number" in tb)]
+                both += [t for t in tb if t == "integer" and "number" in ta and t not in both]
+                out[k] = both
+            elif k == "required":
+                out[k] = list(dict.fromkeys(list(out[k]) + list(v)))
+            elif k in ("minItems", "minLength") or (k == "minimum" and not _bool_excl(out, bb)):
+                out[k] = max(out[k], v)
+            elif k in ("maxItems", "maxLength") or (k == "maximum" and not _bool_excl(out, bb)):
+                out[k] = min(out[k], v)
+            elif k == "exclusiveMinimum" and not _bool_excl(out, bb):
+                out[k] = max(out[k], v)
+            elif k == "exclusiveMaximum" and not _bool_excl(out, bb):
+                out[k] = min(out[k], v)
+            elif k == "items" and isinstance(v, (dict, bool)) and isinstance(out[k], (dict, bool)) and \
+                    "prefixItems" not in out and "prefixItems" not in bb:
+                out[k] = _both(out[k], v)
+            elif k in ("enum", "const"):
+                va = out[k] if k == "enum" else [out[k]]
+                vb = v if k == "enum" else [v]
+                if not isinstance(va, list) or not isinstance(vb, list):
+                    raise SchemaError("enum must be an array", _ptr(ptr, k))
+                out[k] = [x for x in va if any(x == y and _type_of(x) == _type_of(y) for y in vb)]
+                if k == "const":
+                    out["enum"] = out.pop(k)
+            else:
+                raise SchemaError(f"cannot combine conflicting {k!r} keywords", _ptr(ptr, k))
+        if "const" in out and "enum" in out:
+            c = out.pop("const")
+            out["enum"] = [x for x in out["enum"] if x == c and _type_of(x) == _type_of(c)]
+        return out
+
+    def lower(self, schema: Any, ptr: str, d: int) -> Expr | None:
+        self.enter(ptr)
+        try:
+            return self._lower(schema, ptr, d)
+        finally:
+            self.level -= 1
+
+    def _lower(self, schema: Any, ptr: str, d: int) -> Expr | None:
+        if schema is True:
+            return self.any_value(d)
+        if schema is False:
+            return None
+        if not isinstance(schema, dict):
+            raise SchemaError("a schema must be an object or a boolean", ptr)
+        for k in schema:
+            if k in UNSUPPORTED:
+                raise SchemaError(f"unsupported keyword {k!r}", _ptr(ptr, k))
+        if schema.get("uniqueItems", False) is not False:
+            raise SchemaError("unsupported keyword 'uniqueItems'", _ptr(ptr, "uniqueItems"))
+        keys = [k for k in schema if k in HANDLED and k != "uniqueItems"]
+        if not keys:
+            return self.any_value(d)
+        if "$ref" in schema:
+            target, where = self.resolve(schema["$ref"], _ptr(ptr, "$ref"))
+            rest = {k: v for k, v in schema.items() if k != "$ref" and k in HANDLED}
+            if not rest:
+                return self.cached(("ref", where, self.dkey(d)), "ref_" + (where.split("/")[-1] or "root"),
+                                   lambda: self.lower(target, where, d))
+            if target is False:
+                return None
+            if target is True:
+                return self.lower(rest, ptr, d)
+            if not isinstance(target, dict):
+                raise SchemaError("a schema must be an object or a boolean", where)
+            return self.lower(self.merge(rest, target, ptr), ptr, d)
+        if "allOf" in schema:
+            subs = schema["allOf"]
+            if not isinstance(subs, list) or not subs:
+                raise SchemaError("allOf must be a non-empty array", _ptr(ptr, "allOf"))
+            merged = {k: v for k, v in schema.items() if k != "allOf"}
+            for i, s in enumerate(subs):
+                if s is False:
+                    return None
+                if s is True:
+                    continue
+                if not isinstance(s, dict):
+                    raise SchemaError("a schema must be an object or a boolean", _ptr(ptr, "allOf", i))
+                merged = self.merge(merged, s, _ptr(ptr, "allOf", i))
+            return self.lower(merged, ptr, d)
+        for kw in ("anyOf", "oneOf"):
+            if kw in schema:
+                subs = schema[kw]
+                if not isinstance(subs, list) or not subs:
+                    raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
+                rest = {k: v for k, v in schema.items() if k != kw}
+                alts = []
+                for i, s in enumerate(subs):
+                    p = _ptr(ptr, kw, i)
+                    if s is False:
+                        continue
+                    if s is True:
+                        s = {}
+                    if not isinstance(s, dict):
+                        raise SchemaError("a schema must be an object or a boolean", p)
+                    if not any(k in HANDLED for k in rest):
+                        alts.append(self.lower(s, p, d))
+                    else:
+                        alts.append(self.lower(self.merge(rest, s, p), p, d))
+                return _choice(alts)
+        return self.typed(schema, ptr, d)
+
+    def types(self, schema: dict, ptr: str) -> list[str]:
+        t = schema.get("type", list(TYPES))
+        ts = [t] if isinstance(t, str) else t
+        if not isinstance(ts, list) or any(x not in TYPES for x in ts):
+            raise SchemaError(f"invalid type {t!r}", _ptr(ptr, "type"))
+        return ts
+
+    def typed(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        ts = self.types(schema, ptr)
+        if "enum" in schema or "const" in schema:
+            extra = [k for k in schema if k in HANDLED and k not in ("type", "enum", "const", "uniqueItems")]
+            if extra:
+                raise SchemaError(f"unsupported keyword {extra[0]!r} alongside enum/const", _ptr(ptr, extra[0]))
+            if "const" in schema:
+                values = [schema["const"]]
+                if "enum" in schema:
+                    if not isinstance(schema["enum"], list):
+                        raise SchemaError("enum must be an array", _ptr(ptr, "enum"))
+                    values = [v for v in values if any(v == e and _type_of(v) == _type_of(e) for e in schema["enum"])]
+                where = _ptr(ptr, "const")
+            else:
+                values = schema["enum"]
+                where = _ptr(ptr, "enum")
+                if not isinstance(values, list):
+                    raise SchemaError("enum must be an array", where)
+            alts = []
+            for v in values:
+                tv = _type_of(v)
+                if tv in ts or (tv == "integer" and "number" in ts):
+                    alts.append(self.const(v, d, where))
+            return _choice(alts)
+        alts: list[Expr | None] = []
+        for t in dict.fromkeys(ts):
+            if t == "null":
+                alts.append(Literal("null"))
+            elif t == "boolean":
+                alts.append(Choice((Literal("true"), Literal("false"))))
+            elif t == "string":
+                lo = self.bound(schema, "minLength", ptr, 0)
+                hi = self.bound(schema, "maxLength", ptr, None)
+                alts.append(None if hi is not None and lo > hi else self.string(lo, hi))
+            elif t == "number":
+                for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+                    if k in schema and schema[k] is not False:
+                        raise SchemaError(f"unsupported keyword {k!r} (number bounds cannot be enforced exactly)", _ptr(ptr, k))
+                alts.append(self.cached(("number",), "number", lambda: NUMBER))
+            elif t == "integer":
+                if "number" not in ts:
+                    alts.append(self.integer(schema, ptr))
+            elif t == "object":
+                alts.append(None if self.too_deep(d) else self.obj(schema, ptr, d))
+            elif t == "array":
+                alts.append(None if self.too_deep(d) else self.array(schema, ptr, d))
+        return _choice(alts)
+
+    def bound(self, schema: dict, kw: str, ptr: str, default: int | None) -> int | None:
+        if kw not in schema:
+            return default
+        v = schema[kw]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (isinstance(v, float) and not v.is_integer()):
+            raise SchemaError(f"{kw} must be a non-negative integer", _ptr(ptr, kw))
+        if v > MAX_BOUND:
+            raise GrammarLimitError(f"{kw} {v} exceeds the limit of {MAX_BOUND} (at {_ptr(ptr, kw)})")
+        return int(v)
+
+    def integer(self, schema: dict, ptr: str) -> Expr | None:
+        lo = hi = None
+
+        def num(k):
+            v = schema[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+                raise SchemaError(f"{k} must be a finite number", _ptr(ptr, k))
+            return v
+
+        excl_min = schema.get("exclusiveMinimum")
+        excl_max = schema.get("exclusiveMaximum")
+        if "minimum" in schema:
+            v = num("minimum")
+            lo = math.floor(v) + 1 if excl_min is True and v == math.floor(v) else math.ceil(v)
+        if "maximum" in schema:
+            v = num("maximum")
+            hi = math.ceil(v) - 1 if excl_max is True and v == math.ceil(v) else math.floor(v)
+        if excl_min is not None and not isinstance(excl_min, bool):
+            v = num("exclusiveMinimum")
+            c = math.floor(v) + 1
+            lo = c if lo is None else max(lo, c)
+        if excl_max is not None and not isinstance(excl_max, bool):
+            v = num("exclusiveMaximum")
+            c = math.ceil(v) - 1
+            hi = c if hi is None else min(hi, c)
+        if lo is None and hi is None:
+            return self.cached(("integer",), "integer", lambda: INTEGER)
+        return _int_range(lo, hi)
+
+    def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        props = schema.get("properties", {})
+        if not isinstance(props, dict):
+            raise SchemaError("properties must be an object", _ptr(ptr, "properties"))
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise SchemaError("required must be an array of strings", _ptr(ptr, "required"))
+        addl = schema.get("additionalProperties", not self.strict)
+        addl_ptr = _ptr(ptr, "additionalProperties")
+        names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
+        entries: list[tuple[str, Expr, bool]] = []  # (key, member rule, required)
+        for k in names:
+            if k in props:
+                p = _ptr(ptr, "properties", k)
+                value = self.lower(props[k], p, d + 1)
+            else:
+                p = addl_ptr
+                value = self.lower(addl, p, d + 1)
+            req = k in required
+            if value is None:
+                if req:
+                    return None
+                continue
+            member = self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
+            entries.append((k, member, req))
+        extra = None
+        addl_value = self.lower(addl, addl_ptr, d + 1)
+        if addl_value is not None:
+            key = self.cached(("key_excluding", tuple(names)), "other_key", lambda: _string_excluding(names, self.add_rule))
+            extra = self.add_rule("m_other", Seq((key, self.colon(), addl_value)))
+        sep = self.sep(d)
+        n = len(entries)
+        req_after = [None] * (n + 1)  # index of first required entry at or after i
+        for i in range(n - 1, -1, -1):
+            req_after[i] = i if entries[i][2] else req_after[i + 1]
+        tail_extra = Repeat(Seq((sep, extra)), 0, None) if extra is not None else EMPTY
+        tails: dict[int, Expr] = {}
+        for i in range(n - 1, -1, -1):
+            # what may follow once entry i has been written
+            last = req_after[i + 1] if req_after[i + 1] is not None else n - 1
+            talts: list[Expr | None] = [_seq(sep, entries[j][1], tails[j]) for j in range(i + 1, last + 1)]
+            if req_after[i + 1] is None:
+                talts.insert(0, tail_extra)
+            tails[i] = self.add_rule("tail", _choice(talts))
+
+        last = req_after[0] if req_after[0] is not None else n - 1
+        alts: list[Expr | None] = [_seq(entries[j][1], tails[j]) for j in range(last + 1)]
+        if req_after[0] is None and extra is not None:
+            alts.append(_seq(extra, tail_extra))
+        body = _choice(alts)
+        out: list[Expr | None] = []
+        if body is not None:
+            out.append(_seq(self.open("{", d), body, self.close("}", d)))
+        if req_after[0] is None:
+            out.append(self.empty("{}"))
+        return _choice(out)
+
+    def array(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        items = schema.get("items")
+        if "prefixItems" in schema:
+            prefix = schema["prefixItems"]
+            prefix_ptr = _ptr(ptr, "prefixItems")
+            rest = items if "items" in schema else (not self.strict)
+            rest_ptr = _ptr(ptr, "items")
+        elif isinstance(items, list):
+            prefix, prefix_ptr = items, _ptr(ptr, "items")
+            rest = schema.get("additionalItems", not self.strict)
+            rest_ptr = _ptr(ptr, "additionalItems")
+        else:
+            prefix, prefix_ptr = [], ""
+            rest = items if "items" in schema else True
+            rest_ptr = _ptr(ptr, "items")
+        if not isinstance(prefix, list):
+            raise SchemaError("prefixItems must be an array", prefix_ptr)
+        lo = self.bound(schema, "minItems", ptr, 0)
+        hi = self.bound(schema, "maxItems", ptr, None)
+        elems: list[Expr | None] = []
+        for i, s in enumerate(prefix):
+            e = self.lower(s, _ptr(prefix_ptr, i), d + 1)
+            elems.append(self.add_rule("item", e))
+        r = self.add_rule("item", self.lower(rest, rest_ptr, d + 1))
+        # the longest allowed array: stop at the first unsatisfiable position
+        cap = hi
+        for i, e in enumerate(elems):
+            if e is None:
+                cap = i if cap is None else min(cap, i)
+                break
+        if r is None:
+            cap = len(elems) if cap is None else min(cap, len(elems))
+        if cap is not None and lo > cap:
+            return None
+        sep = self.sep(d)
+        k = min(len(elems), cap) if cap is not None else len(elems)
+        # rest part after the prefix
+        if r is not None and (cap is None or cap > k):
+            more_min = max(lo - k, 0)
+            more_max = None if cap is None else cap - k
+            if k == 0:
+                first = _seq(r, Repeat(Seq((sep, r)), max(more_min - 1, 0), None if more_max is None else more_max - 1))
+                nonempty = first
+            else:
+                nonempty = None
+            rest_tail = Repeat(Seq((sep, r)), more_min, more_max)
+        else:
+            nonempty = None
+            rest_tail = EMPTY
+        if k > 0:
+            tail_expr: Expr = rest_tail
+            for i in range(k - 1, 0, -1):
+                step = _seq(sep, elems[i], tail_expr)
+                tail_expr = step if i < lo else _opt(step)
+                if i % 50 == 0:
+                    tail_expr = self.add_rule("items_tail", tail_expr)
+            nonempty = _seq(elems[0], tail_expr)
+        out: list[Expr | None] = []
+        if nonempty is not None and (cap is None or cap > 0):
+            out.append(_seq(self.open("[", d), nonempty, self.close("]", d)))
+        if lo == 0:
+            out.append(self.empty("[]"))
+        return _choice(out)
+
+
+def _both(x: Any, y: Any) -> Any:
+    """A schema for "valid under x and under y"."""
+    if x is True or x == y:
+        return y
+    if y is True:
+        return x
+    if x is False or y is False:
+        return False
+    return {"allOf": [x, y]}
+
+
+def _bool_excl(a: dict, b: dict) -> bool:
+    return any(isinstance(s.get(k), bool) for s in (a, b) for k in ("exclusiveMinimum", "exclusiveMaximum"))
+
+
+def _string_excluding(keys: list[str], make_rule) -> Expr:
+    """A JSON string whose value is none of `keys` (spelt canonically; see the module notes)."""
+    trie: dict = {}
+    for k in keys:
+        node = trie
+        for c in k:
+            node = node.setdefault(c, {})
+        node[""] = True
+    rest = Seq((Repeat(CHAR, 0, None), Literal('"')))
+
+    def spell(c: str) -> list[Expr]:
+        out = [Literal(_canon_str(c)[1:-1])]
+        if c == "/":
+            out.append(Literal("\\/"))
+        return out
+
+    # post-order over the trie without recursion; every 50th level becomes its own rule so the
+    # expression nesting stays shallow for very long keys
+    built: dict[int, Expr] = {}
+    stack: list[tuple[dict, int, bool]] = [(trie, 0, False)]
+    while stack:
+        node, depth, ready = stack.pop()
+        children = [c for c in node if c]
+        if not ready:
+            stack.append((node, depth, True))
+            stack.extend((node[c], depth + 1, False) for c in children)
+            continue
+        alts: list[Expr] = []
+        if "" not in node:
+            alts.append(Literal('"'))
+        for c in children:
+            alts.append(Seq((_choice(spell(c)), built.pop(id(node[c])))))
+        codes = sorted(ord(c) for c in children)
+        other_unescaped = CharClass(tuple((x, x) for x in [*range(0x20), 0x22, 0x5C, *codes]), negated=True)
+        short = [e for e, v in SHORT_ESCAPES.items() if v not in children]
+        other: list[Expr] = [other_unescaped]
+        if short:
+            other.append(Seq((Literal("\\"), CharClass(tuple(sorted((ord(e), ord(e)) for e in short))))))
+        if not children:
+            other.append(Seq((Literal("\\u"), HEX, HEX, HEX, HEX)))
+        alts.append(Seq((_choice(other), rest)))
+        expr = _choice(alts)
+        built[id(node)] = make_rule("key_part", expr) if depth % 50 == 49 else expr
+    return Seq((Literal('"'), built[id(trie)]))
+
+
+def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True, indent: int | None = None,
+                      separators: tuple[str, str] | None = None, strict_mode: bool = True,
+                      max_whitespace_cnt: int | None = None) -> GrammarIR:
+    """Lower a JSON Schema (a dict, a bool, or its JSON text) to grammar IR; see the module notes."""
+    if isinstance(schema, (str, bytes)):
+        try:
+            schema = json.loads(schema)
+        except (ValueError, RecursionError) as exc:
+            raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
+    conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt)
+    body = conv.lower(schema, "", 0)
+    if body is None:
+        raise SchemaError("the schema accepts no JSON value", "")
+    return GrammarIR(rules=[Rule("root", body), *conv.rules], root="root")
