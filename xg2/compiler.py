@@ -11,7 +11,7 @@ import numpy as np
 
 from ._ext.core import ClassTrie, CompiledCore, Vocab
 from .errors import GrammarError, TokenizerError
-from .grammar.fsm import RuleFSM, build_nfa, determinize, nullable_rules, productive_rules, prune, reaching
+from .grammar.fsm import RuleFSM, nullable_rules, productive_rules, prune, pure_nodes, rule_automaton
 from .grammar.grammar import Grammar
 from .grammar.hashing import rule_hashes
 from .grammar.ir import GrammarIR
@@ -24,8 +24,15 @@ class LoweredGrammar:
     rule_names: list[str]
     fsms: list[RuleFSM]
     root: int
-    hashes: list[str]
     arrays: dict[str, np.ndarray]
+    _hashes: list[str] | None = None
+
+    @property
+    def hashes(self) -> list[str]:
+        """Content hashes of the rules, computed on first use (compilation does not need them)."""
+        if self._hashes is None:
+            self._hashes = rule_hashes(self.fsms)
+        return self._hashes
 
     @property
     def n_nodes(self) -> int:
@@ -67,7 +74,7 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
     ir = inline_small_rules(ir)
     names = [r.name for r in ir.rules]
     index = {n: i for i, n in enumerate(names)}
-    fsms = [determinize(*build_nfa(r.body, index)) for r in ir.rules]
+    fsms = [rule_automaton(r.body, index) for r in ir.rules]
     live = productive_rules(fsms)
     root = index[ir.root]
     if root not in live:
@@ -120,12 +127,7 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
     # Nodes from which the rule is a plain deterministic automaton: no call is reachable.
     node_pure = np.zeros(n_nodes, np.uint8)
     for r, f in enumerate(fsms):
-        if not f.deterministic:
-            continue
-        calls = [u for u in range(f.n_nodes) if f.rule_edges[u]]
-        impure = reaching(f, calls, [[] for _ in range(f.n_nodes)])
-        for u in range(f.n_nodes):
-            node_pure[int(base[r]) + u] = u not in impure
+        node_pure[int(base[r]): int(base[r + 1])] = pure_nodes(f)
 
     rule_start = base[:-1].astype(np.int32)
     arrays = {
@@ -145,7 +147,7 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
         "node_pure": node_pure,
         "ctx_resume": ctx_resume.reshape(-1),
     }
-    return LoweredGrammar(names, fsms, root, rule_hashes(fsms), arrays)
+    return LoweredGrammar(names, fsms, root, arrays)
 
 
 class CompiledGrammar:
@@ -243,6 +245,9 @@ class GrammarCompiler:
             raise TypeError("grammar must be EBNF text or an xg2.Grammar")
         return self._compile(grammar)
 
+    def compile_regex(self, regex: str) -> CompiledGrammar:
+        return self._compile(Grammar.from_regex(regex))
+
     def compile_json_schema(self, schema: Any, *, any_whitespace: bool = True, indent: int | None = None,
                             separators: tuple[str, str] | None = None, strict_mode: bool = True,
                             max_whitespace_cnt: int | None = None) -> CompiledGrammar:
@@ -254,8 +259,9 @@ class GrammarCompiler:
         return self._compile(Grammar.builtin_json_grammar())
 
     def _compile(self, grammar: Grammar) -> CompiledGrammar:
-        key = (str(grammar), grammar.ir.root)
+        key = None
         if self.cache_enabled:
+            key = (str(grammar), grammar.ir.root)
             with self._lock:
                 hit = self._cache.get(key)
             if hit is not None:

@@ -175,6 +175,7 @@ class RuleFSM:
     rule_edges: list[list[tuple[int, int]]]
     finals: set[int]
     deterministic: bool = True
+    pure: list[bool] | None = None  # memo of pure_nodes(); depends only on which nodes have calls
 
     @property
     def n_nodes(self) -> int:
@@ -207,6 +208,58 @@ def _split_ranges(ranges: list[tuple[int, int, object]]) -> list[tuple[int, int,
         else:
             out.append((lo, hi, tgt))
     return out
+
+
+def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
+    """The minimal automaton of a rule body, memoised by content across grammars.
+
+    Front-ends emit the same bodies again and again (JSON strings, numbers, whitespace, the same
+    property member in many schemas), and building an automaton in Python costs far more than
+    looking it up. The memo is keyed by the body and the names it calls, with calls numbered
+    locally; the result is renumbered to this grammar's rule indices. Memoised automata are shared,
+    so nothing downstream may mutate a RuleFSM in place.
+    """
+    refs = _refs(body)
+    try:
+        fsm = _memo_automaton(body, refs)
+    except RecursionError:  # hashing a pathologically deep body; build it without the memo
+        fsm = determinize(*build_nfa(body, {n: i for i, n in enumerate(refs)}))
+    if not refs:
+        return fsm
+    remap = [rule_index[n] for n in refs]
+    return RuleFSM(fsm.byte_edges, [sorted((remap[r], v) for r, v in edges) for edges in fsm.rule_edges],
+                   fsm.finals, fsm.deterministic, pure_nodes(fsm))
+
+
+def pure_nodes(fsm: RuleFSM) -> list[bool]:
+    """Per node: the rule is a plain deterministic automaton from here on (no call is reachable)."""
+    if fsm.pure is None:
+        if not fsm.deterministic:
+            fsm.pure = [False] * fsm.n_nodes
+        else:
+            calls = [u for u in range(fsm.n_nodes) if fsm.rule_edges[u]]
+            impure = reaching(fsm, calls, [[] for _ in range(fsm.n_nodes)]) if calls else set()
+            fsm.pure = [u not in impure for u in range(fsm.n_nodes)]
+    return fsm.pure
+
+
+@functools.lru_cache(maxsize=8192)
+def _memo_automaton(body: Expr, refs: tuple[str, ...]) -> RuleFSM:
+    return determinize(*build_nfa(body, {n: i for i, n in enumerate(refs)}))
+
+
+def _refs(e: Expr) -> tuple[str, ...]:
+    out: set[str] = set()
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, RuleRef):
+            out.add(x.name)
+        elif isinstance(x, (Seq, Choice)):
+            stack.extend(x.items if isinstance(x, Seq) else x.alts)
+        elif isinstance(x, Repeat):
+            stack.append(x.expr)
+    return tuple(sorted(out))
 
 
 def determinize(nfa: NFA, start: int, end: int) -> RuleFSM:
@@ -485,6 +538,8 @@ def prune(fsm: RuleFSM, live_rules: set[int]) -> RuleFSM:
     n = fsm.n_nodes
     rule_edges = [[(r, v) for r, v in fsm.rule_edges[u] if r in live_rules] for u in range(n)]
     alive = reaching(fsm, fsm.finals, rule_edges)
+    if len(alive) == n and rule_edges == fsm.rule_edges:
+        return fsm
     if 0 not in alive:
         return RuleFSM([[]], [[]], set(), fsm.deterministic)
     byte_edges = [[e for e in fsm.byte_edges[u] if e[2] in alive] if u in alive else [] for u in range(n)]

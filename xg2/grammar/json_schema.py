@@ -658,7 +658,9 @@ class _Converter:
         extra = None
         addl_value = self.lower(addl, addl_ptr, d + 1)
         if addl_value is not None:
-            key = self.cached(("key_excluding", tuple(names)), "other_key", lambda: _string_excluding(names, self.add_rule))
+            rest = self.cached(("string_rest",), "string_rest", lambda: Seq((Repeat(CHAR, 0, None), Literal('"'))))
+            key = self.cached(("key_excluding", tuple(names)), "other_key",
+                              lambda: _string_excluding(names, rest, self.add_rule))
             extra = self.add_rule("m_other", Seq((key, self.colon(), addl_value)))
         sep = self.sep(d)
         n = len(entries)
@@ -767,16 +769,16 @@ def _bool_excl(a: dict, b: dict) -> bool:
     return any(isinstance(s.get(k), bool) for s in (a, b) for k in ("exclusiveMinimum", "exclusiveMaximum"))
 
 
-def _string_excluding(keys: list[str], make_rule) -> Expr:
-    """A JSON string whose value is none of `keys` (spelt canonically; see the module notes)."""
+def _string_excluding(keys: list[str], rest: Expr, make_rule) -> Expr:
+    """A JSON string whose value is none of `keys` (spelt canonically; see the module notes);
+    `rest` is the rest of any string once it has left the keys' trie (a shared rule, so the trie's
+    nodes do not each carry a copy of the string loop)."""
     trie: dict = {}
     for k in keys:
         node = trie
         for c in k:
             node = node.setdefault(c, {})
         node[""] = True
-    rest = Seq((Repeat(CHAR, 0, None), Literal('"')))
-
     def spell(c: str) -> list[Expr]:
         out = [Literal(_canon_str(c)[1:-1])]
         if c == "/":

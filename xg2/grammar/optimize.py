@@ -11,6 +11,9 @@ from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleR
 
 #: Largest (weighted) expression size inlined into a caller.
 INLINE_LIMIT = 40
+#: Largest total size all the copies of an inlined rule may add up to; past it the rule stays shared
+#: (copies multiply automaton building at compile time and mask entries in the core).
+INLINE_TOTAL_LIMIT = 160
 
 
 def _children(e: Expr) -> tuple[Expr, ...]:
@@ -24,12 +27,16 @@ def _children(e: Expr) -> tuple[Expr, ...]:
 
 
 def expr_refs(e: Expr) -> set[str]:
-    out: set[str] = set()
+    return set(_ref_sites(e))
+
+
+def _ref_sites(e: Expr) -> list[str]:
+    out: list[str] = []
     stack = [e]
     while stack:
         x = stack.pop()
         if isinstance(x, RuleRef):
-            out.add(x.name)
+            out.append(x.name)
         stack.extend(_children(x))
     return out
 
@@ -81,27 +88,42 @@ def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
 
 def inline_small_rules(ir: GrammarIR) -> GrammarIR:
     """Inline reference-free, non-recursive small rules; drop rules no longer reachable from root."""
+    refs = {r.name: _ref_sites(r.body) for r in ir.rules}
+    sites: dict[str, int] = {}
+    for names in refs.values():
+        for name in names:
+            sites[name] = sites.get(name, 0) + 1
+    callers: dict[str, list[str]] = {}
+    missing = {r.name: set(refs[r.name]) for r in ir.rules}
+    for r in ir.rules:
+        for name in missing[r.name]:
+            callers.setdefault(name, []).append(r.name)
+    rules = ir.rule_map()
     inlined: dict[str, Expr] = {}
-    # Resolve bottom-up: a rule becomes inlinable once every rule it references was inlined.
-    pending = [r for r in ir.rules if r.name != ir.root and r.lookahead is None]
-    changed = True
-    while changed:
-        changed = False
-        for r in pending:
-            if r.name in inlined:
-                continue
-            refs = expr_refs(r.body)
-            if refs - inlined.keys():
-                continue
-            body = substitute(r.body, inlined) if refs else r.body
-            if expr_size(body) <= INLINE_LIMIT:
-                inlined[r.name] = body
-                changed = True
+    # Bottom-up: a rule becomes a candidate once every rule it references was inlined.
+    ready = [r.name for r in ir.rules if not missing[r.name]]
+    while ready:
+        name = ready.pop()
+        r = rules[name]
+        if name == ir.root or r.lookahead is not None:
+            continue
+        body = substitute(r.body, inlined) if refs[name] else r.body
+        size = expr_size(body)
+        if size > INLINE_LIMIT or size * sites.get(name, 0) > INLINE_TOTAL_LIMIT:
+            continue
+        inlined[name] = body
+        for caller in callers.get(name, ()):
+            waiting = missing[caller]
+            if name in waiting:
+                waiting.discard(name)
+                if not waiting:
+                    ready.append(caller)
     new_rules = []
     for r in ir.rules:
         if r.name in inlined:
             continue
-        body = substitute(r.body, inlined)
+        touched = any(n in inlined for n in refs[r.name])
+        body = substitute(r.body, inlined) if touched else r.body
         la = substitute(r.lookahead, inlined) if r.lookahead is not None else None
         new_rules.append(Rule(r.name, body, la))
     return reachable(GrammarIR(new_rules, ir.root))
