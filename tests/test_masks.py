@@ -37,6 +37,9 @@ root ::= "a"{3} "b"{2,} c{1,4} d{0,2}
 c ::= "c" | "cc"
 d ::= [xy]
 ''',
+    "compressed": r'''
+root ::= "<" [a-c]{2,40} ">" ("xy" | "y"){20,}
+''',
     "lookahead": r'''
 root ::= (word " ")* word "."
 word ::= [a-z]+ (= [ .])
@@ -56,6 +59,7 @@ SAMPLES = {
     "nullable": "xyyy!",
     "unicode": "中文àAB😀ä",
     "repetition": "aaabbbccccy",
+    "compressed": "<" + "abc" * 13 + "a>" + "xyy" * 11,
     "lookahead": "ab cd ef.",
     "right_recursive": "(a (b c) (d (e)))",
     "json": '{"a": [1, -2.5e3, true], "b\\"": {"c": null}, "d": "ü"}',

@@ -83,10 +83,15 @@ NONZERO = CharClass(((0x31, 0x39),))
 HEX = CharClass(((0x30, 0x39), (0x41, 0x46), (0x61, 0x66)))
 SHORT_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 UNESCAPED = CharClass(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)), negated=True)
-ESCAPE = Seq((Literal("\\"), Choice((
-    CharClass(tuple((ord(c), ord(c)) for c in sorted(SHORT_ESCAPES))),
-    Seq((Literal("u"), HEX, HEX, HEX, HEX)),
+#: `\\uXXXX` after the backslash: a code point that is not a surrogate, or a surrogate pair written as
+#: two escapes (high then low); a lone surrogate is not a Unicode character, so it is never accepted.
+U_ESCAPE = Seq((Literal("u"), Choice((
+    Seq((CharClass(((0x30, 0x39), (0x41, 0x43), (0x61, 0x63), (0x45, 0x46), (0x65, 0x66))), HEX, HEX, HEX)),
+    Seq((CharClass(((0x44, 0x44), (0x64, 0x64))), CharClass(((0x30, 0x37),)), HEX, HEX)),
+    Seq((CharClass(((0x44, 0x44), (0x64, 0x64))), CharClass(((0x38, 0x39), (0x41, 0x42), (0x61, 0x62))), HEX, HEX,
+         Literal("\\u"), CharClass(((0x44, 0x44), (0x64, 0x64))), CharClass(((0x43, 0x46), (0x63, 0x66))), HEX, HEX)),
 ))))
+ESCAPE = Seq((Literal("\\"), Choice((CharClass(tuple((ord(c), ord(c)) for c in sorted(SHORT_ESCAPES))), U_ESCAPE))))
 CHAR = Choice((UNESCAPED, ESCAPE))
 NUMBER = Seq((
     Repeat(Literal("-"), 0, 1),
@@ -659,8 +664,10 @@ class _Converter:
         addl_value = self.lower(addl, addl_ptr, d + 1)
         if addl_value is not None:
             rest = self.cached(("string_rest",), "string_rest", lambda: Seq((Repeat(CHAR, 0, None), Literal('"'))))
+            wide = self.cached(("string_wide_rest",), "string_wide_rest",
+                               lambda: Seq((CharClass(((0, 0x7F),), negated=True), rest)))
             key = self.cached(("key_excluding", tuple(names)), "other_key",
-                              lambda: _string_excluding(names, rest, self.add_rule))
+                              lambda: _string_excluding(names, rest, wide, self.add_rule))
             extra = self.add_rule("m_other", Seq((key, self.colon(), addl_value)))
         sep = self.sep(d)
         n = len(entries)
@@ -769,10 +776,12 @@ def _bool_excl(a: dict, b: dict) -> bool:
     return any(isinstance(s.get(k), bool) for s in (a, b) for k in ("exclusiveMinimum", "exclusiveMaximum"))
 
 
-def _string_excluding(keys: list[str], rest: Expr, make_rule) -> Expr:
-    """A JSON string whose value is none of `keys` (spelt canonically; see the module notes);
-    `rest` is the rest of any string once it has left the keys' trie (a shared rule, so the trie's
-    nodes do not each carry a copy of the string loop)."""
+def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rule) -> Expr:
+    """A JSON string whose value is none of `keys` (spelt canonically; see the module notes).
+
+    `rest` is the rest of any string once it has left the keys' trie and `nonascii_rest` a non-ASCII
+    character followed by `rest`, both shared rules: the trie's nodes then do not each carry a copy
+    of the string loop or of the UTF-8 automaton, which made these rules the slowest to compile."""
     trie: dict = {}
     for k in keys:
         node = trie
@@ -802,14 +811,20 @@ def _string_excluding(keys: list[str], rest: Expr, make_rule) -> Expr:
         for c in children:
             alts.append(Seq((_choice(spell(c)), built.pop(id(node[c])))))
         codes = sorted(ord(c) for c in children)
-        other_unescaped = CharClass(tuple((x, x) for x in [*range(0x20), 0x22, 0x5C, *codes]), negated=True)
+        ascii_other = CharClass(tuple((x, x) for x in [*range(0x20), 0x22, 0x5C, *codes, *range(0x80, 0x100)]) +
+                                ((0x100, 0x10FFFF),), negated=True)
         short = [e for e, v in SHORT_ESCAPES.items() if v not in children]
-        other: list[Expr] = [other_unescaped]
+        other: list[Expr] = [ascii_other]
         if short:
             other.append(Seq((Literal("\\"), CharClass(tuple(sorted((ord(e), ord(e)) for e in short))))))
         if not children:
-            other.append(Seq((Literal("\\u"), HEX, HEX, HEX, HEX)))
+            other.append(Seq((Literal("\\"), U_ESCAPE)))
         alts.append(Seq((_choice(other), rest)))
+        wide = [x for x in codes if x >= 0x80]
+        if wide:
+            alts.append(Seq((CharClass(((0, 0x7F), *((x, x) for x in wide)), negated=True), rest)))
+        else:
+            alts.append(nonascii_rest)
         expr = _choice(alts)
         built[id(node)] = make_rule("key_part", expr) if depth % 50 == 49 else expr
     return Seq((Literal('"'), built[id(trie)]))

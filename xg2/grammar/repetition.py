@@ -1,0 +1,193 @@
+"""Repetition-state compression: large bounded repetitions become a few small rules.
+
+Unrolled, `e{m,n}` costs n copies of e's automaton: a string with `maxLength: 2000` is ~200 000
+automaton nodes, seconds of compilation and one mask entry per copy. Counting in blocks keeps the
+language identical while the automata stay small: with `B ::= e{b}`, a count c = b*q + r (0 <= r < b)
+is q blocks followed by r single copies, so
+
+    e{m,n} = B{qm} e{m%b, b-1} | B{qm+1, qn-1} e{0, b-1} | B{qn} e{0, n%b}      (qm = m//b, qn = n//b)
+
+(alternatives with an empty count range are left out). The block repetitions are compressed the same
+way in turn, so the number of rules grows with log_b(n) and every automaton holds at most a few
+times b copies. Each count has exactly one derivation, so the Earley parser carries a few items per
+level, never one per position, and masks stay exact because the language does not change.
+Repetitions with at most :data:`REPEAT_THRESHOLD` copies are left unrolled: there the unrolled
+automaton is both smaller and faster to walk.
+
+Only repetitions whose element splits a text one way are compressed: the element must not match the
+empty string, and when it calls no rule its strings must form a prefix code (checked on its
+automaton). Otherwise (`("a" | "aa"){0,1000}`, `("a"{0,300}){0,300}`) the parser would carry one item
+per possible count where the unrolled automaton, once determinised, carries one state; those stay
+unrolled and are subject to the automaton size limits. Nested repetitions `(e{0,a}){m,b}` are first
+flattened to `e{0,a*b}`, the same language with one way to count.
+"""
+
+from __future__ import annotations
+
+from .fsm import rule_automaton
+from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
+
+#: Bounded repetitions with more copies than this are compressed (the paper's threshold T).
+REPEAT_THRESHOLD = 16
+#: Copies per block.
+BLOCK = 8
+
+
+def _large(e: Repeat) -> bool:
+    return (e.max if e.max is not None else e.min) > REPEAT_THRESHOLD
+
+
+def _nullable(e: Expr, nullable_rules: set[str]) -> bool:
+    if isinstance(e, Literal):
+        return not e.text
+    if isinstance(e, CharClass):
+        return False
+    if isinstance(e, RuleRef):
+        return e.name in nullable_rules
+    if isinstance(e, Seq):
+        return all(_nullable(x, nullable_rules) for x in e.items)
+    if isinstance(e, Choice):
+        return any(_nullable(x, nullable_rules) for x in e.alts)
+    return e.min == 0 or _nullable(e.expr, nullable_rules)
+
+
+def nullable_rule_names(ir: GrammarIR) -> set[str]:
+    """Rules that can match the empty string (least fixpoint over the IR)."""
+    out: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for r in ir.rules:
+            if r.name not in out and _nullable(r.body, out):
+                out.add(r.name)
+                changed = True
+    return out
+
+
+class _Compressor:
+    def __init__(self, ir: GrammarIR):
+        self.nullable = nullable_rule_names(ir)
+        self.names = {r.name for r in ir.rules}
+        self.rules: list[Rule] = []
+        self.memo: dict[tuple[Expr, int, int | None], RuleRef] = {}
+        self.blocks: dict[Expr, RuleRef] = {}
+
+    def rule(self, hint: str, body: Expr) -> RuleRef:
+        name, i = hint, 1
+        while name in self.names:
+            i += 1
+            name = f"{hint}_{i}"
+        self.names.add(name)
+        self.rules.append(Rule(name, body))
+        if _nullable(body, self.nullable):
+            self.nullable.add(name)
+        return RuleRef(name)
+
+    def repeat(self, e: Expr, lo: int, hi: int | None) -> Expr:
+        """`e{lo,hi}` with e already compressed; a rule reference when the bounds are large."""
+        if lo == hi == 1:
+            return e
+        if lo == hi == 0:
+            return Literal("")
+        rep = Repeat(e, lo, hi)
+        if not _large(rep) or not self.splits_one_way(e):
+            return rep
+        key = (e, lo, hi)
+        if key not in self.memo:
+            self.memo[key] = self.rule("rep", self._blocks(e, lo, hi))
+        return self.memo[key]
+
+    def splits_one_way(self, e: Expr) -> bool:
+        if _nullable(e, self.nullable):
+            return False
+        if any(isinstance(x, RuleRef) for x in _walk(e)):
+            return True
+        fsm = rule_automaton(e, {})
+        return fsm.deterministic and not any(fsm.byte_edges[u] for u in fsm.finals)
+
+    def _blocks(self, e: Expr, m: int, n: int | None) -> Expr:
+        block = self.blocks.get(e)
+        if block is None:
+            block = self.blocks[e] = self.rule("block", Repeat(e, BLOCK, BLOCK))
+        qm, rm = divmod(m, BLOCK)
+        if n is None:  # e{m,} = B{qm} e{rm} e*
+            return _seq(self.repeat(block, qm, qm), Repeat(e, rm, rm), Repeat(e, 0, None))
+        qn, rn = divmod(n, BLOCK)
+        if qm == qn:
+            return _seq(self.repeat(block, qm, qm), Repeat(e, rm, rn))
+        alts = [_seq(self.repeat(block, qm, qm), Repeat(e, rm, BLOCK - 1))]
+        if qn - 1 >= qm + 1:
+            alts.append(_seq(self.repeat(block, qm + 1, qn - 1), Repeat(e, 0, BLOCK - 1)))
+        alts.append(_seq(self.repeat(block, qn, qn), Repeat(e, 0, rn)))
+        return Choice(tuple(alts))
+
+    def expr(self, e: Expr) -> Expr:
+        """Post-order rewrite with an explicit stack (bodies can nest deeply)."""
+        out: dict[int, Expr] = {}
+        stack: list[tuple[Expr, bool]] = [(e, False)]
+        while stack:
+            x, done = stack.pop()
+            kids = x.items if isinstance(x, Seq) else x.alts if isinstance(x, Choice) else \
+                (x.expr,) if isinstance(x, Repeat) else ()
+            if not done:
+                stack.append((x, True))
+                stack.extend((c, False) for c in kids)
+                continue
+            if isinstance(x, Seq):
+                out[id(x)] = Seq(tuple(out[id(c)] for c in kids))
+            elif isinstance(x, Choice):
+                out[id(x)] = Choice(tuple(out[id(c)] for c in kids))
+            elif isinstance(x, Repeat):
+                inner, lo, hi = out[id(x.expr)], x.min, x.max
+                if isinstance(x.expr, Repeat) and x.expr.min == 0 and not _nullable(x.expr.expr, self.nullable):
+                    # (e{0,a}){m,b} is e{0,a*b}: flattening keeps one count instead of many ways to group it
+                    inner, lo = x.expr.expr, 0
+                    hi = None if hi is None or x.expr.max is None else x.expr.max * hi
+                rep = Repeat(inner, lo, hi)
+                out[id(x)] = self.repeat(inner, lo, hi) if _large(rep) else rep
+            else:
+                out[id(x)] = x
+        return out[id(e)]
+
+
+def _seq(*items: Expr) -> Expr:
+    kept = tuple(i for i in items if not _empty(i))
+    if not kept:
+        return Literal("")
+    return kept[0] if len(kept) == 1 else Seq(kept)
+
+
+def _empty(e: Expr) -> bool:
+    return e == Literal("") or (isinstance(e, Repeat) and e.max == 0)
+
+
+def _walk(e: Expr):
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        if isinstance(x, Repeat):
+            stack.append(x.expr)
+        elif isinstance(x, Seq):
+            stack.extend(x.items)
+        elif isinstance(x, Choice):
+            stack.extend(x.alts)
+
+
+def _has_nested_repeat(e: Expr) -> bool:
+    return any(isinstance(x, Repeat) and isinstance(x.expr, Repeat) for x in _walk(e))
+
+
+def _has_large_repeat(e: Expr) -> bool:
+    return any(isinstance(x, Repeat) and _large(x) for x in _walk(e))
+
+
+def compress_repetitions(ir: GrammarIR) -> GrammarIR:
+    """The same grammar with every repetition of more than REPEAT_THRESHOLD copies compressed."""
+    if not any(_has_large_repeat(r.body) or _has_nested_repeat(r.body) for r in ir.rules):
+        return ir
+    comp = _Compressor(ir)
+    rules = [Rule(r.name, comp.expr(r.body) if _has_large_repeat(r.body) or _has_nested_repeat(r.body) else r.body,
+                  r.lookahead)
+             for r in ir.rules]
+    return GrammarIR(rules + comp.rules, ir.root)
