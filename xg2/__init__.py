@@ -4,7 +4,7 @@ The public API follows xgrammar's names and shapes, so an engine integration swi
 """
 
 from .compiler import CompiledGrammar, GrammarCompiler
-from .errors import GrammarError, GrammarLimitError, SchemaError, TokenizerError, XG2Error
+from .errors import GrammarError, GrammarLimitError, RegexError, SchemaError, TokenizerError, XG2Error
 from .grammar.grammar import Grammar
 from .kernels import (
     allocate_token_bitmask,
@@ -22,6 +22,7 @@ __all__ = [
     "GrammarError",
     "GrammarLimitError",
     "GrammarMatcher",
+    "RegexError",
     "SchemaError",
     "TokenizerError",
     "TokenizerInfo",

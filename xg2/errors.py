@@ -22,6 +22,12 @@ class GrammarLimitError(GrammarError):
     """A grammar exceeds a resource limit (size, repetition bound, nesting depth, compile budget)."""
 
 
+class RegexError(GrammarError):
+    """A regex uses a construct with no regular-language meaning (backreference, lookaround, word
+    boundary, inline flags, ...) or is malformed; `line` is 1 and `column` the 1-based code-point
+    position of the offending construct in the pattern."""
+
+
 class TokenizerError(XG2Error, ValueError):
     """A vocabulary or tokenizer could not be read."""
 
