@@ -290,14 +290,9 @@ def test_errors():
     with pytest.raises(SchemaError):
         json_schema_to_ir({"type": "array", "prefixItems": [False], "minItems": 1})
     with pytest.raises(SchemaError) as exc:
-        json_schema_to_ir({"type": "object", "properties": {"age": {"type": "number", "minimum": 0}}})
-    assert exc.value.pointer == "/properties/age/minimum"
-    with pytest.raises(SchemaError) as exc:
-        json_schema_to_ir({"properties": {"a/b": {"items": {"pattern": "x"}}}})
-    assert exc.value.pointer == "/properties/a~1b/items/pattern" and "pattern" in exc.value.message
-    for kw, val in [("format", "date"), ("multipleOf", 2), ("patternProperties", {}), ("propertyNames", {}),
-                    ("minProperties", 1), ("maxProperties", 1), ("unevaluatedProperties", False),
-                    ("dependentRequired", {}), ("uniqueItems", True), ("not", {}), ("contains", {})]:
+        json_schema_to_ir({"properties": {"a/b": {"items": {"pattern": "(?<=x)y"}}}})
+    assert exc.value.pointer == "/properties/a~1b/items/pattern" and "lookbehind" in exc.value.message.lower()
+    for kw, val in [("dependentRequired", {}), ("uniqueItems", True), ("not", {}), ("contains", {}), ("if", {})]:
         with pytest.raises(SchemaError) as exc:
             json_schema_to_ir({"anyOf": [{"type": "string"}, {kw: val}]})
         assert exc.value.pointer == f"/anyOf/1/{kw}", kw

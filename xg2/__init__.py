@@ -4,7 +4,15 @@ The public API follows xgrammar's names and shapes, so an engine integration swi
 """
 
 from .compiler import CompiledGrammar, GrammarCompiler
-from .errors import GrammarError, GrammarLimitError, RegexError, SchemaError, TokenizerError, XG2Error
+from .errors import (
+    GrammarError,
+    GrammarLimitError,
+    RegexError,
+    SchemaError,
+    SchemaWarning,
+    TokenizerError,
+    XG2Error,
+)
 from .grammar.grammar import Grammar
 from .kernels import (
     allocate_token_bitmask,
@@ -24,6 +32,7 @@ __all__ = [
     "GrammarMatcher",
     "RegexError",
     "SchemaError",
+    "SchemaWarning",
     "TokenizerError",
     "TokenizerInfo",
     "VocabType",

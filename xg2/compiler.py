@@ -276,11 +276,13 @@ class GrammarCompiler:
 
     def compile_json_schema(self, schema: Any, *, any_whitespace: bool = True, indent: int | None = None,
                             separators: tuple[str, str] | None = None, strict_mode: bool = True,
-                            max_whitespace_cnt: int | None = None) -> CompiledGrammar:
+                            max_whitespace_cnt: int | None = None, any_order: bool = False,
+                            lenient: bool = False) -> CompiledGrammar:
         with _gc_paused():
             return self._compile(Grammar.from_json_schema(
                 schema, any_whitespace=any_whitespace, indent=indent, separators=separators,
-                strict_mode=strict_mode, max_whitespace_cnt=max_whitespace_cnt))
+                strict_mode=strict_mode, max_whitespace_cnt=max_whitespace_cnt, any_order=any_order,
+                lenient=lenient))
 
     def compile_builtin_json_grammar(self) -> CompiledGrammar:
         return self._compile(Grammar.builtin_json_grammar())

@@ -40,3 +40,7 @@ class SchemaError(XG2Error, ValueError):
         self.message = message
         self.pointer = pointer
         super().__init__(f"{message} (at {pointer or '/'})")
+
+
+class SchemaWarning(UserWarning):
+    """In lenient mode, a JSON Schema keyword that could not be enforced and was relaxed instead."""

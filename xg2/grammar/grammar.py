@@ -29,26 +29,19 @@ class Grammar:
     @staticmethod
     def from_json_schema(schema: Any, *, any_whitespace: bool = True, indent: int | None = None,
                          separators: tuple[str, str] | None = None, strict_mode: bool = True,
-                         max_whitespace_cnt: int | None = None) -> Grammar:
-        """A JSON Schema (dict, JSON text, or a pydantic model class) as a grammar; option meanings
-        follow xgrammar's `compile_json_schema`."""
+                         max_whitespace_cnt: int | None = None, any_order: bool = False,
+                         lenient: bool = False) -> Grammar:
+        """A JSON Schema (dict, JSON text, or a pydantic model class) as a grammar. Option meanings
+        follow xgrammar's `compile_json_schema`; `any_order` lets object members come in any order;
+        `lenient` turns keywords that cannot be enforced into `SchemaWarning`s instead of errors."""
         from .json_schema import json_schema_to_ir
 
-        if hasattr(schema, "model_json_schema"):
+        if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
             schema = schema.model_json_schema()
         return Grammar(json_schema_to_ir(schema, any_whitespace=any_whitespace, indent=indent,
                                          separators=separators, strict_mode=strict_mode,
-                                         max_whitespace_cnt=max_whitespace_cnt))
-
-    @staticmethod
-    def from_regex(regex_string: str) -> Grammar:
-        """A grammar whose language is the strings `regex_string` fully matches (xgrammar's
-        semantics); the supported dialect and its errors are described in :mod:`xg2.grammar.regex`."""
-        from .regex import regex_to_ir
-
-        if not isinstance(regex_string, str):
-            raise TypeError("regex_string must be a str")
-        return Grammar(regex_to_ir(regex_string))
+                                         max_whitespace_cnt=max_whitespace_cnt, any_order=any_order,
+                                         lenient=lenient))
 
     @staticmethod
     def builtin_json_grammar() -> Grammar:

@@ -41,10 +41,15 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from typing import Any
 
-from ..errors import GrammarLimitError, SchemaError
+from ..errors import GrammarError, GrammarLimitError, SchemaError, SchemaWarning
+from .formats import format_expr
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
+from .json_string import json_string_body
+from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
+from .regex import regex_to_expr
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
@@ -54,15 +59,13 @@ MAX_BOUND = 10_000
 MAX_SCHEMA_DEPTH = 128
 #: Deepest container nesting accepted with `indent` and `any_whitespace=False`.
 MAX_INDENT_DEPTH = 20
-#: Largest number of decimal digits in an integer bound.
-MAX_BOUND_DIGITS = 400
 
 ANNOTATIONS = frozenset({
     "title", "description", "examples", "default", "$schema", "$id", "id", "$comment", "deprecated",
     "readOnly", "writeOnly", "$defs", "definitions",
 })
 UNSUPPORTED = frozenset({
-    "pattern", "format", "multipleOf", "patternProperties", "propertyNames", "minProperties",
+    "patternProperties", "propertyNames", "minProperties",
     "maxProperties", "unevaluatedProperties", "unevaluatedItems", "dependentRequired",
     "dependentSchemas", "dependencies", "contains", "minContains", "maxContains", "not", "if", "then",
     "else", "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
@@ -72,14 +75,12 @@ HANDLED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items",
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "anyOf",
     "oneOf", "allOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "uniqueItems",
+    "uniqueItems", "pattern", "format", "multipleOf",
 })
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 
 NEVER = CharClass(())  # the empty language
 EMPTY = Literal("")
-DIGIT = CharClass(((0x30, 0x39),))
-NONZERO = CharClass(((0x31, 0x39),))
 HEX = CharClass(((0x30, 0x39), (0x41, 0x46), (0x61, 0x66)))
 SHORT_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 UNESCAPED = CharClass(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)), negated=True)
@@ -93,16 +94,6 @@ U_ESCAPE = Seq((Literal("u"), Choice((
 ))))
 ESCAPE = Seq((Literal("\\"), Choice((CharClass(tuple((ord(c), ord(c)) for c in sorted(SHORT_ESCAPES))), U_ESCAPE))))
 CHAR = Choice((UNESCAPED, ESCAPE))
-NUMBER = Seq((
-    Repeat(Literal("-"), 0, 1),
-    Choice((Literal("0"), Seq((NONZERO, Repeat(DIGIT, 0, None))))),
-    Repeat(Seq((Literal("."), Repeat(DIGIT, 1, None))), 0, 1),
-    Repeat(Seq((CharClass(((0x45, 0x45), (0x65, 0x65))), Repeat(CharClass(((0x2B, 0x2B), (0x2D, 0x2D))), 0, 1),
-                Repeat(DIGIT, 1, None))), 0, 1),
-))
-INTEGER = Seq((Repeat(Literal("-"), 0, 1), Choice((Literal("0"), Seq((NONZERO, Repeat(DIGIT, 0, None)))))))
-
-
 def _ptr(base: str, *parts: Any) -> str:
     out = base
     for p in parts:
@@ -153,67 +144,15 @@ def _type_of(v: Any) -> str:
     return "object"
 
 
-# --- integer ranges -------------------------------------------------------------------------------
-
-def _same_len_range(x: str, y: str) -> Expr | None:
-    """Digit strings of len(x) == len(y) between x and y inclusive (leading zeros allowed here)."""
-    if not x:
-        return EMPTY
-    if x > y:
-        return None
-    if x[0] == y[0]:
-        return _seq(Literal(x[0]), _same_len_range(x[1:], y[1:]))
-    n = len(x) - 1
-    if x[1:] == "0" * n and y[1:] == "9" * n:
-        return _seq(CharClass(((ord(x[0]), ord(y[0])),)), *([Repeat(DIGIT, n, n)] if n else []))
-    alts = [_seq(Literal(x[0]), _same_len_range(x[1:], "9" * n))]
-    if ord(y[0]) - ord(x[0]) > 1:
-        alts.append(_seq(CharClass(((ord(x[0]) + 1, ord(y[0]) - 1),)), *([Repeat(DIGIT, n, n)] if n else [])))
-    alts.append(_seq(Literal(y[0]), _same_len_range("0" * n, y[1:])))
-    return _choice(alts)
-
-
-def _nonneg_range(a: int, b: int | None) -> Expr | None:
-    """Canonical decimal naturals in [a, b] (b None: unbounded); a >= 0."""
-    if b is not None and a > b:
-        return None
-    alts: list[Expr | None] = []
-    la = len(str(a))
-    top = len(str(b)) if b is not None else la
-    for n in range(la, top + 1):
-        lo = max(a, 10 ** (n - 1) if n > 1 else 0)
-        hi = 10 ** n - 1 if b is None else min(b, 10 ** n - 1)
-        if lo <= hi:
-            alts.append(_same_len_range(str(lo), str(hi)))
-    if b is None:
-        alts.append(Seq((NONZERO, Repeat(DIGIT, la, None))))
-    return _choice(alts)
-
-
-def _int_range(lo: int | None, hi: int | None) -> Expr | None:
-    for v in (lo, hi):
-        if v is not None and len(str(abs(v))) > MAX_BOUND_DIGITS:
-            raise GrammarLimitError(f"integer bound has more than {MAX_BOUND_DIGITS} digits")
-    if lo is not None and hi is not None and lo > hi:
-        return None
-    alts: list[Expr | None] = []
-    if hi is None or hi >= 0:
-        alts.append(_nonneg_range(max(lo, 0) if lo is not None else 0, hi))
-    if lo is None or lo < 0:
-        # negatives: "-" then magnitude in [max(1, -hi), -lo]
-        mag_lo = 1 if hi is None or hi >= 0 else -hi
-        alts.append(_seq(Literal("-"), _nonneg_range(mag_lo, None if lo is None else -lo)))
-    if (lo is None or lo <= 0) and (hi is None or hi >= 0):
-        alts.append(Literal("-0"))
-    return _choice(alts)
-
-
 # --- converter ------------------------------------------------------------------------------------
 
 class _Converter:
     def __init__(self, root: Any, any_whitespace: bool, indent: int | str | None,
-                 separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None):
+                 separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None,
+                 any_order: bool = False, lenient: bool = False):
         self.root = root
+        self.any_order = any_order
+        self.lenient = lenient
         self.any_ws = any_whitespace
         if isinstance(indent, int) and not isinstance(indent, bool):
             if indent < 0:
@@ -275,6 +214,15 @@ class _Converter:
     def too_deep(self, d: int) -> bool:
         return self.depth_layout and d >= MAX_INDENT_DEPTH
 
+    def unsupported(self, keyword: str, pointer: str, reason: str | None = None, fallback: Expr | None = None):
+        """A keyword that cannot be enforced: SchemaError, or in lenient mode a SchemaWarning and
+        `fallback` (the schema without that keyword)."""
+        message = reason or f"unsupported keyword {keyword!r}"
+        if not self.lenient:
+            raise SchemaError(message, pointer)
+        warnings.warn(f"{message} (at {pointer or '/'}); not enforced", SchemaWarning, stacklevel=2)
+        return fallback
+
     # rules ------------------------------------------------------------------------------------
     def new_name(self, hint: str) -> str:
         base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint)[:40] or "r"
@@ -314,6 +262,54 @@ class _Converter:
         if (lo, hi) == (0, None):
             return self.cached(("string",), "string", lambda: Seq((Literal('"'), Repeat(CHAR, 0, None), Literal('"'))))
         return Seq((Literal('"'), Repeat(CHAR, lo, hi), Literal('"')))
+
+    def string_value(self, schema: dict, ptr: str) -> Expr | None:
+        """A string under minLength/maxLength/pattern/format. Pattern and format constrain the decoded
+        value (as regexes over characters), lowered to their JSON spelling; the length bounds are
+        folded into them where the structure allows it (see `_with_length`)."""
+        lo = self.bound(schema, "minLength", ptr, 0)
+        hi = self.bound(schema, "maxLength", ptr, None)
+        if hi is not None and lo > hi:
+            return None
+        value: Expr | None = None
+        where = ""
+        fmt = schema.get("format")
+        if fmt is not None:
+            if not isinstance(fmt, str):
+                raise SchemaError("format must be a string", _ptr(ptr, "format"))
+            value = format_expr(fmt)  # unknown formats are annotations, as the specification says
+            where = _ptr(ptr, "format")
+        if "pattern" in schema:
+            pattern = schema["pattern"]
+            if not isinstance(pattern, str):
+                raise SchemaError("pattern must be a string", _ptr(ptr, "pattern"))
+            try:
+                expr = regex_to_expr(pattern, search=True)
+            except GrammarLimitError:
+                raise
+            except GrammarError as exc:
+                return self.unsupported("pattern", _ptr(ptr, "pattern"), f"pattern {pattern!r}: {exc}",
+                                        fallback=self.string(lo, hi))
+            if value is not None:
+                return self.unsupported("format", where, "format together with pattern cannot be enforced",
+                                        fallback=self.quoted(expr, lo, hi, ptr))
+            value, where = expr, _ptr(ptr, "pattern")
+        if value is None:
+            return self.string(lo, hi)
+        return self.quoted(value, lo, hi, ptr)
+
+    def quoted(self, value: Expr, lo: int, hi: int | None, ptr: str) -> Expr | None:
+        if lo > 0 or hi is not None:
+            limited = _with_length(value, lo, hi)
+            if limited is _CANNOT:
+                kw = "maxLength" if hi is not None else "minLength"
+                return self.unsupported(kw, _ptr(ptr, kw), f"{kw} together with pattern/format cannot be "
+                                        "enforced for this pattern", fallback=self.quoted(value, 0, None, ptr))
+            if limited is None:
+                return None
+            value = limited
+        body = json_string_body(value)
+        return self.cached(("quoted", body), "string_value", lambda: Seq((Literal('"'), body, Literal('"'))))
 
     def any_value(self, d: int) -> Expr | None:
         def build():
@@ -410,7 +406,7 @@ class _Converter:
     def _merge(self, a: dict, b: dict, ptr: str) -> dict:
         for k in b:
             if k in UNSUPPORTED:
-                raise SchemaError(f"unsupported keyword {k!r}", _ptr(ptr, k))
+                self.unsupported(k, _ptr(ptr, k))
         # inline references first so that properties keep the order they are written in
         if "$ref" in a and any(k in HANDLED for k in b):
             a = self.inline_ref(a, ptr)
@@ -486,9 +482,9 @@ class _Converter:
             raise SchemaError("a schema must be an object or a boolean", ptr)
         for k in schema:
             if k in UNSUPPORTED:
-                raise SchemaError(f"unsupported keyword {k!r}", _ptr(ptr, k))
+                self.unsupported(k, _ptr(ptr, k))
         if schema.get("uniqueItems", False) is not False:
-            raise SchemaError("unsupported keyword 'uniqueItems'", _ptr(ptr, "uniqueItems"))
+            self.unsupported("uniqueItems", _ptr(ptr, "uniqueItems"))
         keys = [k for k in schema if k in HANDLED and k != "uniqueItems"]
         if not keys:
             return self.any_value(d)
@@ -579,14 +575,9 @@ class _Converter:
             elif t == "boolean":
                 alts.append(Choice((Literal("true"), Literal("false"))))
             elif t == "string":
-                lo = self.bound(schema, "minLength", ptr, 0)
-                hi = self.bound(schema, "maxLength", ptr, None)
-                alts.append(None if hi is not None and lo > hi else self.string(lo, hi))
+                alts.append(self.string_value(schema, ptr))
             elif t == "number":
-                for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-                    if k in schema and schema[k] is not False:
-                        raise SchemaError(f"unsupported keyword {k!r} (number bounds cannot be enforced exactly)", _ptr(ptr, k))
-                alts.append(self.cached(("number",), "number", lambda: NUMBER))
+                alts.append(self.number(schema, ptr))
             elif t == "integer":
                 if "number" not in ts:
                     alts.append(self.integer(schema, ptr))
@@ -606,34 +597,74 @@ class _Converter:
             raise GrammarLimitError(f"{kw} {v} exceeds the limit of {MAX_BOUND} (at {_ptr(ptr, kw)})")
         return int(v)
 
-    def integer(self, schema: dict, ptr: str) -> Expr | None:
-        lo = hi = None
-
+    def numeric_bounds(self, schema: dict, ptr: str):
+        """(lo, lo_inclusive, hi, hi_inclusive) as exact decimals, from the draft 6+ keywords and the
+        draft 4 boolean `exclusiveMinimum`/`exclusiveMaximum`."""
         def num(k):
             v = schema[k]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
                 raise SchemaError(f"{k} must be a finite number", _ptr(ptr, k))
-            return v
+            return to_decimal(v)
 
-        excl_min = schema.get("exclusiveMinimum")
-        excl_max = schema.get("exclusiveMaximum")
+        lo = hi = None
+        lo_incl = hi_incl = True
         if "minimum" in schema:
-            v = num("minimum")
-            lo = math.floor(v) + 1 if excl_min is True and v == math.floor(v) else math.ceil(v)
+            lo, lo_incl = num("minimum"), schema.get("exclusiveMinimum") is not True
         if "maximum" in schema:
-            v = num("maximum")
-            hi = math.ceil(v) - 1 if excl_max is True and v == math.ceil(v) else math.floor(v)
-        if excl_min is not None and not isinstance(excl_min, bool):
+            hi, hi_incl = num("maximum"), schema.get("exclusiveMaximum") is not True
+        if not isinstance(schema.get("exclusiveMinimum", False), bool):
             v = num("exclusiveMinimum")
-            c = math.floor(v) + 1
-            lo = c if lo is None else max(lo, c)
-        if excl_max is not None and not isinstance(excl_max, bool):
+            if lo is None or v >= lo:
+                lo, lo_incl = v, False
+        if not isinstance(schema.get("exclusiveMaximum", False), bool):
             v = num("exclusiveMaximum")
-            c = math.ceil(v) - 1
-            hi = c if hi is None else min(hi, c)
-        if lo is None and hi is None:
-            return self.cached(("integer",), "integer", lambda: INTEGER)
-        return _int_range(lo, hi)
+            if hi is None or v <= hi:
+                hi, hi_incl = v, False
+        return lo, lo_incl, hi, hi_incl
+
+    def multiple_of(self, schema: dict, ptr: str):
+        if "multipleOf" not in schema:
+            return None
+        v = schema["multipleOf"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise SchemaError("multipleOf must be a positive number", _ptr(ptr, "multipleOf"))
+        return to_decimal(v)
+
+    def integer(self, schema: dict, ptr: str) -> Expr | None:
+        lo, lo_incl, hi, hi_incl = self.numeric_bounds(schema, ptr)
+        ilo = None if lo is None else (math.floor(lo) + 1 if not lo_incl and lo == math.floor(lo) else math.ceil(lo))
+        ihi = None if hi is None else (math.ceil(hi) - 1 if not hi_incl and hi == math.ceil(hi) else math.floor(hi))
+        step = self.multiple_of(schema, ptr)
+        if step is not None and step != step.to_integral_value():
+            # integers that are multiples of p/q are the multiples of p / gcd(p, q)
+            num, den = step.as_integer_ratio()
+            step = to_decimal(num // math.gcd(num, den))
+        if step is None or step == 1:
+            if ilo is None and ihi is None:
+                return self.cached(("integer",), "integer", lambda: INTEGER)
+            return int_range(ilo, ihi)
+        try:
+            return int_multiple(int(step), ilo, ihi, self.new_name, self.rules)
+        except ValueError as exc:
+            return self.unsupported("multipleOf", _ptr(ptr, "multipleOf"), str(exc), fallback=int_range(ilo, ihi))
+
+    def number(self, schema: dict, ptr: str) -> Expr | None:
+        lo, lo_incl, hi, hi_incl = self.numeric_bounds(schema, ptr)
+        step = self.multiple_of(schema, ptr)
+        bounded = lo is not None or hi is not None
+        if step is not None and step == step.to_integral_value():
+            return self.integer(schema, ptr)  # a number that is a multiple of an integer is an integer
+        if step is not None:
+            places = -step.normalize().as_tuple().exponent
+            if step.normalize() == to_decimal(10) ** -places and not bounded:
+                return decimal_places(places)
+            fallback = decimal_range(lo, lo_incl, hi, hi_incl) if bounded else NUMBER
+            return self.unsupported("multipleOf", _ptr(ptr, "multipleOf"),
+                                    "multipleOf on numbers is enforced only for powers of ten without bounds",
+                                    fallback=fallback)
+        if not bounded:
+            return self.cached(("number",), "number", lambda: NUMBER)
+        return decimal_range(lo, lo_incl, hi, hi_incl)
 
     def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
         props = schema.get("properties", {})
@@ -761,6 +792,66 @@ class _Converter:
         return _choice(out)
 
 
+_CANNOT = object()
+
+
+def _length_range(e: Expr) -> tuple[int, int | None] | None:
+    """(min, max) number of characters of the strings of a rule-free expression (None: unbounded)."""
+    if isinstance(e, Literal):
+        return len(e.text), len(e.text)
+    if isinstance(e, CharClass):
+        return 1, 1
+    if isinstance(e, Seq):
+        lo, hi = 0, 0
+        for x in e.items:
+            a, b = _length_range(x)
+            lo, hi = lo + a, None if hi is None or b is None else hi + b
+        return lo, hi
+    if isinstance(e, Choice):
+        ranges = [_length_range(x) for x in e.alts]
+        return min(a for a, _ in ranges), None if any(b is None for _, b in ranges) else max(b for _, b in ranges)
+    if isinstance(e, Repeat):
+        a, b = _length_range(e.expr)
+        return a * e.min, None if e.max is None or b is None else b * e.max
+    raise TypeError(f"unexpected {e!r}")
+
+
+def _with_length(e: Expr, lo: int, hi: int | None):
+    """`e` restricted to strings of lo..hi characters: `e` itself when the bounds cannot cut, the
+    bounds folded into the one variable-length repetition of a fixed-width element (per
+    alternative), None when nothing fits, or _CANNOT when the structure does not allow it exactly."""
+    a, b = _length_range(e)
+    if a >= lo and (hi is None or (b is not None and b <= hi)):
+        return e
+    if b is not None and b < lo or hi is not None and a > hi:
+        return None
+    if isinstance(e, Choice):
+        alts = [_with_length(x, lo, hi) for x in e.alts]
+        if any(x is _CANNOT for x in alts):
+            return _CANNOT
+        alts = [x for x in alts if x is not None]
+        return Choice(tuple(alts)) if len(alts) > 1 else (alts[0] if alts else None)
+    items = list(e.items) if isinstance(e, Seq) else [e]
+    ranges = [_length_range(x) for x in items]
+    variable = [i for i, (x, y) in enumerate(ranges) if x != y]
+    if len(variable) != 1 or not isinstance(items[variable[0]], Repeat):
+        return _CANNOT
+    i = variable[0]
+    rep = items[i]
+    w, w2 = _length_range(rep.expr)
+    if w != w2 or w == 0:
+        return _CANNOT
+    fixed = sum(x for j, (x, _) in enumerate(ranges) if j != i)
+    new_min = max(rep.min, -(-(lo - fixed) // w))
+    new_max = (hi - fixed) // w if hi is not None else None
+    if rep.max is not None:
+        new_max = rep.max if new_max is None else min(new_max, rep.max)
+    if new_max is not None and new_min > new_max:
+        return None
+    items[i] = Repeat(rep.expr, new_min, new_max)
+    return Seq(tuple(items)) if len(items) > 1 else items[0]
+
+
 def _both(x: Any, y: Any) -> Any:
     """A schema for "valid under x and under y"."""
     if x is True or x == y:
@@ -832,14 +923,16 @@ def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rul
 
 def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True, indent: int | None = None,
                       separators: tuple[str, str] | None = None, strict_mode: bool = True,
-                      max_whitespace_cnt: int | None = None) -> GrammarIR:
+                      max_whitespace_cnt: int | None = None, any_order: bool = False,
+                      lenient: bool = False) -> GrammarIR:
     """Lower a JSON Schema (a dict, a bool, or its JSON text) to grammar IR; see the module notes."""
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
         except (ValueError, RecursionError) as exc:
             raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
-    conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt)
+    conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt, any_order,
+                      lenient)
     body = conv.lower(schema, "", 0)
     if body is None:
         raise SchemaError("the schema accepts no JSON value", "")
