@@ -44,6 +44,16 @@ class Grammar:
                                          lenient=lenient))
 
     @staticmethod
+    def from_regex(regex_string: str) -> Grammar:
+        """A grammar whose language is the strings `regex_string` fully matches (xgrammar's
+        semantics); the supported dialect and its errors are described in :mod:`xg2.grammar.regex`."""
+        from .regex import regex_to_ir
+
+        if not isinstance(regex_string, str):
+            raise TypeError("regex_string must be a str")
+        return Grammar(regex_to_ir(regex_string))
+
+    @staticmethod
     def builtin_json_grammar() -> Grammar:
         return Grammar.from_ebnf(JSON_EBNF)
 
