@@ -82,8 +82,9 @@ def test_enum_const(check):
                 ['"b"', "2", "false", '{"k": [2, 1]}'])
     assert_lang(check({"const": "x\"y"}), ['"x\\"y"'], ['"x"'])
     assert_lang(check({"type": "string", "enum": ["a", 1]}), ['"a"'], ["1"])
-    with pytest.raises(SchemaError):
-        json_schema_to_ir({"enum": [1], "minimum": 0})
+    # listed values are checked against every sibling keyword, including ones with no grammar form
+    assert_lang(check({"enum": [1, -1, 2, [1, 1], [1, 2]], "minimum": 0, "not": {"const": 2}, "uniqueItems": True}),
+                ["1", "[1, 2]"], ["-1", "2", "[1, 1]"])
 
 
 # --- objects -------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleR
 from .json_string import json_string_body
 from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
 from .regex import regex_to_expr
+from .validator import Validator
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
@@ -480,6 +481,12 @@ class _Converter:
             return None
         if not isinstance(schema, dict):
             raise SchemaError("a schema must be an object or a boolean", ptr)
+        values, where = _listed_values(schema, ptr)
+        if values is not None:
+            # The schema names its values: keep those valid under all of it (every keyword counts,
+            # including the ones with no grammar form).
+            checker = Validator(self.root, self.resolve)
+            return _choice([self.const(v, d, where) for v in values if checker.valid(v, schema, ptr)])
         for k in schema:
             if k in UNSUPPORTED:
                 self.unsupported(k, _ptr(ptr, k))
@@ -546,28 +553,6 @@ class _Converter:
 
     def typed(self, schema: dict, ptr: str, d: int) -> Expr | None:
         ts = self.types(schema, ptr)
-        if "enum" in schema or "const" in schema:
-            extra = [k for k in schema if k in HANDLED and k not in ("type", "enum", "const", "uniqueItems")]
-            if extra:
-                raise SchemaError(f"unsupported keyword {extra[0]!r} alongside enum/const", _ptr(ptr, extra[0]))
-            if "const" in schema:
-                values = [schema["const"]]
-                if "enum" in schema:
-                    if not isinstance(schema["enum"], list):
-                        raise SchemaError("enum must be an array", _ptr(ptr, "enum"))
-                    values = [v for v in values if any(v == e and _type_of(v) == _type_of(e) for e in schema["enum"])]
-                where = _ptr(ptr, "const")
-            else:
-                values = schema["enum"]
-                where = _ptr(ptr, "enum")
-                if not isinstance(values, list):
-                    raise SchemaError("enum must be an array", where)
-            alts = []
-            for v in values:
-                tv = _type_of(v)
-                if tv in ts or (tv == "integer" and "number" in ts):
-                    alts.append(self.const(v, d, where))
-            return _choice(alts)
         alts: list[Expr | None] = []
         for t in dict.fromkeys(ts):
             if t == "null":
@@ -793,6 +778,22 @@ class _Converter:
 
 
 _CANNOT = object()
+
+
+def _listed_values(schema: dict, ptr: str) -> tuple[list | None, str]:
+    """The values a schema lists itself (`const`, `enum`, or those of an `allOf` branch), which
+    bound its language to a finite set; (None, "") when it lists none."""
+    for branch, where in [(schema, ptr)] + [(b, _ptr(ptr, "allOf", i)) for i, b in enumerate(schema.get("allOf", []))
+                                            if isinstance(schema.get("allOf"), list)]:
+        if not isinstance(branch, dict):
+            continue
+        if "const" in branch:
+            return [branch["const"]], _ptr(where, "const")
+        if "enum" in branch:
+            if not isinstance(branch["enum"], list):
+                raise SchemaError("enum must be an array", _ptr(where, "enum"))
+            return branch["enum"], _ptr(where, "enum")
+    return None, ""
 
 
 def _length_range(e: Expr) -> tuple[int, int | None] | None:

@@ -1,0 +1,233 @@
+"""A JSON Schema validator for the values a schema names itself (`enum`, `const`).
+
+When a schema lists its values, the exact language is those values that validate under the *whole*
+schema, whatever else it says (`not`, `if`/`then`, `uniqueItems`, `dependencies`...). Deciding that
+per value is plain validation, so these keywords are exact there even though most of them have no
+grammar form. Patterns and formats are matched with the same automata the grammar uses, so the
+two never disagree about a regex.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Any
+
+from ..errors import GrammarLimitError, SchemaError
+from .formats import format_expr
+from .fsm import rule_automaton
+from .regex import regex_to_expr
+
+#: Nested schema applications before giving up (recursive `$ref`s on deep values).
+MAX_VALIDATION_DEPTH = 256
+
+_TYPE_CHECKS = {
+    "null": lambda v: v is None,
+    "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
+}
+#: Keywords with no effect on validity.
+_ANNOTATIONS = frozenset({
+    "title", "description", "examples", "default", "$schema", "$id", "id", "$comment", "deprecated",
+    "readOnly", "writeOnly", "$defs", "definitions", "contentEncoding", "contentMediaType", "$anchor",
+})
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """JSON value equality: 1 == 1.0, but true != 1; objects unordered, arrays ordered."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _matches(expr, text: str) -> bool:
+    fsm = rule_automaton(expr, {})
+    node = 0
+    for byte in text.encode("utf-8", "surrogatepass"):
+        for lo, hi, target in fsm.byte_edges[node]:
+            if lo <= byte <= hi:
+                node = target
+                break
+        else:
+            return False
+    return node in fsm.finals
+
+
+class Validator:
+    """Validates instances against subschemas of one root schema (for local `$ref`s)."""
+
+    def __init__(self, root: Any, resolve):
+        self.root = root
+        self.resolve = resolve  # (ref, pointer) -> (target schema, its pointer)
+
+    def valid(self, value: Any, schema: Any, ptr: str, depth: int = 0) -> bool:
+        if depth > MAX_VALIDATION_DEPTH:
+            raise GrammarLimitError(f"validation nested deeper than {MAX_VALIDATION_DEPTH} levels at {ptr}")
+        if schema is True or schema == {}:
+            return True
+        if schema is False:
+            return False
+        if not isinstance(schema, dict):
+            raise SchemaError("a schema must be an object or a boolean", ptr)
+        return all(self._keyword(k, v, value, schema, ptr, depth + 1) for k, v in schema.items())
+
+    def _keyword(self, k: str, v: Any, x: Any, s: dict, ptr: str, depth: int) -> bool:
+        p = f"{ptr}/{k}"
+        sub = self.valid
+        if k in _ANNOTATIONS or k.startswith("x-") or k in ("then", "else", "additionalItems", "minContains",
+                                                             "maxContains", "unevaluatedItems"):
+            return self._deferred(k, x, s, ptr, depth)
+        if k == "$ref":
+            target, where = self.resolve(v, p)
+            return sub(x, target, where, depth)
+        if k == "type":
+            types = [v] if isinstance(v, str) else v
+            if not isinstance(types, list) or any(t not in _TYPE_CHECKS for t in types):
+                raise SchemaError(f"invalid type {v!r}", p)
+            return any(_TYPE_CHECKS[t](x) for t in types)
+        if k == "enum":
+            if not isinstance(v, list):
+                raise SchemaError("enum must be an array", p)
+            return any(json_equal(x, e) for e in v)
+        if k == "const":
+            return json_equal(x, v)
+        if k in ("allOf", "anyOf", "oneOf"):
+            if not isinstance(v, list) or not v:
+                raise SchemaError(f"{k} must be a non-empty array", p)
+            results = (sub(x, b, f"{p}/{i}", depth) for i, b in enumerate(v))
+            if k == "allOf":
+                return all(results)
+            if k == "anyOf":
+                return any(results)
+            return sum(results) == 1
+        if k == "not":
+            return not sub(x, v, p, depth)
+        if k == "if":
+            if sub(x, v, p, depth):
+                return sub(x, s.get("then", True), f"{ptr}/then", depth)
+            return sub(x, s.get("else", True), f"{ptr}/else", depth)
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return self._numeric(k, v, x, s, p)
+        if isinstance(x, str):
+            return self._string(k, v, x, p)
+        if isinstance(x, list):
+            return self._array(k, v, x, s, ptr, depth)
+        if isinstance(x, dict):
+            return self._object(k, v, x, s, ptr, depth)
+        return self._known(k, p)
+
+    def _deferred(self, k: str, x: Any, s: dict, ptr: str, depth: int) -> bool:
+        """Keywords evaluated together with another one (`then`/`else` with `if`, `additionalItems`
+        with `items`, `min/maxContains` with `contains`); `unevaluatedItems` is not supported."""
+        if k == "unevaluatedItems":
+            raise SchemaError("unsupported keyword 'unevaluatedItems'", f"{ptr}/{k}")
+        return True
+
+    @staticmethod
+    def _known(k: str, p: str) -> bool:
+        if k.startswith("$") or k == "contentSchema":  # $dynamicRef and friends
+            raise SchemaError(f"unsupported keyword {k!r}", p)
+        return True  # a keyword for another type, or unknown (ignored, as validators do)
+
+    def _numeric(self, k: str, v: Any, x: float, s: dict, p: str) -> bool:
+        if k in ("multipleOf", "maximum", "minimum", "exclusiveMaximum", "exclusiveMinimum"):
+            if isinstance(v, bool):
+                return True  # draft 4 exclusive flags, read with their bound
+            if not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+                raise SchemaError(f"{k} must be a number", p)
+        if isinstance(x, float) and not math.isfinite(x):
+            return False
+        xd, vd = _dec(x), (_dec(v) if not isinstance(v, bool) and isinstance(v, (int, float)) else None)
+        if k == "multipleOf":
+            return vd > 0 and (xd / vd) == (xd / vd).to_integral_value()
+        if k == "maximum":
+            return xd < vd if s.get("exclusiveMaximum") is True else xd <= vd
+        if k == "minimum":
+            return xd > vd if s.get("exclusiveMinimum") is True else xd >= vd
+        if k == "exclusiveMaximum":
+            return vd is None or xd < vd
+        if k == "exclusiveMinimum":
+            return vd is None or xd > vd
+        return self._known(k, p)
+
+    def _string(self, k: str, v: Any, x: str, p: str) -> bool:
+        if k == "maxLength":
+            return len(x) <= v
+        if k == "minLength":
+            return len(x) >= v
+        if k == "pattern":
+            return _matches(regex_to_expr(v, search=True), x)
+        if k == "format":
+            expr = format_expr(v) if isinstance(v, str) else None
+            return expr is None or _matches(expr, x)
+        return self._known(k, p)
+
+    def _array(self, k: str, v: Any, x: list, s: dict, ptr: str, depth: int) -> bool:
+        p = f"{ptr}/{k}"
+        sub = self.valid
+        if k == "maxItems":
+            return len(x) <= v
+        if k == "minItems":
+            return len(x) >= v
+        if k == "uniqueItems":
+            return not v or all(not json_equal(x[i], x[j]) for i in range(len(x)) for j in range(i))
+        if k == "prefixItems":
+            return all(sub(e, t, f"{p}/{i}", depth) for i, (e, t) in enumerate(zip(x, v)))
+        if k == "items":
+            if isinstance(v, list):  # draft 4-2019 tuple form, with additionalItems
+                rest = s.get("additionalItems", True)
+                return all(sub(e, v[i] if i < len(v) else rest, f"{p}/{i}", depth) for i, e in enumerate(x))
+            start = len(s.get("prefixItems", []))
+            return all(sub(e, v, p, depth) for e in x[start:])
+        if k == "contains":
+            n = sum(sub(e, v, p, depth) for e in x)
+            return s.get("minContains", 1) <= n <= s.get("maxContains", math.inf)
+        return self._known(k, p)
+
+    def _object(self, k: str, v: Any, x: dict, s: dict, ptr: str, depth: int) -> bool:
+        p = f"{ptr}/{k}"
+        sub = self.valid
+        if k == "maxProperties":
+            return len(x) <= v
+        if k == "minProperties":
+            return len(x) >= v
+        if k == "required":
+            return all(name in x for name in v)
+        if k == "properties":
+            return all(sub(x[name], t, f"{p}/{name}", depth) for name, t in v.items() if name in x)
+        if k == "patternProperties":
+            return all(sub(x[name], t, f"{p}/{pat}", depth) for pat, t in v.items() for name in x
+                       if _matches(regex_to_expr(pat, search=True), name))
+        if k in ("additionalProperties", "unevaluatedProperties"):
+            if k == "unevaluatedProperties" and any(c in s for c in ("allOf", "anyOf", "oneOf", "$ref", "if",
+                                                                     "dependentSchemas", "dependencies")):
+                raise SchemaError("unsupported keyword 'unevaluatedProperties' next to subschemas", p)
+            named = s.get("properties", {})
+            pats = [regex_to_expr(q, search=True) for q in s.get("patternProperties", {})]
+            return all(sub(val, v, p, depth) for name, val in x.items()
+                       if name not in named and not any(_matches(q, name) for q in pats))
+        if k == "propertyNames":
+            return all(sub(name, v, p, depth) for name in x)
+        if k in ("dependencies", "dependentRequired", "dependentSchemas"):
+            for name, dep in v.items():
+                if name not in x:
+                    continue
+                ok = all(d in x for d in dep) if isinstance(dep, list) else sub(x, dep, f"{p}/{name}", depth)
+                if not ok:
+                    return False
+            return True
+        return self._known(k, p)
+
+
+def _dec(v: float) -> Decimal:
+    return Decimal(v) if isinstance(v, int) else Decimal(repr(v))
