@@ -55,7 +55,7 @@ from .validator import Validator
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
 #: Largest accepted minItems/maxItems/minLength/maxLength.
-MAX_BOUND = 10_000
+MAX_BOUND = 1_000_000
 #: Nested schemas (including `$ref` hops and `enum` values) the converter descends before giving up.
 MAX_SCHEMA_DEPTH = 128
 #: Deepest container nesting accepted with `indent` and `any_whitespace=False`.

@@ -97,6 +97,16 @@ class _Compressor:
             self.memo[key] = self.rule("rep", self._blocks(e, lo, hi))
         return self.memo[key]
 
+    def with_open_tail(self, e: Expr, lo: int, hi: int | None) -> Expr:
+        """`e{lo,hi}` as a compressed head and an unrolled tail of up to REPEAT_THRESHOLD copies
+        (Alg. 3 keeps the last T states explicit). The head may stop at any count, so while the
+        bound is still T copies away some parse sits at the start of the tail, where any token of
+        up to T elements is certainly allowed: masks stay cheap however the head counts."""
+        if hi is None or not self.splits_one_way(e):
+            return self.repeat(e, lo, hi)
+        head_min = max(0, lo - REPEAT_THRESHOLD)
+        return _seq(self.repeat(e, head_min, hi - REPEAT_THRESHOLD), Repeat(e, lo - head_min, REPEAT_THRESHOLD))
+
     def splits_one_way(self, e: Expr) -> bool:
         if _nullable(e, self.nullable):
             return False
@@ -144,7 +154,7 @@ class _Compressor:
                     inner, lo = x.expr.expr, 0
                     hi = None if hi is None or x.expr.max is None else x.expr.max * hi
                 rep = Repeat(inner, lo, hi)
-                out[id(x)] = self.repeat(inner, lo, hi) if _large(rep) else rep
+                out[id(x)] = self.with_open_tail(inner, lo, hi) if _large(rep) else rep
             else:
                 out[id(x)] = x
         return out[id(e)]
