@@ -313,15 +313,24 @@ def test_errors():
 
 def test_limits():
     with pytest.raises(GrammarLimitError):
-        json_schema_to_ir({"type": "array", "maxItems": 10_001})
+        json_schema_to_ir({"type": "array", "maxItems": 1_000_001})
     with pytest.raises(GrammarLimitError):
-        json_schema_to_ir({"type": "string", "minLength": 10_001})
+        json_schema_to_ir({"type": "string", "minLength": 1_000_001})
     deep: dict = {"type": "integer"}
     for _ in range(200):
         deep = {"type": "array", "items": deep}
     with pytest.raises(GrammarLimitError):
         json_schema_to_ir(deep)
     json_schema_to_ir({"type": "array", "maxItems": 10_000})
+
+
+def test_large_length_bounds_compile_small_and_stay_exact(check):
+    """Length bounds compress (repetition.py): 65536 compiles to a few small rules, edges exact."""
+    acc = check({"type": "string", "minLength": 40, "maxLength": 65536})
+    assert_lang(acc, ['"' + "a" * 40 + '"', '"' + "é" * 65536 + '"'], ['"' + "a" * 39 + '"', '"' + "ab" * 32768 + 'c"'])
+    acc = check({"type": "array", "items": {"type": "integer"}, "minItems": 20, "maxItems": 300})
+    assert_lang(acc, ["[" + ", ".join(["1"] * n) + "]" for n in (20, 300)],
+                ["[" + ", ".join(["1"] * n) + "]" for n in (19, 301)])
 
 
 # --- JSONSchemaBench -----------------------------------------------------------------------------
