@@ -39,6 +39,7 @@ Exactness notes (documented restrictions; everything else is exact):
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -50,12 +51,16 @@ from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleR
 from .json_string import json_string_body
 from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
 from .regex import regex_to_expr
+from .regular import KeyDFA, intersect, to_rules
+from .regular import from_expr as regular_from_expr
 from .validator import Validator
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
 #: Largest accepted minItems/maxItems/minLength/maxLength.
 MAX_BOUND = 1_000_000
+#: Most patternProperties in one object (key regions grow as 2**n).
+MAX_KEY_PATTERNS = 4
 #: Nested schemas (including `$ref` hops and `enum` values) the converter descends before giving up.
 MAX_SCHEMA_DEPTH = 128
 #: Deepest container nesting accepted with `indent` and `any_whitespace=False`.
@@ -66,7 +71,7 @@ ANNOTATIONS = frozenset({
     "readOnly", "writeOnly", "$defs", "definitions",
 })
 UNSUPPORTED = frozenset({
-    "patternProperties", "propertyNames", "minProperties",
+    "minProperties",
     "maxProperties", "unevaluatedProperties", "unevaluatedItems", "dependentRequired",
     "dependentSchemas", "dependencies", "contains", "minContains", "maxContains", "not", "if", "then",
     "else", "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
@@ -76,7 +81,7 @@ HANDLED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items",
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "anyOf",
     "oneOf", "allOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "uniqueItems", "pattern", "format", "multipleOf",
+    "uniqueItems", "pattern", "format", "multipleOf", "patternProperties", "propertyNames",
 })
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 
@@ -662,13 +667,17 @@ class _Converter:
         addl_ptr = _ptr(ptr, "additionalProperties")
         names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
         entries: list[tuple[str, Expr, bool]] = []  # (key, member rule, required)
+        claims = self.claimed_by_patterns(schema, names, ptr)
         for k in names:
             if k in props:
                 p = _ptr(ptr, "properties", k)
-                value = self.lower(props[k], p, d + 1)
+                own = props[k]
             else:
                 p = addl_ptr
-                value = self.lower(addl, p, d + 1)
+                own = addl if k not in claims else True
+            for extra_schema in claims.get(k, ()):
+                own = _both(own, extra_schema)
+            value = self.lower(own, p, d + 1)
             req = k in required
             if value is None:
                 if req:
@@ -677,7 +686,13 @@ class _Converter:
             member = self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
             entries.append((k, member, req))
         extra = None
-        addl_value = self.lower(addl, addl_ptr, d + 1)
+        if "patternProperties" in schema or "propertyNames" in schema:
+            extra = self.key_regions(schema, names, addl, ptr, d)
+            if extra is _CANNOT:
+                return None
+            addl_value = None
+        else:
+            addl_value = self.lower(addl, addl_ptr, d + 1)
         if addl_value is not None:
             rest = self.cached(("string_rest",), "string_rest", lambda: Seq((Repeat(CHAR, 0, None), Literal('"'))))
             wide = self.cached(("string_wide_rest",), "string_wide_rest",
@@ -711,6 +726,107 @@ class _Converter:
         if req_after[0] is None:
             out.append(self.empty("{}"))
         return _choice(out)
+
+    def pattern_languages(self, schema: dict, ptr: str) -> list[tuple[KeyDFA, Any, str]]:
+        pats = schema.get("patternProperties", {})
+        if not isinstance(pats, dict):
+            raise SchemaError("patternProperties must be an object", _ptr(ptr, "patternProperties"))
+        if len(pats) > MAX_KEY_PATTERNS:
+            raise GrammarLimitError(f"more than {MAX_KEY_PATTERNS} patternProperties (at {ptr})")
+        out = []
+        for pat, sub in pats.items():
+            where = _ptr(ptr, "patternProperties", pat)
+            try:
+                out.append((_key_dfa(regex_to_expr(pat, search=True)), sub, where))
+            except GrammarLimitError:
+                raise
+            except GrammarError as exc:
+                raise SchemaError(f"pattern {pat!r}: {exc}", where) from None
+        return out
+
+    def claimed_by_patterns(self, schema: dict, names: list[str], ptr: str) -> dict[str, list]:
+        """Per named key, the patternProperties schemas whose pattern matches it (they apply too)."""
+        claims: dict[str, list] = {}
+        for dfa, sub, _where in self.pattern_languages(schema, ptr):
+            for k in names:
+                if dfa.accepts(k):
+                    claims.setdefault(k, []).append(sub)
+        return claims
+
+    def key_regions(self, schema: dict, names: list[str], addl: Any, ptr: str, d: int):
+        """Members whose key is not a named property: the keys split into regions by which
+        patterns match them (regions need intersections and complements, see regular.py), each
+        region's value under the conjunction of its patterns' schemas, or additionalProperties
+        where none matches; all keys restricted by propertyNames. _CANNOT when a named required
+        key is ruled out by propertyNames."""
+        pats = self.pattern_languages(schema, ptr)
+        allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
+        if allowed is not None:
+            required = schema.get("required", [])
+            if any(not allowed.accepts(k) for k in required):
+                return _CANNOT
+        base = _key_dfa(Repeat(CharClass(((0, 0x10FFFF),)), 0, None))
+        if names:
+            base = intersect(base, _key_dfa(Choice(tuple(Literal(k) for k in names))).complement())
+        if allowed is not None:
+            base = intersect(base, allowed)
+        members: list[Expr] = []
+        for picked in range(1 << len(pats)):
+            region = base
+            schemas = []
+            for i, (dfa, sub, _where) in enumerate(pats):
+                region = intersect(region, dfa if picked >> i & 1 else dfa.complement())
+                if picked >> i & 1:
+                    schemas.append(sub)
+            if region.is_empty():
+                continue
+            value_schema = addl if not schemas else schemas[0]
+            for sub in schemas[1:]:
+                value_schema = _both(value_schema, sub)
+            value = self.lower(value_schema, ptr if schemas else _ptr(ptr, "additionalProperties"), d + 1)
+            if value is None:
+                continue
+            key = to_rules(region, json_string_body, self.new_name, self.rules)
+            members.append(Seq((Literal('"'), key, Literal('"'), self.colon(), value)))
+        return self.add_rule("m_other", _choice(members)) if members else None
+
+    def key_language(self, names_schema: Any, ptr: str) -> KeyDFA | None:
+        """The keys `propertyNames` allows, as an automaton (None: every key)."""
+        if names_schema is True or names_schema == {}:
+            return None
+        if names_schema is False:
+            return _key_dfa(NEVER)
+        if not isinstance(names_schema, dict):
+            raise SchemaError("propertyNames must be a schema", ptr)
+        if "$ref" in names_schema:
+            names_schema = self.inline_ref(names_schema, ptr)
+        parts: list[Expr] = []
+        for k, v in names_schema.items():
+            if k in ANNOTATIONS:
+                continue
+            if k == "type":
+                if "string" not in ([v] if isinstance(v, str) else v):
+                    return _key_dfa(NEVER)
+            elif k in ("enum", "const"):
+                values = v if k == "enum" else [v]
+                parts.append(_choice([Literal(x) for x in values if isinstance(x, str)]) or NEVER)
+            elif k == "pattern":
+                parts.append(regex_to_expr(v, search=True))
+            elif k == "format":
+                fx = format_expr(v)
+                if fx is not None:
+                    parts.append(fx)
+            elif k in ("minLength", "maxLength"):
+                lo = self.bound(names_schema, "minLength", ptr, 0)
+                hi = self.bound(names_schema, "maxLength", ptr, None)
+                parts.append(Repeat(CharClass(((0, 0x10FFFF),)), lo, hi))
+            else:
+                return self.unsupported(k, _ptr(ptr, k), f"propertyNames keyword {k!r} cannot be enforced")
+        out = None
+        for part in parts:
+            dfa = _key_dfa(part)
+            out = dfa if out is None else intersect(out, dfa)
+        return out
 
     def array(self, schema: dict, ptr: str, d: int) -> Expr | None:
         items = schema.get("items")
@@ -778,6 +894,11 @@ class _Converter:
 
 
 _CANNOT = object()
+
+
+@functools.lru_cache(maxsize=1024)
+def _key_dfa(e: Expr) -> KeyDFA:
+    return regular_from_expr(e)
 
 
 def _listed_values(schema: dict, ptr: str) -> tuple[list | None, str]:
