@@ -59,6 +59,9 @@ __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_
 
 #: Largest accepted minItems/maxItems/minLength/maxLength.
 MAX_BOUND = 1_000_000
+#: Most properties of an object with `any_order`, and most object states (entries x counts) overall.
+MAX_ANY_ORDER = 10
+MAX_OBJECT_STATES = 20_000
 #: Most patternProperties in one object (key regions grow as 2**n).
 MAX_KEY_PATTERNS = 4
 #: Nested schemas (including `$ref` hops and `enum` values) the converter descends before giving up.
@@ -71,8 +74,7 @@ ANNOTATIONS = frozenset({
     "readOnly", "writeOnly", "$defs", "definitions",
 })
 UNSUPPORTED = frozenset({
-    "minProperties",
-    "maxProperties", "unevaluatedProperties", "unevaluatedItems", "dependentRequired",
+    "unevaluatedProperties", "unevaluatedItems", "dependentRequired",
     "dependentSchemas", "dependencies", "contains", "minContains", "maxContains", "not", "if", "then",
     "else", "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
     "contentSchema",
@@ -82,6 +84,7 @@ HANDLED = frozenset({
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "anyOf",
     "oneOf", "allOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "uniqueItems", "pattern", "format", "multipleOf", "patternProperties", "propertyNames",
+    "minProperties", "maxProperties",
 })
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 
@@ -700,30 +703,94 @@ class _Converter:
             key = self.cached(("key_excluding", tuple(names)), "other_key",
                               lambda: _string_excluding(names, rest, wide, self.add_rule))
             extra = self.add_rule("m_other", Seq((key, self.colon(), addl_value)))
+        lo = self.bound(schema, "minProperties", ptr, 0)
+        hi = self.bound(schema, "maxProperties", ptr, None)
+        if hi is not None and lo > hi or sum(req for _k, _m, req in entries) > (hi if hi is not None else lo + len(entries)):
+            return None
+        return self.members(entries, extra, lo, hi, d, ptr)
+
+    def members(self, entries: list[tuple[str, Expr, bool]], extra: Expr | None, lo: int, hi: int | None,
+                d: int, ptr: str) -> Expr | None:
+        """The object body as an automaton of rules over (what has been written, how many members).
+
+        In schema order (the default), a state is the last named entry written; with `any_order`,
+        the set of named entries written (additional members may then come anywhere). Counting
+        members, for minProperties/maxProperties, stops at the largest bound that matters."""
         sep = self.sep(d)
         n = len(entries)
-        req_after = [None] * (n + 1)  # index of first required entry at or after i
-        for i in range(n - 1, -1, -1):
-            req_after[i] = i if entries[i][2] else req_after[i + 1]
-        tail_extra = Repeat(Seq((sep, extra)), 0, None) if extra is not None else EMPTY
-        tails: dict[int, Expr] = {}
-        for i in range(n - 1, -1, -1):
-            # what may follow once entry i has been written
-            last = req_after[i + 1] if req_after[i + 1] is not None else n - 1
-            talts: list[Expr | None] = [_seq(sep, entries[j][1], tails[j]) for j in range(i + 1, last + 1)]
-            if req_after[i + 1] is None:
-                talts.insert(0, tail_extra)
-            tails[i] = self.add_rule("tail", _choice(talts))
+        cap = hi if hi is not None else lo
+        required = [i for i, (_k, _m, req) in enumerate(entries) if req]
+        if self.any_order:
+            states = (1 << n) * (cap + 1)
+            if n > MAX_ANY_ORDER or states > MAX_OBJECT_STATES:
+                raise GrammarLimitError(f"any_order object with {n} properties and property counts up to {cap} "
+                                        f"needs more than {MAX_OBJECT_STATES} states (at {ptr or '/'})")
+        elif n * (cap + 1) > MAX_OBJECT_STATES:
+            raise GrammarLimitError(f"object with {n} properties and property counts up to {cap} needs more "
+                                    f"than {MAX_OBJECT_STATES} states (at {ptr or '/'})")
 
-        last = req_after[0] if req_after[0] is not None else n - 1
-        alts: list[Expr | None] = [_seq(entries[j][1], tails[j]) for j in range(last + 1)]
-        if req_after[0] is None and extra is not None:
-            alts.append(_seq(extra, tail_extra))
-        body = _choice(alts)
+        def clamp(c: int) -> int:
+            return min(c, cap) if hi is None else c
+
+        def room(c: int) -> bool:
+            return hi is None or c < hi
+
+        refs: dict[tuple[int, int], RuleRef] = {}
+        pending: list[tuple[int, int]] = []
+
+        def state(key: tuple[int, int]) -> RuleRef:
+            if key not in refs:
+                refs[key] = RuleRef(self.new_name("tail"))
+                pending.append(key)
+            return refs[key]
+
+        if self.any_order:
+            def follow(mask: int, c: int) -> list[Expr | None]:
+                alts: list[Expr | None] = []
+                if all(mask >> i & 1 for i in required) and c >= lo:
+                    alts.append(EMPTY)
+                if room(c):
+                    alts += [Seq((sep, entries[j][1], state((mask | 1 << j, clamp(c + 1)))))
+                             for j in range(n) if not mask >> j & 1]
+                    if extra is not None:
+                        alts.append(Seq((sep, extra, state((mask, clamp(c + 1))))))
+                return alts
+
+            first = [Seq((entries[j][1], state((1 << j, clamp(1))))) for j in range(n)]
+            if extra is not None:
+                first.append(Seq((extra, state((0, clamp(1))))))
+        else:
+            last_start = required[0] if required else n - 1
+
+            def follow(i: int, c: int) -> list[Expr | None]:
+                later = [r for r in required if r > i]
+                alts: list[Expr | None] = []
+                if not later:
+                    if extra is not None:
+                        more_min = max(0, lo - c)
+                        alts.append(Repeat(Seq((sep, extra)), more_min, None if hi is None else hi - c))
+                    elif c >= lo:
+                        alts.append(EMPTY)
+                if room(c):
+                    stop = later[0] if later else n - 1
+                    alts += [Seq((sep, entries[j][1], state((j, clamp(c + 1))))) for j in range(i + 1, stop + 1)]
+                return alts
+
+            first = [Seq((entries[j][1], state((j, clamp(1))))) for j in range(last_start + 1)]
+            if not required and extra is not None:
+                first.append(_seq(extra, _choice(follow(n - 1, clamp(1)))))
+        if hi == 0:
+            first = []
+        k = 0
+        while k < len(pending):  # building one state's body may create others
+            key = pending[k]
+            self.rules.append(Rule(refs[key].name, _choice(follow(*key)) or NEVER))
+            k += 1
         out: list[Expr | None] = []
+        body = _choice(first)
         if body is not None:
             out.append(_seq(self.open("{", d), body, self.close("}", d)))
-        if req_after[0] is None:
+        if not required and lo == 0:
             out.append(self.empty("{}"))
         return _choice(out)
 
