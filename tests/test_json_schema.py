@@ -333,6 +333,126 @@ def test_large_length_bounds_compile_small_and_stay_exact(check):
                 ["[" + ", ".join(["1"] * n) + "]" for n in (19, 301)])
 
 
+# --- strings: pattern, format, escapes ------------------------------------------------------------
+
+def test_pattern_search_semantics_and_escaping(check):
+    acc = check({"type": "string", "pattern": "^[a-z]+$"})
+    assert_lang(acc, ['"abc"'], ['""', '"aBc"', '"ab1"'])
+    acc = check({"type": "string", "pattern": "b"})  # ECMA-262 search: anywhere in the value
+    assert_lang(acc, ['"b"', '"abc"', '"x\\ny b"'], ['"ac"', '""'])
+    acc = check({"type": "string", "pattern": '^a"\\\\$'})  # the value a"\ is spelt "a\"\\"
+    assert_lang(acc, ['"a\\"\\\\"'], ['"a\\"\\"', '"a"'])
+
+
+@pytest.mark.parametrize("fmt,good,bad", [
+    ("date", ["2024-02-29", "1999-12-31"], ["2023-02-29", "2024-13-01", "24-01-01"]),
+    ("time", ["12:30:00Z", "23:59:59.5+02:00"], ["24:00:00Z", "12:30"]),
+    ("date-time", ["2024-01-01T00:00:00Z"], ["2024-01-01 00:00:00", "2024-01-01T00:00:00"]),
+    ("email", ["a.b@example.com"], ["a@", "@b.com", "a b@c.com"]),
+    ("ipv4", ["192.168.0.1"], ["256.1.1.1", "01.2.3.4"]),
+    ("ipv6", ["::1", "2001:db8::8a2e:370:7334"], ["1:::2", "12345::"]),
+    ("uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000"]),
+    ("uri", ["https://example.com/a?b=c#d"], ["//no-scheme", "not a uri"]),
+    ("duration", ["P1Y2M3DT4H5M6S", "PT36H", "P4W"], ["P", "1Y", "PT"]),
+    ("hostname", ["example.com"], ["-bad.com", "a..b"]),
+])
+def test_formats(check, fmt, good, bad):
+    assert_lang(check({"type": "string", "format": fmt}), [json.dumps(g) for g in good], [json.dumps(b) for b in bad])
+
+
+def test_unknown_format_is_an_annotation(check):
+    assert_lang(check({"type": "string", "format": "x-custom"}), ['"anything"'], ["1"])
+
+
+def test_length_folded_into_pattern(check):
+    acc = check({"type": "string", "pattern": "^[A-Z]{2}[0-9]+$", "minLength": 4, "maxLength": 5})
+    assert_lang(acc, ['"AB12"', '"AB123"'], ['"AB1"', '"AB1234"'])
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir({"type": "string", "format": "email", "maxLength": 20})
+    assert exc.value.pointer == "/maxLength"
+
+
+def test_strings_have_no_lone_surrogates_or_raw_controls(check):
+    acc = check({"type": "string"})
+    assert_lang(acc, ['"\\ud83d\\ude00"', '"\\u00e9"', '"\\u001f"'],
+                ['"\\ud83d"', '"\\ude00"', '"\\ud83dx"', '"\x01"', '"\n"'])
+    # a surrogate pair is one character for maxLength
+    assert_lang(check({"type": "string", "maxLength": 1}), ['"\\ud83d\\ude00"', '"😀"'], ['"ab"'])
+
+
+# --- numbers ------------------------------------------------------------------------------------------
+
+def test_number_bounds_exact(check):
+    acc = check({"type": "number", "minimum": -1.5, "exclusiveMaximum": 2.25})
+    assert_lang(acc, ["-1.5", "-1.50", "0", "-0", "2.2499", "2", "1.0"], ["-1.51", "2.25", "2.250", "3", "-2"])
+    acc = check({"type": "number", "exclusiveMinimum": 0})
+    assert_lang(acc, ["0.001", "5", "12.5"], ["0", "0.000", "-0.1"])
+    acc = check({"type": "number", "minimum": 0, "maximum": 10, "exclusiveMaximum": True})  # draft 4
+    assert_lang(acc, ["0", "9.99"], ["10", "-1"])
+
+
+def test_multiple_of(check):
+    assert_lang(check({"type": "integer", "multipleOf": 7}), ["0", "14", "-21", "700007"], ["15", "1", "-8"])
+    assert_lang(check({"type": "integer", "multipleOf": 5, "minimum": 12, "maximum": 31}), ["15", "30"], ["10", "35", "16"])
+    assert_lang(check({"type": "integer", "multipleOf": 3, "exclusiveMinimum": 0}), ["3", "99"], ["0", "-3", "4"])
+    assert_lang(check({"type": "number", "multipleOf": 0.01}), ["1", "1.5", "-0.25", "2.100"], ["1.255", "0.001"])
+    assert_lang(check({"type": "number", "multipleOf": 2}), ["4", "-8"], ["3", "4.5"])
+
+
+# --- objects: pattern/names/counts/order --------------------------------------------------------------
+
+def test_pattern_properties_regions(check):
+    schema = {"type": "object", "properties": {"x-id": {"type": "integer"}},
+              "patternProperties": {"^x-": {"minimum": 5}, "b$": {"type": "string"}},
+              "additionalProperties": {"type": "boolean"}}
+    acc = check(schema)
+    assert_lang(acc, ['{"x-id": 7}', '{"x-o": 9, "ab": "s", "q": true}', '{"x-b": "s"}'],
+                ['{"x-id": 3}', '{"x-o": 1}', '{"q": 1}', '{"ab": true}', '{"x-b": 9}'])
+
+
+def test_property_names(check):
+    acc = check({"type": "object", "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 3}}, strict_mode=False)
+    assert_lang(acc, ['{"abc": 1}', "{}"], ['{"aBc": 1}', '{"abcd": 1}'])
+    assert_lang(check({"type": "object", "propertyNames": False}, strict_mode=False), ["{}"], ['{"a": 1}'])
+
+
+def test_min_max_properties(check):
+    acc = check({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 2, "maxProperties": 3},
+                strict_mode=False)
+    assert_lang(acc, ['{"a": 1, "b": 2}', '{"a": 1, "x": 2}', '{"x": 1, "y": 2, "z": 3}'],
+                ["{}", '{"a": 1}', '{"a": 1, "b": 2, "x": 3, "y": 4}'])
+
+
+def test_any_order(check):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]}
+    acc = check(schema, any_order=True)
+    assert_lang(acc, ['{"b": "s", "a": 1}', '{"a": 1, "b": "s"}', '{"a": 1}'], ['{"b": "s"}', '{"a": 1, "a": 2}'])
+    assert_lang(check(schema), ['{"a": 1, "b": "s"}'], ['{"b": "s", "a": 1}'])
+
+
+def test_lenient_mode_warns_instead_of_raising(check):
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir(schema)
+    assert exc.value.pointer == "/uniqueItems"
+    with pytest.warns(xg2.SchemaWarning, match="uniqueItems"):
+        acc = check(schema, lenient=True)
+    assert_lang(acc, ["[1, 2]", "[1, 1]"], ['["a"]'])
+
+
+def test_pydantic_model_input(compiler):
+    pydantic = pytest.importorskip("pydantic")
+
+    class Point(pydantic.BaseModel):
+        x: int
+        label: str = "p"
+
+    matcher = xg2.GrammarMatcher(compiler.compile_json_schema(Point))
+    assert matcher.accept_string('{"x": 1, "label": "a"}') and matcher.is_completed()
+    matcher = xg2.GrammarMatcher(compiler.compile_json_schema(Point))
+    assert not matcher.accept_string('{"x": "1"}')
+
+
 # --- JSONSchemaBench -----------------------------------------------------------------------------
 
 def _valid_under(data, schema, root) -> bool:
