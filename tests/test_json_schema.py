@@ -293,7 +293,7 @@ def test_errors():
     with pytest.raises(SchemaError) as exc:
         json_schema_to_ir({"properties": {"a/b": {"items": {"pattern": "(?<=x)y"}}}})
     assert exc.value.pointer == "/properties/a~1b/items/pattern" and "lookbehind" in exc.value.message.lower()
-    for kw, val in [("dependentRequired", {}), ("uniqueItems", True), ("not", {}), ("contains", {}), ("if", {})]:
+    for kw, val in [("dependentRequired", {}), ("uniqueItems", True), ("not", {"minimum": 3}), ("contains", {}), ("if", {})]:
         with pytest.raises(SchemaError) as exc:
             json_schema_to_ir({"anyOf": [{"type": "string"}, {kw: val}]})
         assert exc.value.pointer == f"/anyOf/1/{kw}", kw
@@ -428,6 +428,16 @@ def test_any_order(check):
     acc = check(schema, any_order=True)
     assert_lang(acc, ['{"b": "s", "a": 1}', '{"a": 1, "b": "s"}', '{"a": 1}'], ['{"b": "s"}', '{"a": 1, "a": 2}'])
     assert_lang(check(schema), ['{"a": 1, "b": "s"}'], ['{"b": "s", "a": 1}'])
+
+
+def test_not_forms_with_a_positive_equivalent(check):
+    assert_lang(check({"not": {"type": ["string", "null"]}}), ["1", "[]", "true"], ['"a"', "null"])
+    assert_lang(check({"type": "object", "not": {"required": ["a"]}}, strict_mode=False), ['{"b": 1}', "{}"],
+                ['{"a": 1}'])
+    assert_lang(check({"anyOf": [{"type": "integer"}, {"type": "string", "not": {}}]}), ["1"], ['"a"'])
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir({"type": "string", "not": {"pattern": "^a"}})
+    assert exc.value.pointer == "/not"
 
 
 def test_lenient_mode_warns_instead_of_raising(check):

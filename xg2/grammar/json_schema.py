@@ -495,6 +495,10 @@ class _Converter:
             # including the ones with no grammar form).
             checker = Validator(self.root, self.resolve)
             return _choice([self.const(v, d, where) for v in values if checker.valid(v, schema, ptr)])
+        if "not" in schema:
+            positive = self.negate(schema, ptr)
+            if positive is not _CANNOT:
+                return None if positive is None else self.lower(positive, ptr, d)
         for k in schema:
             if k in UNSUPPORTED:
                 self.unsupported(k, _ptr(ptr, k))
@@ -551,6 +555,33 @@ class _Converter:
                         alts.append(self.lower(self.merge(rest, s, p), p, d))
                 return _choice(alts)
         return self.typed(schema, ptr, d)
+
+    def negate(self, schema: dict, ptr: str):
+        """`schema` with its `not` turned into positive keywords, for the forms that have one: `not`
+        of everything (nothing is valid), of nothing, of types, or of one required property (the
+        property must then be absent). None when nothing is valid; _CANNOT for other forms."""
+        neg = schema["not"]
+        rest = {k: v for k, v in schema.items() if k != "not"}
+        if isinstance(neg, dict):
+            neg = {k: v for k, v in neg.items() if k not in ANNOTATIONS}
+        if neg is True or neg == {}:
+            return None
+        if neg is False:
+            return rest
+        if not isinstance(neg, dict) or len(neg) != 1:
+            return _CANNOT
+        if "type" in neg:
+            banned = set([neg["type"]] if isinstance(neg["type"], str) else neg["type"])
+            if "number" in banned:
+                banned.add("integer")
+            kept = [t for t in self.types(rest, ptr) if t not in banned]
+            if "integer" in banned and "number" in kept:
+                return _CANNOT  # numbers that are not integers have no grammar form here
+            return {**rest, "type": kept} if kept else None
+        if "required" in neg and isinstance(neg["required"], list) and len(neg["required"]) == 1:
+            name = neg["required"][0]
+            return self.merge(rest, {"properties": {name: False}}, ptr)
+        return _CANNOT
 
     def types(self, schema: dict, ptr: str) -> list[str]:
         t = schema.get("type", list(TYPES))
