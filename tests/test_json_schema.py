@@ -440,6 +440,22 @@ def test_not_forms_with_a_positive_equivalent(check):
     assert exc.value.pointer == "/not"
 
 
+def test_one_of_exact_when_disjoint_error_otherwise(check):
+    assert_lang(check({"oneOf": [{"type": "integer"}, {"type": "string"}]}), ["1", '"a"'], ["null"])
+    tagged = {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
+        {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string"}}, "required": ["kind"]}]}
+    assert_lang(check(tagged, strict_mode=False), ['{"kind": "a", "x": 1}', '{"kind": "b", "y": "s"}'],
+                ['{"kind": "c"}', '{"kind": "a", "x": "s"}'])
+    assert_lang(check({"oneOf": [{"enum": [1, 2]}, {"enum": [3]}]}), ["1", "3"], ["4"])
+    overlapping = {"oneOf": [{"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]}
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir(overlapping, strict_mode=False)
+    assert exc.value.pointer == "/oneOf"
+    with pytest.warns(xg2.SchemaWarning):
+        json_schema_to_ir(overlapping, strict_mode=False, lenient=True)
+
+
 def test_lenient_mode_warns_instead_of_raising(check):
     schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     with pytest.raises(SchemaError) as exc:

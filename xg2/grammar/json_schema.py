@@ -53,7 +53,7 @@ from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multipl
 from .regex import regex_to_expr
 from .regular import KeyDFA, intersect, to_rules
 from .regular import from_expr as regular_from_expr
-from .validator import Validator
+from .validator import Validator, json_equal
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
@@ -540,6 +540,9 @@ class _Converter:
                 if not isinstance(subs, list) or not subs:
                     raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
                 rest = {k: v for k, v in schema.items() if k != kw}
+                if kw == "oneOf" and not self.one_of_disjoint(subs, ptr):
+                    self.unsupported("oneOf", _ptr(ptr, kw), "oneOf whose branches may overlap (exactly-one "
+                                     "cannot be enforced; use anyOf if overlap is acceptable)")
                 alts = []
                 for i, s in enumerate(subs):
                     p = _ptr(ptr, kw, i)
@@ -555,6 +558,49 @@ class _Converter:
                         alts.append(self.lower(self.merge(rest, s, p), p, d))
                 return _choice(alts)
         return self.typed(schema, ptr, d)
+
+    def one_of_disjoint(self, subs: list, ptr: str) -> bool:
+        """Whether no value can satisfy two branches, shown by types, listed values or a required
+        discriminator property; then oneOf is anyOf. Conservative: False when it cannot tell."""
+        branches = []
+        for i, b in enumerate(subs):
+            where = _ptr(ptr, "oneOf", i)
+            for _ in range(MAX_SCHEMA_DEPTH):
+                if not (isinstance(b, dict) and "$ref" in b):
+                    break
+                b = self.inline_ref(b, where)
+            if b is False:
+                continue
+            branches.append((b if isinstance(b, dict) else {}, where))
+        checker = Validator(self.root, self.resolve)
+        return all(self.disjoint(a, b, checker, pa, pb) for i, (a, pa) in enumerate(branches)
+                   for b, pb in branches[i + 1:])
+
+    def disjoint(self, a: dict, b: dict, checker: Validator, pa: str, pb: str) -> bool:
+        ta, tb = set(self.types(a, pa)), set(self.types(b, pb))
+        for t in (ta, tb):
+            if "number" in t:
+                t.add("integer")
+        shared = ta & tb
+        if not shared:
+            return True
+        for x, y, px, py in ((a, b, pa, pb), (b, a, pb, pa)):
+            values, _ = _listed_values(x, px)
+            if values is not None and not any(checker.valid(v, x, px) and checker.valid(v, y, py) for v in values):
+                return True
+        if shared != {"object"}:
+            return False
+        pa_props, pb_props = a.get("properties", {}), b.get("properties", {})
+        for name in set(a.get("required", [])) & set(b.get("required", [])):
+            va, _ = _listed_values(pa_props.get(name, {}) if isinstance(pa_props.get(name), dict) else {}, pa)
+            vb, _ = _listed_values(pb_props.get(name, {}) if isinstance(pb_props.get(name), dict) else {}, pb)
+            if va is not None and vb is not None and not any(json_equal(u, v) for u in va for v in vb):
+                return True
+        for x, y in ((a, b), (b, a)):
+            closed = y.get("additionalProperties", not self.strict) is False and not y.get("patternProperties")
+            if closed and any(name not in y.get("properties", {}) for name in x.get("required", [])):
+                return True
+        return False
 
     def negate(self, schema: dict, ptr: str):
         """`schema` with its `not` turned into positive keywords, for the forms that have one: `not`
