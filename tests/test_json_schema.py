@@ -293,7 +293,7 @@ def test_errors():
     with pytest.raises(SchemaError) as exc:
         json_schema_to_ir({"properties": {"a/b": {"items": {"pattern": "(?<=x)y"}}}})
     assert exc.value.pointer == "/properties/a~1b/items/pattern" and "lookbehind" in exc.value.message.lower()
-    for kw, val in [("dependentRequired", {}), ("uniqueItems", True), ("not", {"minimum": 3}), ("contains", {}), ("if", {})]:
+    for kw, val in [("dependentSchemas", {}), ("uniqueItems", True), ("not", {"minimum": 3}), ("contains", {}), ("if", {})]:
         with pytest.raises(SchemaError) as exc:
             json_schema_to_ir({"anyOf": [{"type": "string"}, {kw: val}]})
         assert exc.value.pointer == f"/anyOf/1/{kw}", kw
@@ -454,6 +454,19 @@ def test_one_of_exact_when_disjoint_error_otherwise(check):
     assert exc.value.pointer == "/oneOf"
     with pytest.warns(xg2.SchemaWarning):
         json_schema_to_ir(overlapping, strict_mode=False, lenient=True)
+
+
+def test_dependent_required(check):
+    schema = {"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
+              "dependentRequired": {"c": ["a"], "a": ["b"]}, "additionalProperties": False}
+    assert_lang(check(schema), ["{}", '{"b": 1}', '{"a": 1, "b": 2}', '{"a": 1, "b": 1, "c": 1}'],
+                ['{"a": 1}', '{"b": 1, "c": 1}', '{"c": 1}'])
+    assert_lang(check(schema, any_order=True), ['{"c": 1, "b": 2, "a": 3}'], ['{"c": 1, "a": 3}'])
+    draft7 = {"type": "object", "properties": {"a": {}, "b": {}}, "dependencies": {"a": {"required": ["b"]}}}
+    assert_lang(check(draft7), ['{"a": 1, "b": 2}', '{"b": 2}'], ['{"a": 1}'])
+    with pytest.raises(SchemaError) as exc:  # "a" could be an additional key, out of reach of the states
+        json_schema_to_ir({"type": "object", "dependentRequired": {"a": ["b"]}}, strict_mode=False)
+    assert exc.value.pointer == "/dependentRequired/a"
 
 
 def test_lenient_mode_warns_instead_of_raising(check):

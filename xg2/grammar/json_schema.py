@@ -62,6 +62,8 @@ MAX_BOUND = 1_000_000
 #: Most properties of an object with `any_order`, and most object states (entries x counts) overall.
 MAX_ANY_ORDER = 10
 MAX_OBJECT_STATES = 20_000
+#: Most properties taking part in dependentRequired/dependencies in one object (states grow as 2**n).
+MAX_TRACKED_DEPENDENCIES = 8
 #: Most patternProperties in one object (key regions grow as 2**n).
 MAX_KEY_PATTERNS = 4
 #: Nested schemas (including `$ref` hops and `enum` values) the converter descends before giving up.
@@ -74,8 +76,8 @@ ANNOTATIONS = frozenset({
     "readOnly", "writeOnly", "$defs", "definitions",
 })
 UNSUPPORTED = frozenset({
-    "unevaluatedProperties", "unevaluatedItems", "dependentRequired",
-    "dependentSchemas", "dependencies", "contains", "minContains", "maxContains", "not", "if", "then",
+    "unevaluatedProperties", "unevaluatedItems",
+    "dependentSchemas", "contains", "minContains", "maxContains", "not", "if", "then",
     "else", "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
     "contentSchema",
 })
@@ -84,7 +86,7 @@ HANDLED = frozenset({
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "anyOf",
     "oneOf", "allOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "uniqueItems", "pattern", "format", "multipleOf", "patternProperties", "propertyNames",
-    "minProperties", "maxProperties",
+    "minProperties", "maxProperties", "dependentRequired", "dependencies",
 })
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 
@@ -784,10 +786,44 @@ class _Converter:
         hi = self.bound(schema, "maxProperties", ptr, None)
         if hi is not None and lo > hi or sum(req for _k, _m, req in entries) > (hi if hi is not None else lo + len(entries)):
             return None
-        return self.members(entries, extra, lo, hi, d, ptr)
+        deps = self.dependencies(schema, [k for k, _m, _r in entries], ptr)
+        if deps is None:
+            return None
+        return self.members(entries, extra, lo, hi, d, ptr, deps)
+
+    def lower_allows_extra(self, schema: dict) -> bool:
+        return schema.get("additionalProperties", not self.strict) is not False or bool(schema.get("patternProperties"))
+
+    def dependencies(self, schema: dict, names: list[str], ptr: str) -> dict[int, set[int]] | None:
+        """dependentRequired (and draft 4-7 `dependencies` in array form, or schema form holding only
+        `required`) as entry indices: present a => present each b. None when a dependency names
+        a property that cannot appear, which makes its trigger impossible only if required."""
+        out: dict[int, set[int]] = {}
+        index = {k: i for i, k in enumerate(names)}
+        for kw in ("dependentRequired", "dependencies"):
+            spec = schema.get(kw, {})
+            if not isinstance(spec, dict):
+                raise SchemaError(f"{kw} must be an object", _ptr(ptr, kw))
+            for a, need in spec.items():
+                where = _ptr(ptr, kw, a)
+                if isinstance(need, dict) and set(need) - ANNOTATIONS <= {"required"}:
+                    need = need.get("required", [])
+                if need is True:
+                    continue
+                if not isinstance(need, list) or not all(isinstance(b, str) for b in need):
+                    return self.unsupported(kw, where, f"{kw} with a schema cannot be enforced", fallback={})
+                if a not in index or any(b not in index for b in need):
+                    if a in schema.get("required", []) and any(b not in index for b in need):
+                        return None
+                    if a in index or self.lower_allows_extra(schema):
+                        return self.unsupported(kw, where, f"{kw} involving a property that is not listed in "
+                                                "properties cannot be enforced", fallback={})
+                    continue  # the trigger can never be written
+                out.setdefault(index[a], set()).update(index[b] for b in need if b != a)
+        return out
 
     def members(self, entries: list[tuple[str, Expr, bool]], extra: Expr | None, lo: int, hi: int | None,
-                d: int, ptr: str) -> Expr | None:
+                d: int, ptr: str, deps: dict[int, set[int]] | None = None) -> Expr | None:
         """The object body as an automaton of rules over (what has been written, how many members).
 
         In schema order (the default), a state is the last named entry written; with `any_order`,
@@ -797,6 +833,10 @@ class _Converter:
         n = len(entries)
         cap = hi if hi is not None else lo
         required = [i for i, (_k, _m, req) in enumerate(entries) if req]
+        deps = deps or {}
+        tracked = {i for a, bs in deps.items() for i in (a, *bs)}
+        if len(tracked) > MAX_TRACKED_DEPENDENCIES:
+            raise GrammarLimitError(f"dependencies among more than {MAX_TRACKED_DEPENDENCIES} properties (at {ptr or '/'})")
         if self.any_order:
             states = (1 << n) * (cap + 1)
             if n > MAX_ANY_ORDER or states > MAX_OBJECT_STATES:
@@ -812,50 +852,65 @@ class _Converter:
         def room(c: int) -> bool:
             return hi is None or c < hi
 
-        refs: dict[tuple[int, int], RuleRef] = {}
-        pending: list[tuple[int, int]] = []
+        refs: dict[tuple[int, int, int], RuleRef] = {}
+        pending: list[tuple[int, int, int]] = []
 
-        def state(key: tuple[int, int]) -> RuleRef:
+        def state(key: tuple[int, int, int]) -> RuleRef:
             if key not in refs:
                 refs[key] = RuleRef(self.new_name("tail"))
                 pending.append(key)
             return refs[key]
 
         if self.any_order:
-            def follow(mask: int, c: int) -> list[Expr | None]:
+            def follow(mask: int, c: int, _w: int = 0) -> list[Expr | None]:
                 alts: list[Expr | None] = []
-                if all(mask >> i & 1 for i in required) and c >= lo:
+                done = all(mask >> i & 1 for i in required) and c >= lo
+                if done and all(mask >> b & 1 for a, bs in deps.items() if mask >> a & 1 for b in bs):
                     alts.append(EMPTY)
                 if room(c):
-                    alts += [Seq((sep, entries[j][1], state((mask | 1 << j, clamp(c + 1)))))
+                    alts += [Seq((sep, entries[j][1], state((mask | 1 << j, clamp(c + 1), 0))))
                              for j in range(n) if not mask >> j & 1]
                     if extra is not None:
-                        alts.append(Seq((sep, extra, state((mask, clamp(c + 1))))))
+                        alts.append(Seq((sep, extra, state((mask, clamp(c + 1), 0)))))
                 return alts
 
-            first = [Seq((entries[j][1], state((1 << j, clamp(1))))) for j in range(n)]
+            first = [Seq((entries[j][1], state((1 << j, clamp(1), 0)))) for j in range(n)]
             if extra is not None:
-                first.append(Seq((extra, state((0, clamp(1))))))
+                first.append(Seq((extra, state((0, clamp(1), 0)))))
         else:
-            last_start = required[0] if required else n - 1
-
-            def follow(i: int, c: int) -> list[Expr | None]:
+            def nexts(i: int, c: int, written: int, lead: Expr | None) -> list[Expr | None]:
+                """What may come after entry i (-1: nothing yet), with c members and the tracked
+                entries `written`; `lead` is the separator (None before the first member)."""
                 later = [r for r in required if r > i]
+                owed = {b for a, bs in deps.items() if written >> a & 1 for b in bs if not written >> b & 1}
                 alts: list[Expr | None] = []
-                if not later:
-                    if extra is not None:
+                if not later and not owed:
+                    if extra is not None and (lead is not None or c < (hi if hi is not None else c + 1)):
                         more_min = max(0, lo - c)
-                        alts.append(Repeat(Seq((sep, extra)), more_min, None if hi is None else hi - c))
-                    elif c >= lo:
+                        more_max = None if hi is None else hi - c
+                        if lead is not None:
+                            alts.append(Repeat(Seq((sep, extra)), more_min, more_max))
+                        elif more_max is None or more_max > 0:
+                            alts.append(Seq((extra, Repeat(Seq((sep, extra)), max(0, more_min - 1),
+                                                           None if more_max is None else more_max - 1))))
+                    elif c >= lo and lead is not None:
                         alts.append(EMPTY)
-                if room(c):
-                    stop = later[0] if later else n - 1
-                    alts += [Seq((sep, entries[j][1], state((j, clamp(c + 1))))) for j in range(i + 1, stop + 1)]
+                if not room(c):
+                    return alts
+                stop = min([later[0]] if later else [n - 1])
+                for j in range(i + 1, stop + 1):
+                    if any(b < j and not written >> b & 1 for b in deps.get(j, ())):
+                        continue
+                    now = written | (1 << j if j in tracked else 0)
+                    alts.append(_seq(lead or EMPTY, entries[j][1], state((j, clamp(c + 1), now))))
+                    if j in owed:
+                        break  # skipping an owed entry is not allowed
                 return alts
 
-            first = [Seq((entries[j][1], state((j, clamp(1))))) for j in range(last_start + 1)]
-            if not required and extra is not None:
-                first.append(_seq(extra, _choice(follow(n - 1, clamp(1)))))
+            def follow(i: int, c: int, written: int) -> list[Expr | None]:
+                return nexts(i, c, written, sep)
+
+            first = nexts(-1, 0, 0, None)
         if hi == 0:
             first = []
         k = 0
