@@ -456,6 +456,15 @@ def test_one_of_exact_when_disjoint_error_otherwise(check):
         json_schema_to_ir(overlapping, strict_mode=False, lenient=True)
 
 
+def test_one_of_any_of_over_required_sets(check):
+    schema = {"type": "object", "properties": {"ssn": {}, "ein": {}, "x": {}},
+              "oneOf": [{"required": ["ssn"]}, {"required": ["ein"]}]}
+    assert_lang(check(schema, strict_mode=False), ['{"ssn": 1}', '{"ein": 1, "x": 2}'],
+                ['{"ssn": 1, "ein": 2}', "{}", '{"x": 1}'])
+    schema = {"properties": {"a": {}, "b": {}}, "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    assert_lang(check(schema, strict_mode=False), ['{"a": 1}', '{"a": 1, "b": 2}', "1"], ["{}"])
+
+
 def test_dependent_required(check):
     schema = {"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
               "dependentRequired": {"c": ["a"], "a": ["b"]}, "additionalProperties": False}
@@ -573,17 +582,13 @@ def _normalise(data, schemas, root):
     return data
 
 
-def _uses_one_of(schema) -> bool:
-    return '"oneOf"' in json.dumps(schema)
-
-
 @pytest.mark.parametrize("subset", ["Github_easy", "Glaiveai2K"])
 def test_jsonschemabench(compiler, subset):
     path = DATA / f"{subset}.jsonl"
     if not path.exists():
         pytest.skip(f"{path} not found: the benchmark data lives in ../shared beside the checkout")
     stats = {"records": 0, "compiled": 0, "unsupported": 0, "limit": 0, "judged": 0, "right": 0, "false_accept": 0,
-                 "false_reject": 0, "excused": 0}
+                 "false_reject": 0}
     problems = []
     with path.open() as f:
         records = [json.loads(line) for _, line in zip(range(150), f)]
@@ -598,7 +603,12 @@ def test_jsonschemabench(compiler, subset):
         except GrammarLimitError:
             stats["limit"] += 1
             continue
-        compiled = compiler.compile_grammar(xg2.Grammar(ir))
+        try:
+            compiled = compiler.compile_grammar(xg2.Grammar(ir))
+        except xg2.GrammarError as exc:  # e.g. a oneOf no object can satisfy: the schema accepts nothing
+            assert "accepts no string" in str(exc)
+            stats["unsupported"] += 1
+            continue
         stats["compiled"] += 1
         for t in rec["tests"]:
             data, valid = t["data"], t["valid"]
@@ -614,11 +624,8 @@ def test_jsonschemabench(compiler, subset):
             if accepted == valid:
                 stats["right"] += 1
             elif accepted:
-                if _uses_one_of(schema):  # oneOf is documented as non-exclusive
-                    stats["excused"] += 1
-                else:
-                    stats["false_accept"] += 1
-                    problems.append((rec["id"], "accepted invalid", texts[0][:200]))
+                stats["false_accept"] += 1
+                problems.append((rec["id"], "accepted invalid", texts[0][:200]))
             else:
                 stats["false_reject"] += 1
                 problems.append((rec["id"], "rejected valid", texts[-1][:200]))

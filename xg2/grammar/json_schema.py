@@ -542,6 +542,15 @@ class _Converter:
                 if not isinstance(subs, list) or not subs:
                     raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
                 rest = {k: v for k, v in schema.items() if k != kw}
+                sets = _presence_sets(subs)
+                if sets is not None and len(sets) > 1 and PRESENCE not in rest:
+                    # branches that only require properties: a condition on which members are
+                    # present, enforced by the object's states (exactly one / at least one holds)
+                    kept = self.types(rest, ptr)
+                    if kw == "oneOf":  # a non-object satisfies every branch, so not exactly one
+                        kept = ["object"] if "object" in kept else []
+                    rest["type"] = kept
+                    return self.lower({**rest, PRESENCE: (kw, sets)}, ptr, d)
                 if kw == "oneOf" and not self.one_of_disjoint(subs, ptr):
                     self.unsupported("oneOf", _ptr(ptr, kw), "oneOf whose branches may overlap (exactly-one "
                                      "cannot be enforced; use anyOf if overlap is acceptable)")
@@ -789,7 +798,15 @@ class _Converter:
         deps = self.dependencies(schema, [k for k, _m, _r in entries], ptr)
         if deps is None:
             return None
-        return self.members(entries, extra, lo, hi, d, ptr, deps)
+        presence = None
+        if PRESENCE in schema:
+            mode, sets = schema[PRESENCE]
+            index = {k: i for i, (k, _m, _r) in enumerate(entries)}
+            if any(k not in index for group in sets for k in group) and self.lower_allows_extra(schema):
+                return self.unsupported(mode, _ptr(ptr, mode), f"{mode} requiring a property that is not listed "
+                                        "in properties cannot be enforced", fallback=None)
+            presence = (mode, [{index[k] for k in group} for group in sets if all(k in index for k in group)])
+        return self.members(entries, extra, lo, hi, d, ptr, deps, presence)
 
     def lower_allows_extra(self, schema: dict) -> bool:
         return schema.get("additionalProperties", not self.strict) is not False or bool(schema.get("patternProperties"))
@@ -823,7 +840,8 @@ class _Converter:
         return out
 
     def members(self, entries: list[tuple[str, Expr, bool]], extra: Expr | None, lo: int, hi: int | None,
-                d: int, ptr: str, deps: dict[int, set[int]] | None = None) -> Expr | None:
+                d: int, ptr: str, deps: dict[int, set[int]] | None = None,
+                presence: tuple[str, list[set[int]]] | None = None) -> Expr | None:
         """The object body as an automaton of rules over (what has been written, how many members).
 
         In schema order (the default), a state is the last named entry written; with `any_order`,
@@ -835,6 +853,14 @@ class _Converter:
         required = [i for i, (_k, _m, req) in enumerate(entries) if req]
         deps = deps or {}
         tracked = {i for a, bs in deps.items() for i in (a, *bs)}
+        if presence is not None:
+            tracked |= {i for group in presence[1] for i in group}
+
+        def present_ok(written: int) -> bool:
+            if presence is None:
+                return True
+            held = sum(all(written >> i & 1 for i in group) for group in presence[1])
+            return held == 1 if presence[0] == "oneOf" else held >= 1
         if len(tracked) > MAX_TRACKED_DEPENDENCIES:
             raise GrammarLimitError(f"dependencies among more than {MAX_TRACKED_DEPENDENCIES} properties (at {ptr or '/'})")
         if self.any_order:
@@ -864,7 +890,7 @@ class _Converter:
         if self.any_order:
             def follow(mask: int, c: int, _w: int = 0) -> list[Expr | None]:
                 alts: list[Expr | None] = []
-                done = all(mask >> i & 1 for i in required) and c >= lo
+                done = all(mask >> i & 1 for i in required) and c >= lo and present_ok(mask)
                 if done and all(mask >> b & 1 for a, bs in deps.items() if mask >> a & 1 for b in bs):
                     alts.append(EMPTY)
                 if room(c):
@@ -884,7 +910,7 @@ class _Converter:
                 later = [r for r in required if r > i]
                 owed = {b for a, bs in deps.items() if written >> a & 1 for b in bs if not written >> b & 1}
                 alts: list[Expr | None] = []
-                if not later and not owed:
+                if not later and not owed and present_ok(written):
                     if extra is not None and (lead is not None or c < (hi if hi is not None else c + 1)):
                         more_min = max(0, lo - c)
                         more_max = None if hi is None else hi - c
@@ -922,7 +948,7 @@ class _Converter:
         body = _choice(first)
         if body is not None:
             out.append(_seq(self.open("{", d), body, self.close("}", d)))
-        if not required and lo == 0:
+        if not required and lo == 0 and present_ok(0):
             out.append(self.empty("{}"))
         return _choice(out)
 
@@ -1093,6 +1119,18 @@ class _Converter:
 
 
 _CANNOT = object()
+#: Internal keyword carrying a oneOf/anyOf over required-sets down to the object lowering.
+PRESENCE = "\x00presence"
+
+
+def _presence_sets(subs: list) -> list[tuple[str, ...]] | None:
+    """The required-sets of branches that only say `required` (None if any branch says more)."""
+    out = []
+    for b in subs:
+        if not isinstance(b, dict) or set(b) - ANNOTATIONS != {"required"} or not isinstance(b["required"], list):
+            return None
+        out.append(tuple(b["required"]))
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
