@@ -1,38 +1,32 @@
 """JSON Schema front-end: lower a JSON Schema to the grammar IR (xgrammar's `compile_json_schema` shape).
 
 `json_schema_to_ir(schema, ...)` returns a :class:`GrammarIR` whose language is the set of JSON texts
-valid under the schema, written with the chosen layout. Supported keywords: `type` (string or list),
-`enum`, `const`, `properties`, `required`, `additionalProperties`, `items` (schema, or the draft-4
-list form with `additionalItems`), `prefixItems`, `minItems`, `maxItems`, `minLength`, `maxLength`,
-`anyOf`, `oneOf`, `allOf` (subschemas are merged into one schema; conflicting keywords that cannot
-be merged exactly raise), `$ref` (local JSON pointers: `#`, `#/$defs/..`, `#/definitions/..`, any
-other `#/...`), integer `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum` (exact), and
-`uniqueItems: false`. Annotation keywords are ignored; every other JSON Schema assertion raises
-:class:`SchemaError` naming the keyword and its JSON pointer. Non-standard keywords (not defined by
-any JSON Schema draft, e.g. `x-foo`) are ignored, as validators do.
+valid under the schema, written with the chosen layout. The supported keywords and the exact
+semantics are listed in the README ("JSON Schema"); in short: types, enum/const, properties,
+required, additionalProperties, patternProperties, propertyNames, min/maxProperties,
+dependentRequired (and draft-4/7 `dependencies`), items/prefixItems/additionalItems, min/maxItems,
+min/maxLength, pattern, format, number and integer bounds, multipleOf, anyOf, oneOf (when exact),
+allOf (merged), not (forms with a positive equivalent), local $ref with recursion. A schema that lists
+its values (enum/const) keeps the values valid under all of it, so every keyword is exact there.
+Annotations and non-standard keywords are ignored; anything else raises :class:`SchemaError` with
+its JSON pointer, or warns (:class:`SchemaWarning`) and is relaxed in lenient mode.
 
 Exactness notes (documented restrictions; everything else is exact):
 
 * Object members appear in the order of `properties` (then `required` names not listed in
-  `properties`); optional ones may be left out; additional properties (when allowed) come after
-  all named ones. An additional key never equals a named property (so named properties are always
-  checked against their own schema); while a key is still a prefix of a named key, `\\uXXXX`
-  escapes are not allowed in it.
+  `properties`), unless `any_order`; additional members come after the named ones.
 * Property names and `enum`/`const` strings are matched in their canonical spelling
-  (`json.dumps(..., ensure_ascii=False)`), and `enum`/`const` arrays/objects keep their own member
-  order; whitespace and separators inside them follow the layout options. `enum`/`const` may be
-  combined only with `type` (values of other types are dropped).
-* `integer` values are written without fraction or exponent (`1.0` and `1e2` are not accepted).
-* `oneOf` is treated like `anyOf` (not exclusive).
-* `minLength`/`maxLength` count characters as one unescaped code point or one escape sequence (a
-  surrogate pair written as two `\\u` escapes counts as two).
-* Without `type`, all types are allowed and each keyword restricts only its own type (exact JSON
-  Schema semantics, unlike xgrammar which infers `object` from `properties`).
+  (`json.dumps(..., ensure_ascii=False)`); so are strings under `pattern`/`format` (only `"`, `\\`
+  and control characters escaped, `\\/` also allowed). Free strings accept every escape.
+* `integer` values are written without fraction or exponent; bounded or `multipleOf` numbers in
+  plain decimal notation (no exponent).
+* `oneOf` is enforced when its branches are provably disjoint (types, listed values, a required
+  discriminator, closed objects) or only require properties; otherwise it is an error.
+* Length bounds count code points; a surrogate pair written as two escapes is one character, and a
+  lone surrogate escape is never accepted.
 * With `indent` and `any_whitespace=False` the layout depends on nesting depth; values nested more
   than :data:`MAX_INDENT_DEPTH` containers deep are then not accepted.
 * The root value has no surrounding whitespace.
-* `anyOf`/`oneOf` combined with sibling keywords are distributed (each alternative is merged with
-  the siblings); `$ref` with siblings is inlined and merged.
 * Nesting is bounded: more than :data:`MAX_SCHEMA_DEPTH` nested schemas (counting `$ref` hops and
   merges) raise :class:`GrammarLimitError`; bounds above :data:`MAX_BOUND` do too.
 """
