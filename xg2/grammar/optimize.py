@@ -57,10 +57,25 @@ def expr_size(e: Expr) -> int:
             s = 1 + len(x.ranges)
         elif isinstance(x, Repeat):
             s = 1 + sizes[id(x.expr)] * max(1, x.max if x.max is not None else x.min + 1)
+            if x.max is None and _wide(x.expr):
+                # a loop over free text: its mask entries walk most of the vocabulary, so one shared
+                # copy (one set of entries) beats a copy per caller
+                s += INLINE_TOTAL_LIMIT
         else:
             s = 1 + sum(sizes[id(c)] for c in _children(x))
         sizes[id(x)] = s
     return sizes[id(e)]
+
+
+def _wide(e: Expr) -> bool:
+    """Whether `e` reads a character class of more than a few hundred code points."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, CharClass) and sum(hi - lo + 1 for lo, hi in x.codepoint_ranges()) > 256:
+            return True
+        stack.extend(_children(x))
+    return False
 
 
 def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
