@@ -40,6 +40,9 @@ d ::= [xy]
     "compressed": r'''
 root ::= "<" [a-c]{2,40} ">" ("xy" | "y"){20,}
 ''',
+    "bounded_text": r'''
+root ::= "\"" ([^"\\\x00-\x1f] | "\\" ["\\/bfnrt]){3,40} "\"" ("," [^"\\\x00-\x1f]{0,12} ".")?
+''',
     "lookahead": r'''
 root ::= (word " ")* word "."
 word ::= [a-z]+ (= [ .])
@@ -60,6 +63,7 @@ SAMPLES = {
     "unicode": "中文àAB😀ä",
     "repetition": "aaabbbccccy",
     "compressed": "<" + "abc" * 13 + "a>" + "xyy" * 11,
+    "bounded_text": '"Hello, wörld \\"quoted\\" text that is long"' + ",short é.",
     "lookahead": "ab cd ef.",
     "right_recursive": "(a (b c) (d (e)))",
     "json": '{"a": [1, -2.5e3, true], "b\\"": {"c": null}, "d": "ü"}',

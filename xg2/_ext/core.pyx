@@ -846,6 +846,29 @@ cdef void _u8_subtrees(int32_t n, const uint8_t* sym, const int32_t* parent, uin
 # A token trie in pre-order arrays: node i has an incoming byte, a depth, the index just past its
 # subtree, the tokens ending at it (toks[lo:hi]) and below it (toks[dlo:dhi]), and the set of bytes
 # below it (4 words).
+#: Longest chain of character steps node_chain records (more than any token's bytes).
+cdef enum:
+    CHAIN_CAP = 4096
+
+
+cdef void _bytes_below(const TrieC* T, int32_t* out) noexcept nogil:
+    """out[i]: the most bytes a token in node i's subtree has beyond node i (subtrees are
+    preorder ranges [i, next[i]), so one backward pass suffices)."""
+    cdef int32_t i, k, m
+    i = T.n - 1
+    while i >= 0:
+        m = T.depth[i]
+        k = i + 1
+        while k < T.next[i]:
+            if out[k] > m:
+                m = out[k]
+            k = T.next[k]
+        out[i] = m
+        i -= 1
+    for i in range(T.n):
+        out[i] -= T.depth[i]
+
+
 cdef struct TrieC:
     int32_t n
     const uint8_t* byte
@@ -1433,6 +1456,8 @@ cdef class CompiledCore:
     cdef uint64_t* node_loop          # 4 words per node: bytes on which a pure node loops to itself
     cdef uint64_t* node_text          # 2 words per node: ASCII bytes that leave a "text" node; see _text_node
     cdef uint8_t* node_textual
+    cdef int32_t* node_chain          # per node: text characters a chain of nodes reads (see _chain_nodes)
+    cdef int32_t* trie_below          # per trie node: the most bytes any token below it adds
     cdef int32_t* aid
     cdef int32_t* bid
     cdef int32_t* cids
@@ -1453,6 +1478,8 @@ cdef class CompiledCore:
         self.node_loop = NULL
         self.node_text = NULL
         self.node_textual = NULL
+        self.node_chain = NULL
+        self.trie_below = NULL
         self.aid = NULL
         self.bid = NULL
         self.cids = NULL
@@ -1532,6 +1559,13 @@ cdef class CompiledCore:
         for nd in range(self.g.n_nodes):
             if self.g.be_start[nd + 1] > self.g.be_start[nd]:
                 self._text_node(nd)
+        self.node_chain = <int32_t*>calloc(max(1, self.g.n_nodes), sizeof(int32_t))
+        self.trie_below = <int32_t*>calloc(max(1, self.trie.n), sizeof(int32_t))
+        if self.node_chain == NULL or self.trie_below == NULL:
+            raise MemoryError()
+        with nogil:
+            self._chain_nodes()
+            _bytes_below(self.trie, self.trie_below)
         self.pa.memo = &self.memo
         self.pb.memo = &self.memo
         self.cache_bytes = 0
@@ -1552,6 +1586,8 @@ cdef class CompiledCore:
         free(self.node_loop)
         free(self.node_text)
         free(self.node_textual)
+        free(self.node_chain)
+        free(self.trie_below)
         free(self.aid)
         free(self.bid)
         free(self.cids)
@@ -1657,6 +1693,93 @@ cdef class CompiledCore:
         self.node_textual[s] = 1
         return True
 
+    cdef int32_t _chain_step(self, int32_t s, uint64_t* exits) noexcept nogil:
+        """The node every well-formed character not in `exits` leads s to, if there is one (the
+        character steps of a bounded string: `c{0,n}` unrolled); exits gets the ASCII bytes that do
+        not lead there. -1 when s is no such node."""
+        cdef int32_t pair_d[64]
+        cdef int8_t pair_q[64]
+        cdef int n_pairs = 1, i = 0, j, b, q, nq, nd, d, n_ascii = 0
+        cdef int32_t nxt = self._step(s, ord("a"))
+        cdef bint known
+        if nxt < 0 or nxt == s:
+            return -1
+        pair_d[0] = s
+        pair_q[0] = 0
+        while i < n_pairs:
+            d = pair_d[i]
+            q = pair_q[i]
+            i += 1
+            for b in range(0x80, 0x100):
+                nq = U8[q][b]
+                if nq < 0:
+                    continue
+                nd = self._step(d, b)
+                if nd < 0:
+                    return -1
+                if nq == 0:
+                    if nd != nxt:
+                        return -1
+                    continue
+                known = False
+                for j in range(n_pairs):
+                    if pair_d[j] == nd and pair_q[j] == nq:
+                        known = True
+                        break
+                if not known:
+                    if n_pairs == 64:
+                        return -1
+                    pair_d[n_pairs] = nd
+                    pair_q[n_pairs] = <int8_t>nq
+                    n_pairs += 1
+        exits[0] = exits[1] = 0
+        for b in range(0x80):
+            if self._step(s, b) != nxt:
+                exits[b >> 6] |= (<uint64_t>1) << (b & 63)
+            else:
+                n_ascii += 1
+        return nxt if n_ascii >= 64 else -1
+
+    cdef void _chain_nodes(self) noexcept nogil:
+        """node_chain[s] = k > 0 when from s any k well-formed characters avoiding the ASCII bytes
+        node_text[s] stay inside the rule: each leads to the next node of a chain whose exits are no
+        wider (a bounded string `c{0,n}` unrolled), possibly into a text loop (then k is the cap).
+        From such a node a trie subtree whose tokens add at most k bytes and avoid those bytes is
+        accepted without walking it, as for text loops."""
+        cdef int32_t n = self.g.n_nodes, s, t, u, k
+        cdef int32_t* step = <int32_t*>malloc(max(1, n) * sizeof(int32_t))
+        cdef uint64_t ex[2]
+        if step == NULL:
+            return
+        for s in range(n):
+            step[s] = -1
+            if self.node_textual[s] or self.g.be_start[s + 1] == self.g.be_start[s]:
+                continue
+            t = self._chain_step(s, ex)
+            if t >= 0:
+                step[s] = t
+                self.node_text[s * 2] = ex[0]
+                self.node_text[s * 2 + 1] = ex[1]
+        for s in range(n):
+            if step[s] < 0:
+                continue
+            k = 0
+            t = s
+            while k < CHAIN_CAP:
+                u = step[t]
+                k += 1
+                if (self.node_text[u * 2] & ~self.node_text[s * 2]) or \
+                        (self.node_text[u * 2 + 1] & ~self.node_text[s * 2 + 1]):
+                    break  # past u, a byte s lets through may leave
+                if self.node_textual[u]:
+                    k = CHAIN_CAP
+                    break
+                if step[u] < 0:
+                    break
+                t = u
+            self.node_chain[s] = k
+        free(step)
+
     cdef int32_t _text_item(self, int32_t x) noexcept nogil:
         """A node of some item of interned set x that is a text node (or loops), or -1."""
         cdef Memo* m = &self.memo
@@ -1668,6 +1791,8 @@ cdef class CompiledCore:
             if self.node_textual[nd]:
                 best = nd
                 break
+            if self.node_chain[nd] > 0 and (best < 0 or self.node_chain[nd] > self.node_chain[best]):
+                best = nd
         m.id_text[x] = best
         return best
 
@@ -1930,7 +2055,8 @@ cdef class CompiledCore:
                     lp = self.node_loop + st * 4
                     bl = T.below + <int64_t>i * 4
                     tx = self.node_text + st * 2
-                    if ((self.node_textual[st] and ((bl[0] & tx[0]) | (bl[1] & tx[1])) == 0 and (T.u8ok[i] & 1))
+                    if (((self.node_textual[st] or self.node_chain[st] >= max(1, self.trie_below[i]))
+                            and ((bl[0] & tx[0]) | (bl[1] & tx[1])) == 0 and (T.u8ok[i] & 1))
                             or ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0):
                         # Every token below keeps an item looping on node st: the subtree is accepted.
                         for r in range(T.dlo[i], T.dhi[i]):
