@@ -11,7 +11,13 @@ extensions = [
         include_dirs=[np.get_include()],
         extra_compile_args=["-O3", "-fno-strict-aliasing"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    )
+    ),
+    # Rule automata (subset construction, minimisation, canonical numbering); plain C, no numpy.
+    Extension(
+        "xg2._ext.automata",
+        ["xg2/_ext/automata.pyx"],
+        extra_compile_args=["-O3", "-fno-strict-aliasing"],
+    ),
 ]
 
 setup(

@@ -3,15 +3,21 @@
 Each rule becomes one automaton whose edges read a byte range or call another rule. Code points are
 lowered to UTF-8 byte sequences here, so the core only ever sees bytes. Construction goes through an
 epsilon-NFA (Thompson style), then a subset construction that treats every rule reference as one more
-input symbol, then Moore minimisation and a canonical breadth-first numbering. Canonical numbering is
-what lets equal rule structures in different grammars map node to node (XGrammar 2, Alg. 1).
+input symbol, then minimisation and a canonical breadth-first numbering. Canonical numbering is what
+lets equal rule structures in different grammars map node to node (XGrammar 2, Alg. 1).
+
+All of it runs in C (`xg2._ext.automata`, through `build_dfa`), because a large schema has hundreds
+of rules and the Python version cost milliseconds per rule. `build_nfa` here is the Python twin of
+the C Thompson construction, needed by the rare fallback past MAX_DFA_STATES; the Python pipeline
+(`determinize_reference`, `minimize`) stays as the oracle the tests compare against.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from .._ext.automata import minimal_dfa, rule_dfa
 from ..errors import GrammarLimitError
 from .ir import CharClass, Choice, Expr, Literal, Repeat, RuleRef, Seq
 
@@ -23,16 +29,17 @@ MAX_DFA_STATES = 20_000
 #: grammar is rejected with GrammarLimitError instead of compiling for minutes.
 MAX_CLOSURE_WORK = 4_000_000
 
+_TOO_LARGE = "a rule's automaton is too large to build (nested or very large repetition bounds)"
+
 
 class _Budget:
-    def __init__(self) -> None:
-        self.left = MAX_CLOSURE_WORK
+    def __init__(self, left: int | None = None) -> None:
+        self.left = MAX_CLOSURE_WORK if left is None else left
 
     def spend(self, n: int) -> None:
         self.left -= n
         if self.left < 0:
-            raise GrammarLimitError(
-                "a rule's automaton is too large to build (nested or very large repetition bounds)")
+            raise GrammarLimitError(_TOO_LARGE)
 
 _UTF8_BOUNDS = ((0, 0x7F, 1), (0x80, 0x7FF, 2), (0x800, 0xFFFF, 3), (0x10000, 0x10FFFF, 4))
 
@@ -84,20 +91,39 @@ def _split_same_length(lo: int, hi: int, n: int, out: list) -> None:
             out.append([(ea[k], eb[k]) for k in range(n)])
 
 
-@dataclass
 class NFA:
-    """Epsilon-NFA under construction. Edges: (kind, a, b, target) with kind 0 byte [a,b], 1 rule a, 2 eps."""
+    """Epsilon-NFA under construction, kept as one flat list of ints, five per edge: source, kind,
+    a, b, target (kind 0 byte range [a,b], 1 call of rule a, 2 epsilon). The flat form is what the C
+    builder reads without per-node Python lists; `edges` regroups it for the Python paths."""
 
-    edges: list[list[tuple[int, int, int, int]]] = field(default_factory=list)
+    __slots__ = ("_edges", "flat", "n_nodes")
+
+    def __init__(self) -> None:
+        self.flat: list[int] = []
+        self.n_nodes = 0
+        self._edges: list[list[tuple[int, int, int, int]]] | None = None
 
     def node(self) -> int:
-        if len(self.edges) >= MAX_NFA_NODES:
+        if self.n_nodes >= MAX_NFA_NODES:
             raise GrammarLimitError(f"rule automaton exceeds {MAX_NFA_NODES} nodes")
-        self.edges.append([])
-        return len(self.edges) - 1
+        self.n_nodes += 1
+        self._edges = None
+        return self.n_nodes - 1
 
     def add(self, u: int, kind: int, a: int, b: int, v: int) -> None:
-        self.edges[u].append((kind, a, b, v))
+        self.flat += (u, kind, a, b, v)
+        self._edges = None
+
+    @property
+    def edges(self) -> list[list[tuple[int, int, int, int]]]:
+        """Per node, its edges (kind, a, b, target) in insertion order (built once, then cached)."""
+        if self._edges is None:
+            edges: list[list[tuple[int, int, int, int]]] = [[] for _ in range(self.n_nodes)]
+            f = self.flat
+            for i in range(0, len(f), 5):
+                edges[f[i]].append((f[i + 1], f[i + 2], f[i + 3], f[i + 4]))
+            self._edges = edges
+        return self._edges
 
 
 def build_nfa(body: Expr, rule_index: dict[str, int]) -> tuple[NFA, int, int]:
@@ -183,11 +209,12 @@ class RuleFSM:
 
 
 def _eps_closure(nfa: NFA, seeds) -> frozenset[int]:
+    edges = nfa.edges
     seen = set(seeds)
     work = list(seeds)
     while work:
         u = work.pop()
-        for kind, _a, _b, v in nfa.edges[u]:
+        for kind, _a, _b, v in edges[u]:
             if kind == 2 and v not in seen:
                 seen.add(v)
                 work.append(v)
@@ -223,7 +250,7 @@ def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
     try:
         fsm = _memo_automaton(body, refs)
     except RecursionError:  # hashing a pathologically deep body; build it without the memo
-        fsm = determinize(*build_nfa(body, {n: i for i, n in enumerate(refs)}))
+        fsm = build_dfa(body, {n: i for i, n in enumerate(refs)})
     if not refs:
         return fsm
     remap = [rule_index[n] for n in refs]
@@ -245,7 +272,7 @@ def pure_nodes(fsm: RuleFSM) -> list[bool]:
 
 @functools.lru_cache(maxsize=8192)
 def _memo_automaton(body: Expr, refs: tuple[str, ...]) -> RuleFSM:
-    return determinize(*build_nfa(body, {n: i for i, n in enumerate(refs)}))
+    return build_dfa(body, {n: i for i, n in enumerate(refs)})
 
 
 def _refs(e: Expr) -> tuple[str, ...]:
@@ -262,7 +289,43 @@ def _refs(e: Expr) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+def build_dfa(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
+    """`determinize(*build_nfa(body, rule_index))` with the NFA built in C as well.
+
+    After the C subset construction and minimisation, the Python Thompson construction was the
+    larger cost per rule (a Python object per edge). The NFA is still built in Python for the rare
+    fallback past MAX_DFA_STATES, which needs it.
+    """
+    res = rule_dfa(body, rule_index, _class_sequences, MAX_NFA_NODES, MAX_DFA_STATES, MAX_CLOSURE_WORK)
+    if isinstance(res, tuple):
+        return RuleFSM(*res)
+    if res == -3:
+        raise GrammarLimitError(f"rule automaton exceeds {MAX_NFA_NODES} nodes")
+    if res < 0:
+        raise GrammarLimitError(_TOO_LARGE)
+    nfa, start, end = build_nfa(body, rule_index)
+    return _epsilon_free(nfa, start, end, _Budget(res))
+
+
 def determinize(nfa: NFA, start: int, end: int) -> RuleFSM:
+    """The minimal DFA of the NFA, canonically numbered, built in C.
+
+    Same result shape and limits as `determinize_reference`: past MAX_DFA_STATES subset states the
+    epsilon-free NFA is kept (deterministic=False), and the closure work budget raises
+    GrammarLimitError. The DFA is fully minimal (never larger than the reference's) and equal
+    languages give identical automata.
+    """
+    res = minimal_dfa(nfa.flat, nfa.n_nodes, start, end, MAX_DFA_STATES, MAX_CLOSURE_WORK)
+    if isinstance(res, tuple):
+        return RuleFSM(*res)
+    if res < 0:
+        raise GrammarLimitError(_TOO_LARGE)
+    return _epsilon_free(nfa, start, end, _Budget(res))
+
+
+def determinize_reference(nfa: NFA, start: int, end: int) -> RuleFSM:
+    """The Python pipeline `determinize` replaced: subset construction, SCC-based minimize, canonical
+    numbering. Kept as the oracle of the differential tests (tests/test_automata.py)."""
     budget = _Budget()
     start_set = _eps_closure(nfa, [start])
     index = {start_set: 0}
