@@ -20,7 +20,6 @@ import argparse
 import gc
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -28,205 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# llguidance uses a rayon pool only for batched mask computation; pin it anyway.
-os.environ.setdefault("RAYON_NUM_THREADS", "1")
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(REPO))  # `import xg2` from a source checkout
 
 from corpus import GrammarCase, load_corpus
-
-DEFAULT_TOKENIZER = REPO.parent / "shared" / "tokenizers" / "deepseek_v3_tokenizer.json"
-EOS_CANDIDATES = ("<｜end▁of▁sentence｜>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "</s>", "<|im_end|>", "<eos>")
-ALL_ENGINES = ("xg2", "xgrammar", "llguidance")
-
-
-class EngineUnavailable(RuntimeError):
-    pass
-
-
-# ----------------------------------------------------------------- tokenizer
-
-
-@dataclass
-class Vocab:
-    path: Path
-    hf: Any  # tokenizers.Tokenizer
-    fast: Any  # transformers.PreTrainedTokenizerFast
-    eos_id: int | None
-
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False).ids
-
-
-def load_vocab(path: Path) -> Vocab:
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    hf = Tokenizer.from_file(str(path))
-    eos = next((t for t in EOS_CANDIDATES if hf.token_to_id(t) is not None), None)
-    fast = PreTrainedTokenizerFast(tokenizer_object=hf, eos_token=eos)
-    return Vocab(path, hf, fast, hf.token_to_id(eos) if eos else None)
-
-
-# ------------------------------------------------------------------- engines
-
-
-class Engine:
-    """Common adapter interface."""
-
-    name = "?"
-    vocab_size = 0
-
-    def compile(self, ebnf: str) -> Any:
-        raise NotImplementedError
-
-    def new_matcher(self, handle: Any) -> Any:
-        raise NotImplementedError
-
-    def new_bitmask(self) -> Any:
-        raise NotImplementedError
-
-    def fill(self, matcher: Any, bitmask: Any) -> None:
-        raise NotImplementedError
-
-    def accept(self, matcher: Any, token_id: int) -> bool:
-        raise NotImplementedError
-
-    def is_completed(self, matcher: Any) -> bool:
-        raise NotImplementedError
-
-
-class _XGrammarLike(Engine):
-    """xgrammar and xg2 share one API."""
-
-    module: Any
-
-    def compile(self, ebnf: str) -> Any:
-        # A fresh compiler per grammar: no compile cache survives between grammars.
-        compiler = self.module.GrammarCompiler(self.info, max_threads=1)
-        return compiler.compile_grammar(ebnf)
-
-    def new_matcher(self, handle: Any) -> Any:
-        return self.module.GrammarMatcher(handle)
-
-    def new_bitmask(self) -> Any:
-        return self.module.allocate_token_bitmask(1, self.vocab_size)
-
-    def fill(self, matcher: Any, bitmask: Any) -> None:
-        matcher.fill_next_token_bitmask(bitmask, 0)
-
-    def accept(self, matcher: Any, token_id: int) -> bool:
-        return bool(matcher.accept_token(token_id))
-
-    def is_completed(self, matcher: Any) -> bool:
-        return bool(matcher.is_completed())
-
-
-class XGrammarEngine(_XGrammarLike):
-    name = "xgrammar"
-
-    def __init__(self, vocab: Vocab) -> None:
-        try:
-            import xgrammar
-        except ImportError as exc:
-            raise EngineUnavailable(f"xgrammar not importable: {exc}") from exc
-        self.module = xgrammar
-        self.info = xgrammar.TokenizerInfo.from_huggingface(vocab.fast)
-        self.vocab_size = self.info.vocab_size
-
-
-class Xg2Engine(_XGrammarLike):
-    name = "xg2"
-
-    def __init__(self, vocab: Vocab) -> None:
-        try:
-            import xg2
-        except Exception as exc:
-            raise EngineUnavailable(f"xg2 not importable: {exc!r}") from exc
-        missing = [n for n in ("TokenizerInfo", "GrammarCompiler", "GrammarMatcher", "allocate_token_bitmask")
-                   if not hasattr(xg2, n)]
-        if missing:
-            raise EngineUnavailable(f"xg2 lacks {', '.join(missing)} (core not built yet?)")
-        self.module = xg2
-        try:
-            self.info = xg2.TokenizerInfo.from_huggingface(str(vocab.path))
-        except TypeError:
-            self.info = xg2.TokenizerInfo.from_huggingface(vocab.fast)
-        self.vocab_size = self.info.vocab_size
-
-
-class LLGuidanceEngine(Engine):
-    name = "llguidance"
-
-    def __init__(self, vocab: Vocab, vocab_size: int | None) -> None:
-        try:
-            import llguidance
-            import llguidance.hf
-            import llguidance.numpy
-        except ImportError as exc:
-            raise EngineUnavailable(f"llguidance not importable: {exc}") from exc
-        from ebnf_to_lark import ebnf_to_lark
-
-        self.llg = llguidance
-        self.llnp = llguidance.numpy
-        self.to_lark = ebnf_to_lark
-        self.tok = llguidance.hf.from_tokenizer(vocab.fast, n_vocab=vocab_size)
-        self.vocab_size = self.tok.vocab_size
-        self._lark: dict[str, str] = {}
-
-    def lark_for(self, ebnf: str) -> str:
-        # EBNF -> Lark conversion is our own preprocessing, done outside timing.
-        if ebnf not in self._lark:
-            self._lark[ebnf] = self.to_lark(ebnf)
-        return self._lark[ebnf]
-
-    def compile(self, ebnf: str) -> Any:
-        lark = self.lark_for(ebnf)
-        grammar = self.llg.LLMatcher.grammar_from_lark(lark)
-        matcher = self.llg.LLMatcher(self.tok, grammar, log_level=0)
-        if matcher.is_error():
-            raise RuntimeError(matcher.get_error())
-        return matcher  # prototype; new matchers are deep copies
-
-    def new_matcher(self, handle: Any) -> Any:
-        return handle.deep_copy()
-
-    def new_bitmask(self) -> Any:
-        return self.llnp.allocate_token_bitmask(1, self.vocab_size)
-
-    def fill(self, matcher: Any, bitmask: Any) -> None:
-        self.llnp.fill_next_token_bitmask(matcher, bitmask, 0)
-
-    def accept(self, matcher: Any, token_id: int) -> bool:
-        return bool(matcher.consume_token(token_id)) and not matcher.is_error()
-
-    def is_completed(self, matcher: Any) -> bool:
-        return bool(matcher.is_accepting())
-
-
-def make_engines(names: list[str], vocab: Vocab) -> list[Engine]:
-    engines: list[Engine] = []
-    size_hint: int | None = None
-    for name in names:
-        try:
-            if name == "xg2":
-                eng: Engine = Xg2Engine(vocab)
-            elif name == "xgrammar":
-                eng = XGrammarEngine(vocab)
-            elif name == "llguidance":
-                eng = LLGuidanceEngine(vocab, size_hint)
-            else:
-                raise SystemExit(f"unknown engine {name!r}; choose from {', '.join(ALL_ENGINES)}")
-        except EngineUnavailable as exc:
-            print(f"[skip] {name}: {exc}", file=sys.stderr)
-            continue
-        size_hint = size_hint or eng.vocab_size
-        engines.append(eng)
-    return engines
-
+from engines import ALL_ENGINES, DEFAULT_TOKENIZER, Engine, Vocab, load_vocab, make_engines
+from engines import percentile as _percentile
 
 # ------------------------------------------------------------------ measuring
 
@@ -241,13 +49,6 @@ class Result:
     steps: int = 0
     tokens: int = 0
     errors: list[str] = field(default_factory=list)
-
-
-def _percentile(sorted_vals: list[float], q: float) -> float:
-    if not sorted_vals:
-        return math.nan
-    k = min(len(sorted_vals) - 1, max(0, math.ceil(q * len(sorted_vals)) - 1))
-    return sorted_vals[k]
 
 
 def measure(engine: Engine, case: GrammarCase, vocab: Vocab, repeat: int) -> Result:
