@@ -94,3 +94,25 @@ class GrammarIR:
 
 
 EPSILON = Literal("")
+
+
+def seq(*items: Expr | None) -> Expr | None:
+    """A sequence for front-ends that build languages bottom-up, with None standing for the empty
+    language: it absorbs the sequence; epsilons drop out; one item stands for itself."""
+    if any(i is None for i in items):
+        return None
+    flat = [i for i in items if i != EPSILON]
+    if not flat:
+        return EPSILON
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def choice(alts: list[Expr | None]) -> Expr | None:
+    """A choice with None (the empty language) and duplicate alternatives dropped; None if none is left."""
+    out: list[Expr] = []
+    for a in alts:
+        if a is not None and a not in out:
+            out.append(a)
+    if not out:
+        return None
+    return out[0] if len(out) == 1 else Choice(tuple(out))

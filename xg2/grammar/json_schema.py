@@ -42,6 +42,8 @@ from typing import Any
 from ..errors import GrammarError, GrammarLimitError, SchemaError, SchemaWarning
 from .formats import format_expr
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
+from .ir import choice as _choice
+from .ir import seq as _seq
 from .json_string import json_string_body
 from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
 from .regex import regex_to_expr
@@ -99,30 +101,13 @@ U_ESCAPE = Seq((Literal("u"), Choice((
 ))))
 ESCAPE = Seq((Literal("\\"), Choice((CharClass(tuple((ord(c), ord(c)) for c in sorted(SHORT_ESCAPES))), U_ESCAPE))))
 CHAR = Choice((UNESCAPED, ESCAPE))
+
+
 def _ptr(base: str, *parts: Any) -> str:
     out = base
     for p in parts:
         out += "/" + str(p).replace("~", "~0").replace("/", "~1")
     return out
-
-
-def _seq(*items: Expr | None) -> Expr | None:
-    if any(i is None for i in items):
-        return None
-    flat = [i for i in items if i != EMPTY]
-    if not flat:
-        return EMPTY
-    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
-
-
-def _choice(alts: list[Expr | None]) -> Expr | None:
-    out: list[Expr] = []
-    for a in alts:
-        if a is not None and a not in out:
-            out.append(a)
-    if not out:
-        return None
-    return out[0] if len(out) == 1 else Choice(tuple(out))
 
 
 def _opt(e: Expr | None) -> Expr:

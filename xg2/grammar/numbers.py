@@ -14,6 +14,8 @@ from decimal import Decimal, InvalidOperation
 
 from ..errors import GrammarLimitError
 from .ir import CharClass, Choice, Expr, Literal, Repeat, Rule, RuleRef, Seq
+from .ir import choice as _choice
+from .ir import seq as _seq
 
 #: Largest number of decimal digits in a bound.
 MAX_BOUND_DIGITS = 400
@@ -35,25 +37,6 @@ NUMBER = Seq((
     Repeat(Seq((CharClass(((0x45, 0x45), (0x65, 0x65))), Repeat(CharClass(((0x2B, 0x2B), (0x2D, 0x2D))), 0, 1),
                 Repeat(DIGIT, 1, None))), 0, 1),
 ))
-
-
-def _seq(*items: Expr | None) -> Expr | None:
-    if any(i is None for i in items):
-        return None
-    flat = [i for i in items if i != EMPTY]
-    if not flat:
-        return EMPTY
-    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
-
-
-def _choice(alts: list[Expr | None]) -> Expr | None:
-    out: list[Expr] = []
-    for a in alts:
-        if a is not None and a not in out:
-            out.append(a)
-    if not out:
-        return None
-    return out[0] if len(out) == 1 else Choice(tuple(out))
 
 
 def _digit_class(lo: int, hi: int) -> Expr:
