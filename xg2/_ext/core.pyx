@@ -1649,61 +1649,14 @@ cdef class CompiledCore:
                 return self.g.be_target[k]
         return -1
 
-    cdef bint _text_node(self, int32_t s) noexcept nogil:
-        """Whether node s reads any well-formed non-ASCII character and comes back to s
-        (with every prefix alive); then node_text[s] gets the ASCII bytes that do not loop on s.
-        From such a node, every token of a subtree that is well-formed UTF-8 and avoids those bytes
-        is accepted without walking it."""
+    cdef int32_t _char_target(self, int32_t s) noexcept nogil:
+        """The node every well-formed non-ASCII character leads s to, with every byte prefix alive;
+        -1 when there is none (some character dies, or two lead to different nodes)."""
         cdef int32_t pair_d[64]
         cdef int8_t pair_q[64]
         cdef int n_pairs = 1, i = 0, j, b, q, nq, nd, d
+        cdef int32_t target = -1
         cdef bint known
-        pair_d[0] = s
-        pair_q[0] = 0
-        while i < n_pairs:
-            d = pair_d[i]
-            q = pair_q[i]
-            i += 1
-            for b in range(0x80, 0x100):
-                nq = U8[q][b]
-                if nq < 0:
-                    continue
-                nd = self._step(d, b)
-                if nd < 0:
-                    return False
-                if nq == 0:
-                    if nd != s:
-                        return False
-                    continue
-                known = False
-                for j in range(n_pairs):
-                    if pair_d[j] == nd and pair_q[j] == nq:
-                        known = True
-                        break
-                if not known:
-                    if n_pairs == 64:
-                        return False
-                    pair_d[n_pairs] = nd
-                    pair_q[n_pairs] = <int8_t>nq
-                    n_pairs += 1
-        self.node_text[s * 2] = self.node_text[s * 2 + 1] = 0
-        for b in range(0x80):
-            if self._step(s, b) != s:
-                self.node_text[s * 2 + (b >> 6)] |= (<uint64_t>1) << (b & 63)
-        self.node_textual[s] = 1
-        return True
-
-    cdef int32_t _chain_step(self, int32_t s, uint64_t* exits) noexcept nogil:
-        """The node every well-formed character not in `exits` leads s to, if there is one (the
-        character steps of a bounded string: `c{0,n}` unrolled); exits gets the ASCII bytes that do
-        not lead there. -1 when s is no such node."""
-        cdef int32_t pair_d[64]
-        cdef int8_t pair_q[64]
-        cdef int n_pairs = 1, i = 0, j, b, q, nq, nd, d, n_ascii = 0
-        cdef int32_t nxt = self._step(s, ord("a"))
-        cdef bint known
-        if nxt < 0 or nxt == s:
-            return -1
         pair_d[0] = s
         pair_q[0] = 0
         while i < n_pairs:
@@ -1718,8 +1671,9 @@ cdef class CompiledCore:
                 if nd < 0:
                     return -1
                 if nq == 0:
-                    if nd != nxt:
+                    if target >= 0 and nd != target:
                         return -1
+                    target = nd
                     continue
                 known = False
                 for j in range(n_pairs):
@@ -1732,6 +1686,30 @@ cdef class CompiledCore:
                     pair_d[n_pairs] = nd
                     pair_q[n_pairs] = <int8_t>nq
                     n_pairs += 1
+        return target
+
+    cdef bint _text_node(self, int32_t s) noexcept nogil:
+        """Whether node s reads any well-formed non-ASCII character and comes back to s; then
+        node_text[s] gets the ASCII bytes that do not loop on s. From such a node, every token of a
+        subtree that is well-formed UTF-8 and avoids those bytes is accepted without walking it."""
+        cdef int b
+        if self._char_target(s) != s:
+            return False
+        self.node_text[s * 2] = self.node_text[s * 2 + 1] = 0
+        for b in range(0x80):
+            if self._step(s, b) != s:
+                self.node_text[s * 2 + (b >> 6)] |= (<uint64_t>1) << (b & 63)
+        self.node_textual[s] = 1
+        return True
+
+    cdef int32_t _chain_step(self, int32_t s, uint64_t* exits) noexcept nogil:
+        """The node every well-formed character not in `exits` leads s to, if there is one (the
+        character steps of a bounded string: `c{0,n}` unrolled); exits gets the ASCII bytes that do
+        not lead there. -1 when s is no such node."""
+        cdef int b, n_ascii = 0
+        cdef int32_t nxt = self._step(s, ord("a"))
+        if nxt < 0 or nxt == s or self._char_target(s) != nxt:
+            return -1
         exits[0] = exits[1] = 0
         for b in range(0x80):
             if self._step(s, b) != nxt:
