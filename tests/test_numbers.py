@@ -15,19 +15,7 @@ from xg2.grammar.numbers import decimal_places, decimal_range, int_multiple, int
 
 def _member(expr):
     fsm = rule_automaton(expr, {})
-
-    def accepts(text: str) -> bool:
-        node = 0
-        for byte in text.encode():
-            for lo, hi, target in fsm.byte_edges[node]:
-                if lo <= byte <= hi:
-                    node = target
-                    break
-            else:
-                return False
-        return node in fsm.finals
-
-    return accepts
+    return lambda text: fsm.accepts(text.encode())
 
 
 def _candidates() -> set[str]:

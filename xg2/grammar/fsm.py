@@ -207,6 +207,19 @@ class RuleFSM:
     def n_nodes(self) -> int:
         return len(self.byte_edges)
 
+    def accepts(self, data: bytes) -> bool:
+        """Whether a call-free automaton reads exactly `data` (front-ends use it to decide
+        membership of names and values in the languages they build)."""
+        node = 0
+        for byte in data:
+            for lo, hi, target in self.byte_edges[node]:
+                if lo <= byte <= hi:
+                    node = target
+                    break
+            else:
+                return False
+        return node in self.finals
+
 
 def _eps_closure(nfa: NFA, seeds) -> frozenset[int]:
     edges = nfa.edges
