@@ -478,6 +478,58 @@ def test_dependent_required(check):
     assert exc.value.pointer == "/dependentRequired/a"
 
 
+UNEVALUATED_CASES = [
+    # alone: like additionalProperties
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False},
+     [{"a": 1}, {"a": 1, "b": 2}, {}]),
+    # members of allOf branches count as evaluated
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False,
+      "allOf": [{"properties": {"b": {"type": "string"}}}]},
+     [{"a": 1, "b": "x"}, {"a": 1, "b": "x", "c": 1}, {"a": 1}, {"a": 1, "b": 2}]),
+    # a branch's own keyword sees only the branch's members, not the parent's
+    ({"type": "object", "properties": {"a": {}, "b": {}},
+      "allOf": [{"properties": {"a": {}}, "unevaluatedProperties": False}]},
+     [{"a": 1}, {"a": 1, "b": 2}, {}]),
+    # members of a $ref target count
+    ({"$defs": {"base": {"properties": {"x": {"type": "integer"}}}}, "$ref": "#/$defs/base",
+      "properties": {"y": {"type": "boolean"}}, "unevaluatedProperties": False},
+     [{"y": True, "x": 1}, {"x": 1, "z": 2}, {"y": False}]),
+    # a schema value constrains the unevaluated members
+    ({"properties": {"a": {}}, "unevaluatedProperties": {"type": "integer"}},
+     [{"a": "s", "b": 1}, {"a": "s", "b": "t"}, "not an object"]),
+    # additionalProperties evaluates every member first
+    ({"properties": {"a": {}}, "additionalProperties": True, "unevaluatedProperties": False},
+     [{"a": "s", "b": 1}]),
+    # disjoint oneOf branches: the branch that holds names the evaluated members
+    ({"oneOf": [{"type": "object", "properties": {"k": {"const": 1}, "p": {}}, "required": ["k"]},
+                {"type": "object", "properties": {"k": {"const": 2}, "q": {}}, "required": ["k"]}],
+      "unevaluatedProperties": False},
+     [{"k": 1, "p": 0}, {"k": 1, "q": 0}, {"k": 2, "q": 0}, {"k": 2, "p": 0}]),
+    # patternProperties evaluate the keys they match
+    ({"patternProperties": {"^x_": {"type": "integer"}}, "unevaluatedProperties": False},
+     [{"x_a": 1}, {"y": 1}, {"x_a": "s"}]),
+    # listed values are checked by the validator with the same meaning
+    ({"enum": [{"a": 1}, {"a": 1, "b": 2}], "properties": {"a": {}}, "unevaluatedProperties": False},
+     [{"a": 1}, {"a": 1, "b": 2}]),
+]
+
+
+@pytest.mark.parametrize("schema,docs", UNEVALUATED_CASES)
+def test_unevaluated_properties(check, schema, docs):
+    acc = check(schema, any_whitespace=False, strict_mode=False)
+    oracle = jsonschema.Draft202012Validator(schema)
+    for doc in docs:
+        text = json.dumps(doc, ensure_ascii=False)
+        assert acc(text) == oracle.is_valid(doc), text
+
+
+def test_unevaluated_properties_next_to_any_of_is_an_error():
+    schema = {"allOf": [{"anyOf": [{"properties": {"a": {}}}], "unevaluatedProperties": False}]}
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir(schema)
+    assert exc.value.pointer == "/allOf/0/unevaluatedProperties"
+
+
 def test_lenient_mode_warns_instead_of_raising(check):
     schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     with pytest.raises(SchemaError) as exc:

@@ -72,7 +72,7 @@ ANNOTATIONS = frozenset({
     "readOnly", "writeOnly", "$defs", "definitions",
 })
 UNSUPPORTED = frozenset({
-    "unevaluatedProperties", "unevaluatedItems",
+    "unevaluatedItems",
     "dependentSchemas", "contains", "minContains", "maxContains", "not", "if", "then",
     "else", "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
     "contentSchema",
@@ -82,7 +82,7 @@ HANDLED = frozenset({
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "anyOf",
     "oneOf", "allOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "uniqueItems", "pattern", "format", "multipleOf", "patternProperties", "propertyNames",
-    "minProperties", "maxProperties", "dependentRequired", "dependencies",
+    "minProperties", "maxProperties", "dependentRequired", "dependencies", "unevaluatedProperties",
 })
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 
@@ -393,7 +393,50 @@ class _Converter:
         finally:
             self.level -= 1
 
+    def close_unevaluated(self, s: dict, ptr: str) -> dict:
+        """`s` with its `unevaluatedProperties` turned into `additionalProperties`.
+
+        The keyword sees the members evaluated by `s` and by the in-place subschemas it holds, so
+        `s` is first flattened (`$ref` and `allOf` merged in, which closes their own keywords the
+        same way). Then it means `additionalProperties`, or nothing if `s` has one: that keyword
+        evaluates every member the others leave. `anyOf`/`oneOf` would make the evaluated set
+        depend on which branches hold, so there it is not supported."""
+        if not isinstance(s, dict) or "unevaluatedProperties" not in s:
+            return s
+        for _ in range(MAX_SCHEMA_DEPTH):
+            if "$ref" in s:
+                s = self.inline_ref(s, ptr)
+            elif "allOf" in s:
+                subs = s["allOf"]
+                if not isinstance(subs, list) or not subs:
+                    raise SchemaError("allOf must be a non-empty array", _ptr(ptr, "allOf"))
+                merged = {k: v for k, v in s.items() if k != "allOf"}
+                for i, b in enumerate(subs):
+                    if b is False:
+                        return {"not": {}}
+                    if b is not True:
+                        merged = self.merge(merged, b, _ptr(ptr, "allOf", i))
+                s = merged
+            else:
+                break
+        else:
+            raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels at {ptr}")
+        s = dict(s)
+        extra = s.pop("unevaluatedProperties")
+        for kw in ("anyOf", "oneOf"):
+            if kw in s:
+                self.unsupported("unevaluatedProperties", _ptr(ptr, "unevaluatedProperties"),
+                                 f"unevaluatedProperties next to {kw} (the evaluated members depend on "
+                                 "which branches hold)")
+                return s
+        if "additionalProperties" not in s:
+            s["additionalProperties"] = extra
+        return s
+
     def _merge(self, a: dict, b: dict, ptr: str) -> dict:
+        # `b` is a subschema of `a` (allOf member, $ref target, branch): its unevaluatedProperties
+        # sees only its own members, so it is settled before the members of `a` join them.
+        b = self.close_unevaluated(b, ptr)
         for k in b:
             if k in UNSUPPORTED:
                 self.unsupported(k, _ptr(ptr, k))
@@ -547,7 +590,7 @@ class _Converter:
                     else:
                         alts.append(self.lower(self.merge(rest, s, p), p, d))
                 return _choice(alts)
-        return self.typed(schema, ptr, d)
+        return self.typed(self.close_unevaluated(schema, ptr), ptr, d)
 
     def one_of_disjoint(self, subs: list, ptr: str) -> bool:
         """Whether no value can satisfy two branches, shown by types, listed values or a required

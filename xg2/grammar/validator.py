@@ -203,6 +203,8 @@ class Validator:
             if k == "unevaluatedProperties" and any(c in s for c in ("allOf", "anyOf", "oneOf", "$ref", "if",
                                                                      "dependentSchemas", "dependencies")):
                 raise SchemaError("unsupported keyword 'unevaluatedProperties' next to subschemas", p)
+            if k == "unevaluatedProperties" and "additionalProperties" in s:
+                return True  # additionalProperties has evaluated every member
             named = s.get("properties", {})
             pats = [regex_to_expr(q, search=True) for q in s.get("patternProperties", {})]
             return all(sub(val, v, p, depth) for name, val in x.items()
