@@ -126,16 +126,19 @@ class _XGrammarLike(Engine):
 
     module: Any
     json_options: ClassVar[dict[str, Any]] = {"any_whitespace": True, "strict_mode": False}
+    #: Extra GrammarCompiler keywords (e.g. xg2's precompute_budget_ms for an ablation).
+    compiler_options: ClassVar[dict[str, Any]] = {}
 
     def compile(self, ebnf: str) -> Any:
         # A fresh compiler per grammar: no compile cache survives between grammars.
-        compiler = self.module.GrammarCompiler(self.info, max_threads=1)
+        compiler = self.module.GrammarCompiler(self.info, max_threads=1, **self.compiler_options)
         return compiler.compile_grammar(ebnf)
 
     def json_compiler(self) -> Any:
         # No compile cache: schemas must not be served from each other's results (and a cache
         # over thousands of schemas would only grow).
-        return self.module.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        return self.module.GrammarCompiler(self.info, **{"max_threads": 1, "cache_enabled": False,
+                                                        **self.compiler_options})
 
     def compile_json_schema(self, schema: Any, compiler: Any = None, **options: Any) -> Any:
         compiler = compiler if compiler is not None else self.json_compiler()

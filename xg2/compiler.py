@@ -46,7 +46,7 @@ class LoweredGrammar:
 MAX_RESUMES = 4
 
 
-def _resumes(rule: int, fsms: list[RuleFSM], sites: list[list[tuple[int, int]]], root: int):
+def _resumes(rule: int, fsms: list[RuleFSM], sites: list[list[tuple[int, int, int]]], root: int):
     """The caller nodes (rule, node) where calls of `rule` resume, looking through tail calls (a
     resume node that is final with no way on hands over to that rule's own callers). None when the
     root is among the callers seen through tail calls (the text may end there)."""
@@ -57,18 +57,15 @@ def _resumes(rule: int, fsms: list[RuleFSM], sites: list[list[tuple[int, int]]],
         r = work.pop()
         if r == root:
             return None
-        for p, u in sites[r]:
-            for rr, v in fsms[p].rule_edges[u]:
-                if rr != r:
-                    continue
-                if v in fsms[p].finals and not fsms[p].byte_edges[v] and not fsms[p].rule_edges[v]:
-                    if p not in seen:
-                        seen.add(p)
-                        work.append(p)
-                else:
-                    out.add((p, v))
-        if len(out) > MAX_RESUMES:
-            return None
+        for p, _u, v in sites[r]:
+            if v in fsms[p].finals and not fsms[p].byte_edges[v] and not fsms[p].rule_edges[v]:
+                if p not in seen:
+                    seen.add(p)
+                    work.append(p)
+            else:
+                out.add((p, v))
+                if len(out) > MAX_RESUMES:
+                    return None
     return out
 
 
@@ -119,7 +116,7 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
     be_start = np.zeros(n_nodes + 1, np.int32)
     re_start = np.zeros(n_nodes + 1, np.int32)
     be_lo, be_hi, be_target, re_rule, re_target = [], [], [], [], []
-    sites: list[list[tuple[int, int]]] = [[] for _ in fsms]
+    sites: list[list[tuple[int, int, int]]] = [[] for _ in fsms]  # per rule: (caller, node, resume node)
     for r, f in enumerate(fsms):
         b = int(base[r])
         for u in range(f.n_nodes):
@@ -133,7 +130,7 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
             for rr, v in f.rule_edges[u]:
                 re_rule.append(rr)
                 re_target.append(b + v)
-                sites[rr].append((r, u))
+                sites[rr].append((r, u, v))
             be_start[g + 1] = len(be_lo)
             re_start[g + 1] = len(re_rule)
 
@@ -142,7 +139,7 @@ def lower(ir: GrammarIR) -> LoweredGrammar:
     ctx_start = np.zeros(len(fsms) + 1, np.int32)
     ctx_item: list[int] = []
     for r in range(len(fsms)):
-        ctx_item.extend(sorted((p << 32) | (int(base[p]) + u) for p, u in sites[r]))
+        ctx_item.extend(sorted((p << 32) | (int(base[p]) + u) for p, u, _v in sites[r]))
         ctx_start[r + 1] = len(ctx_item)
     ctx_resume = np.full((len(fsms), MAX_RESUMES), -1, np.int32)
     for r in range(len(fsms)):

@@ -881,6 +881,7 @@ cdef struct TrieC:
     const uint64_t* below
     const int32_t* toks
     const uint8_t* u8ok      # per node: decoder states from which everything below is valid UTF-8
+    const int32_t* span      # per node: the most bytes any token below it adds (see _bytes_below)
 
 
 cdef struct VocabC:
@@ -933,6 +934,7 @@ cdef class Vocab:
     cdef int32_t* trie_dlo
     cdef int32_t* trie_dhi
     cdef uint8_t* trie_u8ok
+    cdef int32_t* trie_span
     cdef uint64_t* ordinary_bits
     cdef int32_t* stop_ids
     cdef int32_t n_stop
@@ -951,6 +953,7 @@ cdef class Vocab:
         self.trie_dlo = NULL
         self.trie_dhi = NULL
         self.trie_u8ok = NULL
+        self.trie_span = NULL
         self.ordinary_bits = NULL
         self.stop_ids = NULL
 
@@ -1078,6 +1081,11 @@ cdef class Vocab:
         self.c.trie.below = self.trie_below
         self.c.trie.toks = self.rank_token
         self.c.trie.u8ok = self.trie_u8ok
+        self.trie_span = <int32_t*>calloc(max(1, self.n_trie), sizeof(int32_t))
+        if self.trie_span == NULL:
+            raise MemoryError()
+        _bytes_below(&self.c.trie, self.trie_span)
+        self.c.trie.span = self.trie_span
         self.c.ordinary_bits = self.ordinary_bits
         self.c.stop_ids = self.stop_ids
         self.c.n_stop = self.n_stop
@@ -1154,6 +1162,7 @@ cdef class Vocab:
         free(self.trie_dlo)
         free(self.trie_dhi)
         free(self.trie_u8ok)
+        free(self.trie_span)
         free(self.ordinary_bits)
         free(self.stop_ids)
 
@@ -1193,9 +1202,11 @@ cdef class ClassTrie:
     cdef uint64_t* below
     cdef int32_t* toks
     cdef uint8_t* u8ok
+    cdef int32_t* span
 
     def __cinit__(self):
         self.u8ok = NULL
+        self.span = NULL
         self.byte = NULL
         self.depth = NULL
         self.next = NULL
@@ -1223,6 +1234,7 @@ cdef class ClassTrie:
         free(self.below)
         free(self.toks)
         free(self.u8ok)
+        free(self.span)
 
     cdef int _build(self, VocabC* v, const uint8_t* cmap) noexcept nogil:
         """Map every byte-trie node to a class-trie node (children kept in sorted sibling lists,
@@ -1375,7 +1387,11 @@ cdef class ClassTrie:
                     crep[j] = ccls[x]
                 _u8_subtrees(nc, crep, dfs, self.u8ok, u8c)
                 self.t.u8ok = self.u8ok
-                rc = 0
+                self.span = <int32_t*>calloc(max(1, nc), sizeof(int32_t))
+                if self.span != NULL:
+                    _bytes_below(&self.t, self.span)
+                    self.t.span = self.span
+                    rc = 0
         return self._free_scratch(cmap_node, cpar, first, sibling, ccls, crep, ccount, stack, pre, order, dfs,
                                   tok_start, rc)
 
@@ -1457,7 +1473,6 @@ cdef class CompiledCore:
     cdef uint64_t* node_text          # 2 words per node: ASCII bytes that leave a "text" node; see _text_node
     cdef uint8_t* node_textual
     cdef int32_t* node_chain          # per node: text characters a chain of nodes reads (see _chain_nodes)
-    cdef int32_t* trie_below          # per trie node: the most bytes any token below it adds
     cdef int32_t* aid
     cdef int32_t* bid
     cdef int32_t* cids
@@ -1479,7 +1494,6 @@ cdef class CompiledCore:
         self.node_text = NULL
         self.node_textual = NULL
         self.node_chain = NULL
-        self.trie_below = NULL
         self.aid = NULL
         self.bid = NULL
         self.cids = NULL
@@ -1560,12 +1574,10 @@ cdef class CompiledCore:
             if self.g.be_start[nd + 1] > self.g.be_start[nd]:
                 self._text_node(nd)
         self.node_chain = <int32_t*>calloc(max(1, self.g.n_nodes), sizeof(int32_t))
-        self.trie_below = <int32_t*>calloc(max(1, self.trie.n), sizeof(int32_t))
-        if self.node_chain == NULL or self.trie_below == NULL:
+        if self.node_chain == NULL:
             raise MemoryError()
         with nogil:
             self._chain_nodes()
-            _bytes_below(self.trie, self.trie_below)
         self.pa.memo = &self.memo
         self.pb.memo = &self.memo
         self.cache_bytes = 0
@@ -1587,7 +1599,6 @@ cdef class CompiledCore:
         free(self.node_text)
         free(self.node_textual)
         free(self.node_chain)
-        free(self.trie_below)
         free(self.aid)
         free(self.bid)
         free(self.cids)
@@ -2033,7 +2044,7 @@ cdef class CompiledCore:
                     lp = self.node_loop + st * 4
                     bl = T.below + <int64_t>i * 4
                     tx = self.node_text + st * 2
-                    if (((self.node_textual[st] or self.node_chain[st] >= max(1, self.trie_below[i]))
+                    if (((self.node_textual[st] or self.node_chain[st] >= max(1, self.trie.span[i]))
                             and ((bl[0] & tx[0]) | (bl[1] & tx[1])) == 0 and (T.u8ok[i] & 1))
                             or ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0):
                         # Every token below keeps an item looping on node st: the subtree is accepted.
