@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .._ext.automata import minimal_dfa, rule_dfa
 from ..errors import GrammarLimitError
-from .ir import CharClass, Choice, Expr, Literal, Repeat, RuleRef, Seq, facts
+from .ir import CharClass, Choice, Expr, Literal, Repeat, RuleRef, Seq
 
 #: Upper bound on automaton nodes built for one rule (before minimisation).
 MAX_NFA_NODES = 400_000
@@ -289,7 +289,17 @@ def _memo_automaton(body: Expr, refs: tuple[str, ...]) -> RuleFSM:
 
 
 def _refs(e: Expr) -> tuple[str, ...]:
-    return facts(e).names
+    out: set[str] = set()
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, RuleRef):
+            out.add(x.name)
+        elif isinstance(x, (Seq, Choice)):
+            stack.extend(x.items if isinstance(x, Seq) else x.alts)
+        elif isinstance(x, Repeat):
+            stack.append(x.expr)
+    return tuple(sorted(out))
 
 
 def build_dfa(body: Expr, rule_index: dict[str, int]) -> RuleFSM:

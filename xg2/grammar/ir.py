@@ -93,56 +93,6 @@ class GrammarIR:
         return {r.name: r for r in self.rules}
 
 
-@dataclass(frozen=True)
-class ExprFacts:
-    """What the IR passes ask of an expression tree, gathered in one walk."""
-
-    calls: tuple[tuple[str, int], ...]  # rules referenced, with their number of call sites
-    widest: int                         # largest copy count of a repetition (max, else min)
-    nested: bool                        # a repetition directly repeats a repetition
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(sorted(n for n, _ in self.calls))
-
-
-def facts(e: Expr) -> ExprFacts:
-    """The facts of `e`, cached on each node of the tree.
-
-    Expressions are immutable and front-ends share sub-trees (the JSON string character, key
-    spellings, whitespace), so every pass that used to walk whole rule bodies (inlining, repetition
-    compression, automaton memo keys) now reads one cached summary, and a shared sub-tree is
-    summarised once per process. The cache lives in the instance dict, outside the dataclass
-    fields, so equality and hashing are unchanged."""
-    got = e.__dict__.get("_facts")
-    if got is not None:
-        return got
-    stack: list[tuple[Expr, bool]] = [(e, False)]
-    while stack:
-        x, done = stack.pop()
-        if "_facts" in x.__dict__:
-            continue
-        kids = x.items if isinstance(x, Seq) else x.alts if isinstance(x, Choice) else \
-            (x.expr,) if isinstance(x, Repeat) else ()
-        if not done:
-            stack.append((x, True))
-            stack.extend((c, False) for c in kids if "_facts" not in c.__dict__)
-            continue
-        calls: dict[str, int] = {x.name: 1} if isinstance(x, RuleRef) else {}
-        widest, nested = 0, False
-        for c in kids:
-            f = c.__dict__["_facts"]
-            for n, k in f.calls:
-                calls[n] = calls.get(n, 0) + k
-            widest = max(widest, f.widest)
-            nested = nested or f.nested
-        if isinstance(x, Repeat):
-            widest = max(widest, x.max if x.max is not None else x.min)
-            nested = nested or isinstance(x.expr, Repeat)
-        object.__setattr__(x, "_facts", ExprFacts(tuple(calls.items()), widest, nested))
-    return e.__dict__["_facts"]
-
-
 EPSILON = Literal("")
 
 

@@ -7,7 +7,7 @@ inlined text, so fewer tokens are left uncertain.
 
 from __future__ import annotations
 
-from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq, facts
+from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
 #: Largest (weighted) expression size inlined into a caller.
 INLINE_LIMIT = 40
@@ -27,7 +27,18 @@ def _children(e: Expr) -> tuple[Expr, ...]:
 
 
 def expr_refs(e: Expr) -> set[str]:
-    return {n for n, _ in facts(e).calls}
+    return set(_ref_sites(e))
+
+
+def _ref_sites(e: Expr) -> list[str]:
+    out: list[str] = []
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, RuleRef):
+            out.append(x.name)
+        stack.extend(_children(x))
+    return out
 
 
 def expr_size(e: Expr) -> int:
@@ -92,12 +103,11 @@ def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
 
 def inline_small_rules(ir: GrammarIR) -> GrammarIR:
     """Inline reference-free, non-recursive small rules; drop rules no longer reachable from root."""
-    calls = {r.name: facts(r.body).calls for r in ir.rules}
-    refs = {name: [n for n, _ in c] for name, c in calls.items()}
+    refs = {r.name: _ref_sites(r.body) for r in ir.rules}
     sites: dict[str, int] = {}
-    for c in calls.values():
-        for name, k in c:
-            sites[name] = sites.get(name, 0) + k
+    for names in refs.values():
+        for name in names:
+            sites[name] = sites.get(name, 0) + 1
     callers: dict[str, list[str]] = {}
     missing = {r.name: set(refs[r.name]) for r in ir.rules}
     for r in ir.rules:

@@ -25,7 +25,7 @@ flattened to `e{0,a*b}`, the same language with one way to count.
 from __future__ import annotations
 
 from .fsm import rule_automaton
-from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq, facts
+from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
 #: Bounded repetitions with more copies than this are compressed (the paper's threshold T).
 REPEAT_THRESHOLD = 16
@@ -110,7 +110,7 @@ class _Compressor:
     def splits_one_way(self, e: Expr) -> bool:
         if _nullable(e, self.nullable):
             return False
-        if facts(e).calls:
+        if any(isinstance(x, RuleRef) for x in _walk(e)):
             return True
         fsm = rule_automaton(e, {})
         return fsm.deterministic and not any(fsm.byte_edges[u] for u in fsm.finals)
@@ -171,12 +171,25 @@ def _empty(e: Expr) -> bool:
     return e == Literal("") or (isinstance(e, Repeat) and e.max == 0)
 
 
+def _walk(e: Expr):
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        if isinstance(x, Repeat):
+            stack.append(x.expr)
+        elif isinstance(x, Seq):
+            stack.extend(x.items)
+        elif isinstance(x, Choice):
+            stack.extend(x.alts)
+
+
 def _has_nested_repeat(e: Expr) -> bool:
-    return facts(e).nested
+    return any(isinstance(x, Repeat) and isinstance(x.expr, Repeat) for x in _walk(e))
 
 
 def _has_large_repeat(e: Expr) -> bool:
-    return facts(e).widest > REPEAT_THRESHOLD
+    return any(isinstance(x, Repeat) and _large(x) for x in _walk(e))
 
 
 def compress_repetitions(ir: GrammarIR) -> GrammarIR:
