@@ -407,16 +407,9 @@ class _Converter:
             if "$ref" in s:
                 s = self.inline_ref(s, ptr)
             elif "allOf" in s:
-                subs = s["allOf"]
-                if not isinstance(subs, list) or not subs:
-                    raise SchemaError("allOf must be a non-empty array", _ptr(ptr, "allOf"))
-                merged = {k: v for k, v in s.items() if k != "allOf"}
-                for i, b in enumerate(subs):
-                    if b is False:
-                        return {"not": {}}
-                    if b is not True:
-                        merged = self.merge(merged, b, _ptr(ptr, "allOf", i))
-                s = merged
+                s = self.merge_all_of(s, ptr)
+                if s is None:
+                    return {"not": {}}
             else:
                 break
         else:
@@ -432,6 +425,22 @@ class _Converter:
         if "additionalProperties" not in s:
             s["additionalProperties"] = extra
         return s
+
+    def merge_all_of(self, schema: dict, ptr: str) -> dict | None:
+        """`schema` with its allOf members merged in; None when a member is false."""
+        subs = schema["allOf"]
+        if not isinstance(subs, list) or not subs:
+            raise SchemaError("allOf must be a non-empty array", _ptr(ptr, "allOf"))
+        merged = {k: v for k, v in schema.items() if k != "allOf"}
+        for i, s in enumerate(subs):
+            if s is False:
+                return None
+            if s is True:
+                continue
+            if not isinstance(s, dict):
+                raise SchemaError("a schema must be an object or a boolean", _ptr(ptr, "allOf", i))
+            merged = self.merge(merged, s, _ptr(ptr, "allOf", i))
+        return merged
 
     def _merge(self, a: dict, b: dict, ptr: str) -> dict:
         # `b` is a subschema of `a` (allOf member, $ref target, branch): its unevaluatedProperties
@@ -545,19 +554,8 @@ class _Converter:
                 raise SchemaError("a schema must be an object or a boolean", where)
             return self.lower(self.merge(rest, target, ptr), ptr, d)
         if "allOf" in schema:
-            subs = schema["allOf"]
-            if not isinstance(subs, list) or not subs:
-                raise SchemaError("allOf must be a non-empty array", _ptr(ptr, "allOf"))
-            merged = {k: v for k, v in schema.items() if k != "allOf"}
-            for i, s in enumerate(subs):
-                if s is False:
-                    return None
-                if s is True:
-                    continue
-                if not isinstance(s, dict):
-                    raise SchemaError("a schema must be an object or a boolean", _ptr(ptr, "allOf", i))
-                merged = self.merge(merged, s, _ptr(ptr, "allOf", i))
-            return self.lower(merged, ptr, d)
+            merged = self.merge_all_of(schema, ptr)
+            return None if merged is None else self.lower(merged, ptr, d)
         for kw in ("anyOf", "oneOf"):
             if kw in schema:
                 subs = schema[kw]
