@@ -44,7 +44,7 @@ if importlib.util.find_spec("xg2") is None:
     # Fall back to the source checkout; a PYTHONPATH entry (e.g. a snapshot of xg2) wins.
     sys.path.append(str(REPO))
 
-from engines import ALL_ENGINES, DEFAULT_TOKENIZER, Engine, load_vocab, make_engine, percentile
+from engines import ALL_ENGINES, DEFAULT_TOKENIZER, KNOWN_ENGINES, Engine, load_vocab, make_engine, percentile
 from report_jsonschema import (
     compliance_markdown,
     compliance_summary,
@@ -296,7 +296,7 @@ def _judge(st: WorkerState, handle: Any, text: str, check_masks: bool) -> dict:
 
 def _compliance_tests(st: WorkerState, handle: Any, rec: dict) -> list[dict]:
     schema = rec["schema"]
-    detailed = st.engine.name == "xg2"
+    detailed = st.engine.name.startswith("xg2")
     validator = None
     results = []
     for i, t in enumerate(rec["tests"]):
@@ -521,9 +521,9 @@ def worker_main(conn: Any, engine_name: str, tokenizer: str, log_path: str, opts
         sys.stderr = os.fdopen(2, "w", buffering=1)
     vocab = load_vocab(Path(tokenizer))
     engine = make_engine(engine_name, vocab, vocab.size)
-    if engine_name == "llguidance" and opts.get("llguidance_options"):
-        engine.json_options = dict(opts["llguidance_options"])
-    if engine_name == "xg2" and opts.get("xg2_compiler_options"):
+    if engine_name.startswith("llguidance") and opts.get("llguidance_options"):
+        engine.json_options = {**engine.json_options, **opts["llguidance_options"]}
+    if engine_name.startswith("xg2") and opts.get("xg2_compiler_options"):
         engine.compiler_options = dict(opts["xg2_compiler_options"])
     st = WorkerState(engine, vocab, opts)
     conn.send(("ready", {"version": engine.version, "vocab_size": engine.vocab_size, "eos_id": vocab.eos_id,
@@ -833,8 +833,8 @@ def main(argv: list[str] | None = None) -> int:
     records = load_records(args.data, subsets, args.limit, ids)
     engines = [e for e in args.engines.split(",") if e]
     for e in engines:
-        if e not in ALL_ENGINES:
-            raise SystemExit(f"unknown engine {e!r}; choose from {', '.join(ALL_ENGINES)}")
+        if e not in KNOWN_ENGINES:
+            raise SystemExit(f"unknown engine {e!r}; choose from {', '.join(KNOWN_ENGINES)}")
     print(f"{args.mode}: {len(records)} schemas from {len(subsets)} subsets; engines {', '.join(engines)}",
           file=sys.stderr)
     payload: dict[str, Any] = {

@@ -25,6 +25,10 @@ REPO = HERE.parent
 DEFAULT_TOKENIZER = REPO.parent / "shared" / "tokenizers" / "deepseek_v3_tokenizer.json"
 EOS_CANDIDATES = ("<｜end▁of▁sentence｜>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "</s>", "<|im_end|>", "<eos>")
 ALL_ENGINES = ("xg2", "xgrammar", "llguidance")
+#: Engines that can also run in lenient mode ("<engine>-lenient": keywords they cannot enforce are
+#: relaxed with a warning instead of failing the compile; xgrammar always behaves that way).
+LENIENT_ENGINES = ("xg2", "llguidance")
+KNOWN_ENGINES = ALL_ENGINES + tuple(f"{e}-lenient" for e in LENIENT_ENGINES)
 
 
 class EngineUnavailable(RuntimeError):
@@ -269,13 +273,19 @@ class LLGuidanceEngine(Engine):
 
 def make_engine(name: str, vocab: Vocab, vocab_size: int | None = None) -> Engine:
     """One engine by name; `vocab_size` fixes the bitmask width (default: what the engine derives)."""
+    base, lenient, _ = name.partition("-lenient")
+    if lenient and base in LENIENT_ENGINES and not _:
+        engine = make_engine(base, vocab, vocab_size)
+        engine.name = name
+        engine.json_options = {**engine.json_options, "lenient": True}
+        return engine
     if name == "xg2":
         return Xg2Engine(vocab)
     if name == "xgrammar":
         return XGrammarEngine(vocab, vocab_size)
     if name == "llguidance":
         return LLGuidanceEngine(vocab, vocab_size)
-    raise SystemExit(f"unknown engine {name!r}; choose from {', '.join(ALL_ENGINES)}")
+    raise SystemExit(f"unknown engine {name!r}; choose from {', '.join(KNOWN_ENGINES)}")
 
 
 def make_engines(names: list[str], vocab: Vocab) -> list[Engine]:
@@ -285,7 +295,7 @@ def make_engines(names: list[str], vocab: Vocab) -> list[Engine]:
     size_hint: int | None = None
     for name in names:
         try:
-            eng = make_engine(name, vocab, size_hint if name == "llguidance" else None)
+            eng = make_engine(name, vocab, size_hint if name.startswith("llguidance") else None)
         except EngineUnavailable as exc:
             print(f"[skip] {name}: {exc}", file=sys.stderr)
             continue

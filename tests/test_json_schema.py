@@ -297,9 +297,19 @@ def test_errors():
         with pytest.raises(SchemaError) as exc:
             json_schema_to_ir({"anyOf": [{"type": "string"}, {kw: val}]})
         assert exc.value.pointer == f"/anyOf/1/{kw}", kw
-    with pytest.raises(SchemaError) as exc:
+    with pytest.raises(SchemaError) as exc:  # two nots merge into "neither", here nothing at all
         json_schema_to_ir({"allOf": [{"not": {}}, {"not": {"type": "null"}}]})
-    assert exc.value.pointer == "/allOf/0/not" and "unsupported" in exc.value.message
+    assert "accepts no JSON value" in exc.value.message
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir({"allOf": [{"not": {"type": "null"}}, {"not": {"minimum": 3}}]})
+    assert exc.value.pointer == "/allOf/1/not" and "'not'" in exc.value.message
+    with pytest.raises(GrammarLimitError, match="combining two anyOf"):
+        json_schema_to_ir({"allOf": [{"anyOf": [{"minimum": i} for i in range(9)]},
+                                     {"anyOf": [{"maximum": i} for i in range(9)]}]})
+    with pytest.raises(SchemaError) as exc:  # the second oneOf overlaps, so the product is not exact
+        json_schema_to_ir({"allOf": [{"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                                     {"oneOf": [{"minimum": 1}, {"maximum": 5}]}]})
+    assert exc.value.pointer == "/allOf/1/oneOf"
     with pytest.raises(SchemaError):
         json_schema_to_ir({"$ref": "http://example.com/x"})
     with pytest.raises(SchemaError):
@@ -512,6 +522,44 @@ UNEVALUATED_CASES = [
     ({"enum": [{"a": 1}, {"a": 1, "b": 2}], "properties": {"a": {}}, "unevaluatedProperties": False},
      [{"a": 1}, {"a": 1, "b": 2}]),
 ]
+
+
+#: allOf members whose keywords meet: each pair is combined exactly (the validator is the oracle).
+MERGE_CASES = [
+    # anyOf and anyOf: one branch of each holds
+    ({"allOf": [{"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                {"anyOf": [{"type": "integer", "minimum": 5}, {"type": "string", "maxLength": 2}]}]},
+     ["ab", "abc", 5, 4, None, 7.5]),
+    # disjoint oneOf and disjoint oneOf
+    ({"allOf": [{"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}, "required": ["k"]},
+                           {"type": "object", "properties": {"k": {"const": "b"}}, "required": ["k"]}]},
+                {"oneOf": [{"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]},
+                           {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]}]}]},
+     [{"k": "a", "v": 1}, {"k": "b", "v": "x"}, {"k": "c", "v": 1}, {"k": "a"}, {"k": "a", "v": None}]),
+    # allOf inside allOf members
+    ({"allOf": [{"allOf": [{"minimum": 1}]}, {"allOf": [{"maximum": 3}]}], "type": "integer"}, [0, 1, 3, 4]),
+    # two nots: neither holds
+    ({"allOf": [{"not": {"type": "string"}}, {"not": {"type": "null"}}]}, ["s", None, 1, True, [], {}]),
+    ({"not": {"anyOf": [{"type": "boolean"}, {"$ref": "#/$defs/n"}]}, "$defs": {"n": {"type": "null"}}},
+     [True, None, 1, "s"]),
+    # patternProperties from both members apply
+    ({"type": "object", "allOf": [{"patternProperties": {"^a": {"type": "integer"}}},
+                                  {"patternProperties": {"^a": {"minimum": 2}, "b$": {"type": "string"}}}]},
+     [{"ab": "s"}, {"ax": 2}, {"ax": 1}, {"xb": "s"}, {"xb": 1}, {"c": None}]),
+    # multipleOf on integers: both divide
+    ({"type": "integer", "allOf": [{"multipleOf": 4}, {"multipleOf": 6}]}, [12, 24, 8, 6, 0]),
+    # non-standard keywords never conflict
+    ({"allOf": [{"x-tag": 1, "type": "integer"}, {"x-tag": 2, "minimum": 0}]}, [1, -1, "s"]),
+]
+
+
+@pytest.mark.parametrize("schema,docs", MERGE_CASES)
+def test_merged_all_of_members(check, schema, docs):
+    acc = check(schema, any_whitespace=False, strict_mode=False)
+    oracle = jsonschema.Draft202012Validator(schema)
+    for doc in docs:
+        text = json.dumps(doc, ensure_ascii=False)
+        assert acc(text) == oracle.is_valid(doc), text
 
 
 @pytest.mark.parametrize("schema,docs", UNEVALUATED_CASES)

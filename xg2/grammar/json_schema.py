@@ -49,7 +49,7 @@ from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multipl
 from .regex import regex_to_expr
 from .regular import KeyDFA, intersect, to_rules
 from .regular import from_expr as regular_from_expr
-from .validator import Validator, json_equal
+from .validator import Validator
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
@@ -62,6 +62,10 @@ MAX_OBJECT_STATES = 20_000
 MAX_TRACKED_DEPENDENCIES = 8
 #: Most patternProperties in one object (key regions grow as 2**n).
 MAX_KEY_PATTERNS = 4
+#: Most branches made by merging two anyOf (or oneOf) keywords (the product of their lengths).
+MAX_CROSS_BRANCHES = 64
+#: How deep `oneOf` disjointness follows required members into their schemas.
+MAX_DISJOINT_DEPTH = 4
 #: Nested schemas (including `$ref` hops and `enum` values) the converter descends before giving up.
 MAX_SCHEMA_DEPTH = 128
 #: Deepest container nesting accepted with `indent` and `any_whitespace=False`.
@@ -447,7 +451,7 @@ class _Converter:
         # sees only its own members, so it is settled before the members of `a` join them.
         b = self.close_unevaluated(b, ptr)
         for k in b:
-            if k in UNSUPPORTED:
+            if k in UNSUPPORTED and k != "not":  # `not` is decided when lowered (see `negate`)
                 self.unsupported(k, _ptr(ptr, k))
         # inline references first so that properties keep the order they are written in
         if "$ref" in a and any(k in HANDLED for k in b):
@@ -501,6 +505,25 @@ class _Converter:
                 out[k] = [x for x in va if any(x == y and _type_of(x) == _type_of(y) for y in vb)]
                 if k == "const":
                     out["enum"] = out.pop(k)
+            elif k == "allOf":
+                out[k] = list(out[k]) + list(v)
+            elif k in ("anyOf", "oneOf"):
+                out[k] = self.cross_branches(k, out[k], v, ptr)
+            elif k == "not":
+                if self.negate({"not": v}, ptr) is _CANNOT:
+                    self.unsupported(k, _ptr(ptr, k))
+                out[k] = {"anyOf": [out[k], v]}  # neither holds
+            elif k == "patternProperties" and isinstance(v, dict) and isinstance(out[k], dict) and \
+                    "additionalProperties" not in out and "additionalProperties" not in bb:
+                # every matching pattern applies, so the union of the two maps says both
+                out[k] = {**out[k], **{p: _both(out[k][p], s) if p in out[k] else s for p, s in v.items()}}
+            elif k == "multipleOf" and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                           for x in (out[k], v)):
+                out[k] = math.lcm(out[k], v)
+            elif k not in HANDLED and k not in UNSUPPORTED:
+                continue  # non-standard keywords are ignored, so two spellings never conflict
+            elif k in UNSUPPORTED:
+                self.unsupported(k, _ptr(ptr, k))  # lenient: the first one is kept (and not enforced)
             else:
                 raise SchemaError(f"cannot combine conflicting {k!r} keywords", _ptr(ptr, k))
         if "const" in out and "enum" in out:
@@ -571,7 +594,7 @@ class _Converter:
                         kept = ["object"] if "object" in kept else []
                     rest["type"] = kept
                     return self.lower({**rest, PRESENCE: (kw, sets)}, ptr, d)
-                if kw == "oneOf" and not self.one_of_disjoint(subs, ptr):
+                if kw == "oneOf" and not self.one_of_disjoint(subs, ptr, rest):
                     self.unsupported("oneOf", _ptr(ptr, kw), "oneOf whose branches may overlap (exactly-one "
                                      "cannot be enforced; use anyOf if overlap is acceptable)")
                 alts = []
@@ -590,24 +613,51 @@ class _Converter:
                 return _choice(alts)
         return self.typed(self.close_unevaluated(schema, ptr), ptr, d)
 
-    def one_of_disjoint(self, subs: list, ptr: str) -> bool:
-        """Whether no value can satisfy two branches, shown by types, listed values or a required
-        discriminator property; then oneOf is anyOf. Conservative: False when it cannot tell."""
+    def cross_branches(self, kw: str, xs: Any, ys: Any, ptr: str) -> list:
+        """Branches for "one of `xs` and one of `ys`": their pairwise conjunctions. For `oneOf`
+        that is exact when each list is disjoint (then so are the pairs)."""
+        if not isinstance(xs, list) or not isinstance(ys, list) or not xs or not ys:
+            raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
+        if kw == "oneOf" and not (self.one_of_disjoint(xs, ptr) and self.one_of_disjoint(ys, ptr)):
+            self.unsupported("oneOf", _ptr(ptr, kw), "oneOf whose branches may overlap (exactly-one "
+                             "cannot be enforced; use anyOf if overlap is acceptable)")
+        if len(xs) * len(ys) > MAX_CROSS_BRANCHES:
+            raise GrammarLimitError(f"combining two {kw} keywords needs {len(xs) * len(ys)} branches, more "
+                                    f"than the limit of {MAX_CROSS_BRANCHES} (at {_ptr(ptr, kw)})")
+        return [_both(x, y) for x in xs for y in ys]
+
+    def one_of_disjoint(self, subs: list, ptr: str, context: dict | None = None) -> bool:
+        """Whether no value can satisfy two branches, shown by types (the branch's own and those of
+        `context`, the schema holding the oneOf), listed values, a required property whose schemas
+        are disjoint, or closed objects; then oneOf is anyOf. Conservative: False when it cannot tell."""
         branches = []
         for i, b in enumerate(subs):
             where = _ptr(ptr, "oneOf", i)
-            for _ in range(MAX_SCHEMA_DEPTH):
-                if not (isinstance(b, dict) and "$ref" in b):
-                    break
-                b = self.inline_ref(b, where)
+            b = self.flatten(b, where)
             if b is False:
                 continue
-            branches.append((b if isinstance(b, dict) else {}, where))
+            b = b if isinstance(b, dict) else {}
+            if context is not None and "type" in context:
+                b = self.merge({"type": context["type"]}, b, where)
+            branches.append((b, where))
         checker = Validator(self.root, self.resolve)
         return all(self.disjoint(a, b, checker, pa, pb) for i, (a, pa) in enumerate(branches)
                    for b, pb in branches[i + 1:])
 
-    def disjoint(self, a: dict, b: dict, checker: Validator, pa: str, pb: str) -> bool:
+    def flatten(self, b: Any, where: str) -> Any:
+        """`b` with its `$ref`s and `allOf`s merged in (False when that leaves nothing valid)."""
+        for _ in range(MAX_SCHEMA_DEPTH):
+            if isinstance(b, dict) and "$ref" in b:
+                b = self.inline_ref(b, where)
+            elif isinstance(b, dict) and "allOf" in b:
+                b = self.merge_all_of(b, where)
+                if b is None:
+                    return False
+            else:
+                return b
+        raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels at {where}")
+
+    def disjoint(self, a: dict, b: dict, checker: Validator, pa: str, pb: str, depth: int = 0) -> bool:
         ta, tb = set(self.types(a, pa)), set(self.types(b, pb))
         for t in (ta, tb):
             if "number" in t:
@@ -621,11 +671,18 @@ class _Converter:
                 return True
         if shared != {"object"}:
             return False
-        pa_props, pb_props = a.get("properties", {}), b.get("properties", {})
+        props_a, props_b = a.get("properties", {}), b.get("properties", {})
+        if not isinstance(props_a, dict) or not isinstance(props_b, dict):
+            return False
         for name in set(a.get("required", [])) & set(b.get("required", [])):
-            va, _ = _listed_values(pa_props.get(name, {}) if isinstance(pa_props.get(name), dict) else {}, pa)
-            vb, _ = _listed_values(pb_props.get(name, {}) if isinstance(pb_props.get(name), dict) else {}, pb)
-            if va is not None and vb is not None and not any(json_equal(u, v) for u in va for v in vb):
+            # a member both require, whose schemas share no value (its other constraints, such as
+            # patternProperties, only narrow it further)
+            sa = self.flatten(props_a.get(name, True), _ptr(pa, "properties", name))
+            sb = self.flatten(props_b.get(name, True), _ptr(pb, "properties", name))
+            if sa is False or sb is False:
+                return True
+            if isinstance(sa, dict) and isinstance(sb, dict) and depth < MAX_DISJOINT_DEPTH and self.disjoint(
+                    sa, sb, checker, _ptr(pa, "properties", name), _ptr(pb, "properties", name), depth + 1):
                 return True
         for x, y in ((a, b), (b, a)):
             closed = y.get("additionalProperties", not self.strict) is False and not y.get("patternProperties")
@@ -636,7 +693,8 @@ class _Converter:
     def negate(self, schema: dict, ptr: str):
         """`schema` with its `not` turned into positive keywords, for the forms that have one: `not`
         of everything (nothing is valid), of nothing, of types, or of one required property (the
-        property must then be absent). None when nothing is valid; _CANNOT for other forms."""
+        property must then be absent), and `$ref`s and `anyOf`s of those. None when nothing is valid;
+        _CANNOT for other forms."""
         neg = schema["not"]
         rest = {k: v for k, v in schema.items() if k != "not"}
         if isinstance(neg, dict):
@@ -647,6 +705,19 @@ class _Converter:
             return rest
         if not isinstance(neg, dict) or len(neg) != 1:
             return _CANNOT
+        if "$ref" in neg:
+            target, where = self.resolve(neg["$ref"], _ptr(ptr, "not", "$ref"))
+            self.enter(where)
+            try:
+                return self.negate({**rest, "not": target}, ptr)
+            finally:
+                self.level -= 1
+        if isinstance(neg.get("anyOf"), list):  # none of the branches: each negated in turn
+            for branch in neg["anyOf"]:
+                rest = self.negate({**rest, "not": branch}, ptr)
+                if rest is None or rest is _CANNOT:
+                    return rest
+            return rest
         if "type" in neg:
             banned = set([neg["type"]] if isinstance(neg["type"], str) else neg["type"])
             if "number" in banned:
