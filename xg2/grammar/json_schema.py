@@ -255,7 +255,10 @@ class _Converter:
     def string(self, lo: int = 0, hi: int | None = None) -> Expr:
         if (lo, hi) == (0, None):
             return self.cached(("string",), "string", lambda: Seq((Literal('"'), Repeat(CHAR, 0, None), Literal('"'))))
-        return Seq((Literal('"'), Repeat(CHAR, lo, hi), Literal('"')))
+        # One rule per bound pair: every member with the same bounds shares its automaton, and so its
+        # mask entries (a schema often repeats `maxLength: 128` hundreds of times).
+        return self.cached(("string", lo, hi), f"string_{lo}_{hi}",
+                           lambda: Seq((Literal('"'), Repeat(CHAR, lo, hi), Literal('"'))))
 
     def string_value(self, schema: dict, ptr: str) -> Expr | None:
         """A string under minLength/maxLength/pattern/format. Pattern and format constrain the decoded
@@ -1102,7 +1105,9 @@ class _Converter:
             value = self.lower(value_schema, ptr if schemas else _ptr(ptr, "additionalProperties"), d + 1)
             if value is None:
                 continue
-            key = to_rules(region, json_string_body, self.new_name, self.rules)
+            # one key rule per key language: objects with the same patterns share its mask entries
+            key = self.cached(("key", region), "key", lambda r=region: to_rules(r, json_string_body, self.new_name,
+                                                                                self.rules))
             members.append(Seq((Literal('"'), key, Literal('"'), self.colon(), value)))
         return self.add_rule("m_other", _choice(members)) if members else None
 

@@ -27,8 +27,11 @@ from __future__ import annotations
 from .fsm import rule_automaton
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
-#: Bounded repetitions with more copies than this are compressed (the paper's threshold T).
-REPEAT_THRESHOLD = 16
+#: Bounded repetitions with more copies than this are compressed (the paper's threshold T). An unrolled
+#: position is a plain automaton node whose entry the core builds fast (whole trie subtrees at once),
+#: while a compressed one is walked with the Earley parser: on the JSON Schema speed subsets T=64
+#: halves the cold per-token mean against T=16 (165 -> 101 us) at the same time to first mask.
+REPEAT_THRESHOLD = 64
 #: Copies per block.
 BLOCK = 8
 
