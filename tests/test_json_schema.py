@@ -778,3 +778,16 @@ def test_random_walk_sound(compiler, schema):
         doc = json.loads(text)
         assert jsonschema.Draft202012Validator(strict).is_valid(doc), (text, schema)
     assert found > 20
+
+
+def test_members_share_bounded_string_and_key_rules():
+    """Members with the same string bounds, and objects with the same key patterns, call one rule
+    each, so their mask entries are built once per grammar instead of once per member."""
+    pp = {"type": "object", "patternProperties": {"^[a-z]+$": {"type": "integer"}}, "additionalProperties": False}
+    schema = {"type": "object", "properties": {
+        "a": {"type": "string", "maxLength": 128}, "b": {"type": "string", "maxLength": 128},
+        "c": {"type": "string", "maxLength": 50}, "x": pp, "y": pp | {"minProperties": 1}}}
+    ir = json_schema_to_ir(schema)
+    names = [r.name for r in ir.rules]
+    assert names.count("string_0_128") == 1 and names.count("string_0_50") == 1
+    assert sum(n == "key" or n.startswith("key_") and not n.startswith("key_state") for n in names) == 1
