@@ -11,7 +11,10 @@ from xg2.grammar.ebnf import parse_ebnf
 from xg2.grammar.ir import Repeat
 from xg2.grammar.repetition import REPEAT_THRESHOLD, compress_repetitions
 
-CASES = [(0, 17), (3, 20), (17, 17), (5, 100), (0, 1000), (250, 260), (64, 64), (7, None), (40, None), (0, 4097)]
+_T = REPEAT_THRESHOLD
+CASES = [(0, 17), (3, 20), (17, 17), (5, 100), (0, 1000), (250, 260), (64, 64), (7, None), (40, None), (0, 4097),
+         # around the unrolled first and last T copies and the compressed middle
+         (0, _T + 1), (_T - 1, 2 * _T), (_T - 1, 2 * _T + 1), (_T, 3 * _T + 3), (_T + 1, 3 * _T), (2 * _T + 1, 2 * _T + 9)]
 
 
 def _bound(m: int, n: int | None) -> str:
