@@ -1357,8 +1357,8 @@ def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rul
         for c in children:
             alts.append(Seq((_choice(spell(c)), built.pop(id(node[c])))))
         codes = sorted(ord(c) for c in children)
-        ascii_other = CharClass(tuple((x, x) for x in [*range(0x20), 0x22, 0x5C, *codes, *range(0x80, 0x100)]) +
-                                ((0x100, 0x10FFFF),), negated=True)
+        taken = CharClass(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), *((x, x) for x in codes), (0x80, 0x10FFFF)))
+        ascii_other = CharClass(taken.codepoint_ranges(), negated=True)
         short = [e for e, v in SHORT_ESCAPES.items() if v not in children]
         other: list[Expr] = [ascii_other]
         if short:

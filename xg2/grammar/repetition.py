@@ -203,20 +203,16 @@ def _walk(e: Expr):
             stack.extend(x.alts)
 
 
-def _has_nested_repeat(e: Expr) -> bool:
-    return any(isinstance(x, Repeat) and isinstance(x.expr, Repeat) for x in _walk(e))
-
-
-def _has_large_repeat(e: Expr) -> bool:
-    return any(isinstance(x, Repeat) and _large(x) for x in _walk(e))
+def _needs_rewrite(e: Expr) -> bool:
+    """Whether `e` holds a large or a nested repetition (one walk)."""
+    return any(isinstance(x, Repeat) and (_large(x) or isinstance(x.expr, Repeat)) for x in _walk(e))
 
 
 def compress_repetitions(ir: GrammarIR) -> GrammarIR:
     """The same grammar with every repetition of more than REPEAT_THRESHOLD copies compressed."""
-    if not any(_has_large_repeat(r.body) or _has_nested_repeat(r.body) for r in ir.rules):
+    todo = [_needs_rewrite(r.body) for r in ir.rules]
+    if not any(todo):
         return ir
     comp = _Compressor(ir)
-    rules = [Rule(r.name, comp.expr(r.body) if _has_large_repeat(r.body) or _has_nested_repeat(r.body) else r.body,
-                  r.lookahead)
-             for r in ir.rules]
+    rules = [Rule(r.name, comp.expr(r.body) if rewrite else r.body, r.lookahead) for r, rewrite in zip(ir.rules, todo)]
     return GrammarIR(rules + comp.rules, ir.root)
