@@ -332,6 +332,8 @@ class GrammarCompiler:
         estimated trie node seen so far) is left for later."""
         core.precompute(core.initial_nodes())
         deadline = t0 + self.precompute_budget_ms / 1e3
+        if time.perf_counter() >= deadline:
+            return  # estimating every state's cost is itself work (a C call per scannable state)
         nodes = sorted((-core.estimate_cost(node), node) for node, _width in core.scannable_nodes())
         seconds_per_unit = 25e-9
         for neg_cost, node in nodes:
