@@ -134,6 +134,7 @@ def inline_small_rules(ir: GrammarIR) -> GrammarIR:
                 if not waiting:
                     ready.append(caller)
     new_rules = []
+    new_refs: dict[str, list[str]] = {}
     for r in ir.rules:
         if r.name in inlined:
             continue
@@ -141,19 +142,26 @@ def inline_small_rules(ir: GrammarIR) -> GrammarIR:
         body = substitute(r.body, inlined) if touched else r.body
         la = substitute(r.lookahead, inlined) if r.lookahead is not None else None
         new_rules.append(Rule(r.name, body, la))
-    return reachable(GrammarIR(new_rules, ir.root))
+        # inlined bodies call no rule, so the calls left are the ones not inlined
+        new_refs[r.name] = [n for n in refs[r.name] if n not in inlined] + (_ref_sites(la) if la is not None else [])
+    return reachable(GrammarIR(new_rules, ir.root), new_refs)
 
 
-def reachable(ir: GrammarIR) -> GrammarIR:
+def reachable(ir: GrammarIR, refs: dict[str, list[str]] | None = None) -> GrammarIR:
+    """The rules reachable from the root; `refs` (the names each rule's body and lookahead
+    call) saves walking the bodies again when the caller has them."""
     rules = ir.rule_map()
     seen = {ir.root}
     work = [ir.root]
     while work:
         r = rules[work.pop()]
-        refs = expr_refs(r.body)
-        if r.lookahead is not None:
-            refs |= expr_refs(r.lookahead)
-        for name in refs:
+        if refs is not None:
+            called = set(refs[r.name])
+        else:
+            called = expr_refs(r.body)
+            if r.lookahead is not None:
+                called |= expr_refs(r.lookahead)
+        for name in called:
             if name not in seen:
                 seen.add(name)
                 work.append(name)
