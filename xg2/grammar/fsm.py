@@ -202,6 +202,7 @@ class RuleFSM:
     finals: set[int]
     deterministic: bool = True
     pure: list[bool] | None = None  # memo of pure_nodes(); depends only on which nodes have calls
+    trimmed: bool | None = None  # memo of trimmed(): every node reaches a final node
 
     @property
     def n_nodes(self) -> int:
@@ -268,7 +269,14 @@ def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
         return fsm
     remap = [rule_index[n] for n in refs]
     return RuleFSM(fsm.byte_edges, [sorted((remap[r], v) for r, v in edges) for edges in fsm.rule_edges],
-                   fsm.finals, fsm.deterministic, pure_nodes(fsm))
+                   fsm.finals, fsm.deterministic, pure_nodes(fsm), trimmed(fsm))
+
+
+def trimmed(fsm: RuleFSM) -> bool:
+    """Whether a final node is reachable from every node when every call can complete."""
+    if fsm.trimmed is None:
+        fsm.trimmed = len(reaching(fsm, fsm.finals)) == fsm.n_nodes
+    return fsm.trimmed
 
 
 def pure_nodes(fsm: RuleFSM) -> list[bool]:
@@ -612,6 +620,8 @@ def reaching(fsm: RuleFSM, targets, rule_edges=None) -> set[int]:
 def prune(fsm: RuleFSM, live_rules: set[int]) -> RuleFSM:
     """Remove calls to rules that accept nothing and nodes from which no final node is reachable."""
     n = fsm.n_nodes
+    if trimmed(fsm) and all(r in live_rules for edges in fsm.rule_edges for r, _v in edges):
+        return fsm  # the common case, known without a walk for memoised automata
     rule_edges = [[(r, v) for r, v in fsm.rule_edges[u] if r in live_rules] for u in range(n)]
     alive = reaching(fsm, fsm.finals, rule_edges)
     if len(alive) == n and rule_edges == fsm.rule_edges:
