@@ -20,8 +20,11 @@ Exactness notes (documented restrictions; everything else is exact):
   and control characters escaped, `\\/` also allowed). Free strings accept every escape.
 * `integer` values are written without fraction or exponent; bounded or `multipleOf` numbers in
   plain decimal notation (no exponent).
-* `oneOf` is enforced when its branches are provably disjoint (types, listed values, a required
-  discriminator, closed objects) or only require properties; otherwise it is an error.
+* `oneOf` is enforced when its branches are provably disjoint (types, also the parent's; listed
+  values; a member both require whose schemas are disjoint; closed objects) or only require
+  properties; otherwise it is an error (in lenient mode: anyOf, with a warning).
+* allOf members are merged keyword by keyword; two `anyOf` (or disjoint `oneOf`) meet as the
+  pairs of their branches, two `not`s as `not` of their `anyOf`.
 * Length bounds count code points; a surrogate pair written as two escapes is one character, and a
   lone surrogate escape is never accepted.
 * With `indent` and `any_whitespace=False` the layout depends on nesting depth; values nested more
