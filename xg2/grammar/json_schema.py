@@ -517,8 +517,9 @@ class _Converter:
                 out[k] = self.cross_branches(k, out[k], v, ptr)
             elif k == "not":
                 if self.negate({"not": v}, ptr) is _CANNOT:
-                    self.unsupported(k, _ptr(ptr, k))
-                out[k] = {"anyOf": [out[k], v]}  # neither holds
+                    self.unsupported(k, _ptr(ptr, k))  # lenient: this one is dropped, the other kept
+                else:
+                    out[k] = {"anyOf": [out[k], v]}  # neither holds
             elif k == "patternProperties" and isinstance(v, dict) and isinstance(out[k], dict) and \
                     "additionalProperties" not in out and "additionalProperties" not in bb:
                 # every matching pattern applies, so the union of the two maps says both
