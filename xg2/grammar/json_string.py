@@ -18,6 +18,8 @@ Which spellings are accepted: the canonical one, as ``json.dumps(s, ensure_ascii
 
 from __future__ import annotations
 
+import functools
+
 from xg2.grammar.ir import CharClass, Choice, Expr, Literal, Repeat, RuleRef, Seq
 from xg2.grammar.regex import normalize_ranges
 
@@ -65,12 +67,13 @@ def _subtract(ranges, holes) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=4096)
 def _class_body(cc: CharClass) -> Expr:
-    """One raw class plus only the escapes the class needs: ``\\`` + [escape letters], ``\\u00XX``."""
+    """One raw class plus only the escapes the class needs: ``\\`` + [escape letters], ``\\u00XX``.
+    Memoised: patterns and formats repeat the same classes, and IR expressions are immutable."""
     ranges = cc.codepoint_ranges()
-
-    def has(cp: int) -> bool:
-        return any(lo <= cp <= hi for lo, hi in ranges)
+    ascii_cps = {cp for lo, hi in ranges if lo < 0x80 for cp in range(lo, min(hi, 0x7F) + 1)}
+    has = ascii_cps.__contains__  # every code point asked about below is ASCII
 
     alts: list[Expr] = []
     raw = _subtract(ranges, _RAW_HOLES)
