@@ -50,6 +50,20 @@ def json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _scalar_key(v: Any) -> tuple | None:
+    """A hashable key equal exactly when two scalars are JSON-equal (1 and 1.0 alike, true not 1);
+    None for arrays and objects."""
+    if v is None:
+        return ("null",)
+    if isinstance(v, bool):
+        return ("bool", v)
+    if isinstance(v, (int, float)):
+        return ("number", v)
+    if isinstance(v, str):
+        return ("string", v)
+    return None
+
+
 def _matches(expr, text: str) -> bool:
     return rule_automaton(expr, {}).accepts(text.encode("utf-8", "surrogatepass"))
 
@@ -60,6 +74,18 @@ class Validator:
     def __init__(self, root: Any, resolve):
         self.root = root
         self.resolve = resolve  # (ref, pointer) -> (target schema, its pointer)
+        self._enums: dict[int, tuple[list, set]] = {}  # id(enum list) -> (the list, its scalar keys)
+
+    def in_enum(self, x: Any, values: list) -> bool:
+        """`x` is one of `values`; scalars by a set built once per list (a schema's listed values
+        are each checked against the whole schema, enum included, so a scan would be quadratic)."""
+        entry = self._enums.get(id(values))
+        if entry is None or entry[0] is not values:
+            entry = self._enums[id(values)] = (values, {k for k in map(_scalar_key, values) if k is not None})
+        key = _scalar_key(x)
+        if key is not None:
+            return key in entry[1]
+        return any(json_equal(x, e) for e in values)
 
     def valid(self, value: Any, schema: Any, ptr: str, depth: int = 0) -> bool:
         if depth > MAX_VALIDATION_DEPTH:
@@ -89,7 +115,7 @@ class Validator:
         if k == "enum":
             if not isinstance(v, list):
                 raise SchemaError("enum must be an array", p)
-            return any(json_equal(x, e) for e in v)
+            return self.in_enum(x, v)
         if k == "const":
             return json_equal(x, v)
         if k in ("allOf", "anyOf", "oneOf"):
