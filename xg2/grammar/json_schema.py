@@ -91,6 +91,9 @@ HANDLED = frozenset({
     "uniqueItems", "pattern", "format", "multipleOf", "patternProperties", "propertyNames",
     "minProperties", "maxProperties", "dependentRequired", "dependencies", "unevaluatedProperties",
 })
+#: The error for a oneOf whose exactly-one condition cannot be enforced.
+ONE_OF_OVERLAP = ("oneOf whose branches may overlap (exactly-one cannot be enforced; use anyOf if overlap is "
+                  "acceptable)")
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 
 NEVER = CharClass(())  # the empty language
@@ -602,8 +605,7 @@ class _Converter:
                     rest["type"] = kept
                     return self.lower({**rest, PRESENCE: (kw, sets)}, ptr, d)
                 if kw == "oneOf" and not self.one_of_disjoint(subs, ptr, rest):
-                    self.unsupported("oneOf", _ptr(ptr, kw), "oneOf whose branches may overlap (exactly-one "
-                                     "cannot be enforced; use anyOf if overlap is acceptable)")
+                    self.unsupported("oneOf", _ptr(ptr, kw), ONE_OF_OVERLAP)
                 alts = []
                 for i, s in enumerate(subs):
                     p = _ptr(ptr, kw, i)
@@ -626,8 +628,7 @@ class _Converter:
         if not isinstance(xs, list) or not isinstance(ys, list) or not xs or not ys:
             raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
         if kw == "oneOf" and not (self.one_of_disjoint(xs, ptr) and self.one_of_disjoint(ys, ptr)):
-            self.unsupported("oneOf", _ptr(ptr, kw), "oneOf whose branches may overlap (exactly-one "
-                             "cannot be enforced; use anyOf if overlap is acceptable)")
+            self.unsupported("oneOf", _ptr(ptr, kw), ONE_OF_OVERLAP)
         if len(xs) * len(ys) > MAX_CROSS_BRANCHES:
             raise GrammarLimitError(f"combining two {kw} keywords needs {len(xs) * len(ys)} branches, more "
                                     f"than the limit of {MAX_CROSS_BRANCHES} (at {_ptr(ptr, kw)})")
