@@ -100,6 +100,14 @@ def test_properties_order_and_optional(check):
                  '{"b": "", "b": ""}', '{"c": true, "b": ""}'])
 
 
+def test_property_names_outside_ascii_and_leading_digits(check):
+    # Rule names come from property names; they must still print as EBNF (registry tool
+    # "m_año_vehiculo" once raised GrammarError).
+    acc = check({"type": "object", "properties": {"año": {"type": "object", "properties": {"x": {}}},
+                                                  "3d": {"type": "object", "properties": {"y": {}}}}})
+    assert_lang(acc, ['{"año": {"x": 1}, "3d": {}}'], ['{"año": 1}', '{"3d": 2}'])
+
+
 def test_all_optional_subsets(check):
     props = {k: {"type": "integer"} for k in "abcd"}
     acc = check({"type": "object", "properties": props})

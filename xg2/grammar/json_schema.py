@@ -225,7 +225,10 @@ class _Converter:
 
     # rules ------------------------------------------------------------------------------------
     def new_name(self, hint: str) -> str:
-        base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint)[:40] or "r"
+        # Names must print as EBNF (the compile cache keys on the printed grammar): ASCII only.
+        base = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in hint)[:40]
+        if not base or base[0].isdigit():
+            base = "r" + base
         name, i = base, 1
         while name in self.names or name == "root":
             i += 1
