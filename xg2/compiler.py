@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 
 from ._ext.core import ClassTrie, CompiledCore, Vocab
+from .entry_pool import EntryPool
 from .errors import GrammarError, TokenizerError
 from .grammar.fsm import RuleFSM, nullable_rules, productive_rules, prune, pure_nodes, rule_automaton
 from .grammar.grammar import Grammar
-from .grammar.hashing import rule_hashes
+from .grammar.hashing import GrammarKeys, grammar_keys
 from .grammar.ir import GrammarIR
 from .grammar.optimize import inline_small_rules
 from .grammar.repetition import compress_repetitions
@@ -28,14 +29,25 @@ class LoweredGrammar:
     fsms: list[RuleFSM]
     root: int
     arrays: dict[str, np.ndarray]
-    _hashes: list[str] | None = None
+    _keys: GrammarKeys | None = None
 
     @property
-    def hashes(self) -> list[str]:
-        """Content hashes of the rules, computed on first use (compilation does not need them)."""
-        if self._hashes is None:
-            self._hashes = rule_hashes(self.fsms)
-        return self._hashes
+    def keys(self) -> GrammarKeys:
+        """Content keys of the rules and their contexts, computed on first use (only the entry
+        pool needs them)."""
+        if self._keys is None:
+            self._keys = grammar_keys(self.fsms, self.root)
+        return self._keys
+
+    def core_keys(self) -> tuple[list[bytes], list[bytes], np.ndarray]:
+        """(rule keys, context keys, per-node canonical numbers): what the core keys entries by."""
+        keys = self.keys
+        rule_start = self.arrays["rule_start"]
+        node_canon = np.arange(self.n_nodes, dtype=np.int32) - rule_start[self.arrays["node_rule"]]
+        for r, perm in enumerate(keys.canon):
+            if perm is not None:
+                node_canon[rule_start[r]: rule_start[r] + len(perm)] = perm
+        return keys.rule, keys.ctx, node_canon
 
     @property
     def n_nodes(self) -> int:
@@ -92,9 +104,10 @@ def _gc_paused():
                 gc.enable()
 
 
-def lower(ir: GrammarIR) -> LoweredGrammar:
-    """Lower IR to per-rule automata and flatten them (CSR) for the core."""
-    ir = inline_small_rules(compress_repetitions(ir))
+def lower(ir: GrammarIR, *, compress: bool = True) -> LoweredGrammar:
+    """Lower IR to per-rule automata and flatten them (CSR) for the core; `compress=False` keeps
+    every repetition unrolled (the reference the compressed form must match)."""
+    ir = inline_small_rules(compress_repetitions(ir) if compress else ir)
     names = [r.name for r in ir.rules]
     index = {n: i for i, n in enumerate(names)}
     fsms = [rule_automaton(r.body, index) for r in ir.rules]
@@ -182,6 +195,7 @@ class CompiledGrammar:
         self._tokenizer_info = tokenizer_info
         self._lowered = lowered
         self._core = core
+        self._precompute_thread: threading.Thread | None = None
 
     @property
     def grammar(self) -> Grammar:
@@ -193,11 +207,17 @@ class CompiledGrammar:
 
     @property
     def memory_size_bytes(self) -> int:
-        return int(self._core.cache_bytes + sum(a.nbytes for a in self._lowered.arrays.values()))
+        """Tables plus the mask entries built so far (pooled ones included)."""
+        return int(self._core.cache_bytes) + self.tables_bytes
+
+    @property
+    def tables_bytes(self) -> int:
+        return int(sum(a.nbytes for a in self._lowered.arrays.values()))
 
     @property
     def rule_hashes(self) -> dict[str, str]:
-        return dict(zip(self._lowered.rule_names, self._lowered.hashes))
+        """Content key of each rule (hex): equal for equal structures in any grammar."""
+        return dict(zip(self._lowered.rule_names, (k.hex() for k in self._lowered.keys.rule)))
 
 
 _VOCAB_LOCK = threading.Lock()
@@ -242,24 +262,49 @@ def byte_classes(arrays: dict[str, np.ndarray]) -> bytes:
 
 
 class GrammarCompiler:
-    """Compiles grammars for one tokenizer; compiled grammars are cached by their normalised text."""
+    """Compiles grammars for one tokenizer.
+
+    Two caches share `cache_limit_bytes` (-1: unbounded): compiled grammars by their normalised
+    text (`cache_enabled`), and the cross-grammar pool of mask entries (`cross_grammar_cache`),
+    through which every grammar this compiler builds reuses the entries of sub-structures it has
+    seen before. Partial JIT: at compile time the entries of the first mask are built, then the
+    costliest others within `precompute_budget_ms` (and at most `precompute_top_k` of them),
+    optionally in a background thread (`background_precompute`) so that the work overlaps the
+    model's prefill; the rest are built on first visit. `jit=False` builds every entry at compile
+    time and `repetition_compression=False` unrolls every bounded repetition: with both, and
+    without the pool, the engine runs with every optimisation off (masks are the same).
+    """
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, max_threads: int = 8, cache_enabled: bool = True,
-                 cache_limit_bytes: int = -1, precompute_budget_ms: float = 40.0):
+                 cache_limit_bytes: int = -1, precompute_budget_ms: float = 40.0,
+                 precompute_top_k: int | None = None, background_precompute: bool = False,
+                 jit: bool = True, cross_grammar_cache: bool = True, repetition_compression: bool = True):
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise TypeError("tokenizer_info must be an xg2.TokenizerInfo")
         if max_threads < 1:
             raise ValueError("max_threads must be at least 1")
+        if precompute_top_k is not None and precompute_top_k < 0:
+            raise ValueError("precompute_top_k must be at least 0")
         self.tokenizer_info = tokenizer_info
         self.max_threads = max_threads
         self.cache_enabled = cache_enabled
         self.cache_limit_bytes = cache_limit_bytes
         self.precompute_budget_ms = precompute_budget_ms
+        self.precompute_top_k = precompute_top_k
+        self.background_precompute = background_precompute
+        self.jit = jit
+        self.repetition_compression = repetition_compression
         self._cache: dict[tuple[str, str], CompiledGrammar] = {}
         self._lock = threading.Lock()
         self._vocab = vocab_core(tokenizer_info)
+        self._pool = (EntryPool(self._vocab, tokenizer_info.fingerprint, cache_limit_bytes)
+                      if cross_grammar_cache else None)
         self._class_tries: dict[bytes, ClassTrie | None] = {}
         self.last_compile_seconds: float | None = None
+
+    @property
+    def entry_pool(self) -> EntryPool | None:
+        return self._pool
 
     def compile_grammar(self, grammar: str | Grammar, *, root_rule_name: str = "root") -> CompiledGrammar:
         if isinstance(grammar, str):
@@ -289,20 +334,25 @@ class GrammarCompiler:
         if self.cache_enabled:
             key = (str(grammar), grammar.ir.root)
             with self._lock:
-                hit = self._cache.get(key)
-            if hit is not None:
-                return hit
+                hit = self._cache.pop(key, None)
+                if hit is not None:
+                    self._cache[key] = hit      # most recently used last
+                    return hit
         t0 = time.perf_counter()
         with _gc_paused():
-            lowered = lower(grammar.ir)
-            core = CompiledCore(self._vocab, lowered.arrays, lowered.root, self._class_trie(lowered.arrays))
-        self._precompute(core, t0)
+            lowered = lower(grammar.ir, compress=self.repetition_compression)
+            keys = lowered.core_keys() if self._pool is not None else None
+            core = CompiledCore(self._vocab, lowered.arrays, lowered.root, self._class_trie(lowered.arrays),
+                                self._pool, keys)
         compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered, core)
+        self._precompute(compiled, t0)
         self.last_compile_seconds = time.perf_counter() - t0
         if self.cache_enabled:
             with self._lock:
                 self._cache[key] = compiled
                 self._evict()
+        elif self._pool is not None and self.cache_limit_bytes >= 0:
+            self._pool.set_limit(self.cache_limit_bytes)
         return compiled
 
     def _class_trie(self, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
@@ -324,15 +374,28 @@ class GrammarCompiler:
             self._class_tries[classes] = trie
         return trie
 
-    def _precompute(self, core: CompiledCore, t0: float) -> None:
-        """Partial JIT: build the entries the first mask needs, then the costliest others within the
-        time budget (counted from the start of compilation); the rest are built on first visit.
-        Costliest first, by an estimate of the trie they reach, since those are the ones a
-        mid-generation build would stall on; one predicted to overrun the budget (from the time per
-        estimated trie node seen so far) is left for later."""
+    def _precompute(self, compiled: CompiledGrammar, t0: float) -> None:
+        """Partial JIT: the entries the first mask needs now, then the costliest others (see
+        `_precompute_costliest`), here or in a background thread."""
+        core = compiled._core
         core.precompute(core.initial_nodes())
+        if not self.jit:
+            core.precompute([node for node, _width in core.scannable_nodes()])
+        elif self.background_precompute:
+            thread = threading.Thread(target=self._precompute_costliest, args=(core, time.perf_counter()),
+                                      name="xg2-precompute", daemon=True)
+            compiled._precompute_thread = thread
+            thread.start()
+        else:
+            self._precompute_costliest(core, t0)
+
+    def _precompute_costliest(self, core: CompiledCore, t0: float) -> None:
+        """Costliest first, by an estimate of the trie they reach, since those are the ones a
+        mid-generation build would stall on; one predicted to overrun the budget (counted from
+        `t0`, from the time per estimated trie node seen so far) is left for later."""
         deadline = t0 + self.precompute_budget_ms / 1e3
-        if time.perf_counter() >= deadline:
+        left = self.precompute_top_k
+        if time.perf_counter() >= deadline or left == 0:
             return  # estimating every state's cost is itself work (a C call per scannable state)
         nodes = sorted((-core.estimate_cost(node), node) for node, _width in core.scannable_nodes())
         seconds_per_unit = 25e-9
@@ -345,16 +408,45 @@ class GrammarCompiler:
             core.precompute([node])
             if neg_cost < -1000:
                 seconds_per_unit = max(seconds_per_unit, (time.perf_counter() - now) / -neg_cost)
+            if left is not None:
+                left -= 1
+                if left == 0:
+                    break
+
+    def _tables_bytes(self) -> int:
+        return sum(c.tables_bytes for c in self._cache.values())
 
     def _evict(self) -> None:
+        """Least recently used compiled grammars go first, then pool entries (with self._lock)."""
         if self.cache_limit_bytes < 0:
             return
-        while self._cache and self.get_cache_size_bytes() > self.cache_limit_bytes:
-            self._cache.pop(next(iter(self._cache)))
+        if self._pool is None:
+            while self._cache and sum(c.memory_size_bytes for c in self._cache.values()) > self.cache_limit_bytes:
+                self._cache.pop(next(iter(self._cache)))
+            return
+        tables = self._tables_bytes()
+        while self._cache and tables + self._pool.nbytes > self.cache_limit_bytes:
+            tables -= self._cache.pop(next(iter(self._cache))).tables_bytes
+        self._pool.set_limit(max(0, self.cache_limit_bytes - tables))
 
     def get_cache_size_bytes(self) -> int:
-        return sum(c.memory_size_bytes for c in self._cache.values())
+        """Bytes held by the caches: the pool's entries and the cached grammars' tables (without
+        the pool, the cached grammars' own entries)."""
+        with self._lock:
+            if self._pool is None:
+                return sum(c.memory_size_bytes for c in self._cache.values())
+            return self._pool.nbytes + self._tables_bytes()
+
+    def cache_stats(self) -> dict[str, int]:
+        """Pool counters: entries, bytes, hits, partial_hits, misses, evictions; plus grammars."""
+        out = self._pool.stats() if self._pool is not None else {
+            "entries": 0, "bytes": 0, "hits": 0, "partial_hits": 0, "misses": 0, "evictions": 0}
+        with self._lock:
+            out["grammars"] = len(self._cache)
+        return out
 
     def clear_cache(self) -> None:
         with self._lock:
             self._cache.clear()
+        if self._pool is not None:
+            self._pool.clear()

@@ -1428,6 +1428,14 @@ cdef struct MaskEntry:
     uint64_t* bits
     int32_t n_unc
     int32_t* unc_ranks          # uncertain tokens as ranks in byte order (sorted)
+    # What the rule's automaton alone decides (paper §3.3), for reuse under another lookahead:
+    # "open" tokens pass a point where the rule may end and are not read whole inside it; every
+    # other token is accepted (read inside the rule) or rejected whatever follows the rule.
+    int32_t open_all            # the rule may end at the node itself: every token not read inside is open
+    int32_t n_open
+    int32_t* open_ranks         # otherwise the open tokens, as sorted ranks
+    int32_t n_ctx_acc
+    int32_t* ctx_acc_ranks      # accepted only through the certain contexts (open ones), sorted ranks
     int64_t nbytes
 
 
@@ -1436,6 +1444,8 @@ cdef void entry_free(MaskEntry* e) noexcept nogil:
         free(e.list)
         free(e.bits)
         free(e.unc_ranks)
+        free(e.open_ranks)
+        free(e.ctx_acc_ranks)
         free(e)
 
 
@@ -1448,6 +1458,166 @@ cdef const void* _ptr(dict keep, str name, dtype) except NULL:
         a = np.zeros(1, dtype=dtype)
         keep[name] = a
     return cnp.PyArray_DATA(a)
+
+
+cdef int64_t entry_nbytes(const MaskEntry* e, int32_t n_words) noexcept nogil:
+    cdef int64_t n = sizeof(MaskEntry) + (<int64_t>e.n_unc + e.n_open + e.n_ctx_acc) * 4
+    if e.kind == ENTRY_BITSET:
+        return n + <int64_t>n_words * 8
+    return n + <int64_t>e.n_list * 4
+
+
+cdef inline bint _has_rank(const int32_t* ranks, int32_t n, int32_t lo, int32_t hi) noexcept nogil:
+    """Whether the sorted `ranks` hold one in [lo, hi)."""
+    cdef int32_t a = 0, b = n, m
+    while a < b:
+        m = (a + b) >> 1
+        if ranks[m] < lo:
+            a = m + 1
+        else:
+            b = m
+    return a < n and ranks[a] < hi
+
+
+cdef int _donor_own_tokens(const MaskEntry* d, VocabC* v, int32_t* out, uint64_t* scratch,
+                           int64_t* n_out) noexcept nogil:
+    """Append (as ranks) the tokens the donor accepts inside the rule itself: its accepted tokens
+    but those it accepted through its certain contexts."""
+    cdef int32_t WR = (v.n_ordinary + 63) // 64, j, t, r
+    cdef int64_t n = 0
+    memset(scratch, 0, WR * sizeof(uint64_t))
+    for j in range(d.n_ctx_acc):
+        r = d.ctx_acc_ranks[j]
+        scratch[r >> 6] |= (<uint64_t>1) << (r & 63)
+    if d.kind == ENTRY_ACCEPTED_LIST:
+        for j in range(d.n_list):
+            r = v.token_rank[d.list[j]]
+            if not (scratch[r >> 6] >> (r & 63)) & 1:
+                out[n] = r
+                n += 1
+    else:
+        if d.kind == ENTRY_REJECTED_LIST:    # mark the rejected ones too, then take the rest
+            for j in range(d.n_list):
+                r = v.token_rank[d.list[j]]
+                scratch[r >> 6] |= (<uint64_t>1) << (r & 63)
+        for r in range(v.n_ordinary):
+            if (scratch[r >> 6] >> (r & 63)) & 1:
+                continue
+            t = v.rank_token[r]
+            if d.kind == ENTRY_BITSET and not (d.bits[t >> 6] >> (t & 63)) & 1:
+                continue
+            out[n] = r
+            n += 1
+    n_out[0] += n
+    return 0
+
+
+cdef class PooledEntry:
+    """One immutable mask entry, owned here and shared by every compiled grammar that uses it."""
+    cdef MaskEntry* e
+    cdef readonly int32_t n_words
+
+    def __cinit__(self):
+        self.e = NULL
+
+    def __dealloc__(self):
+        entry_free(self.e)
+
+    @staticmethod
+    cdef PooledEntry own(MaskEntry* e):
+        if e == NULL:
+            raise MemoryError()
+        cdef PooledEntry pe = PooledEntry.__new__(PooledEntry)
+        pe.e = e
+        return pe
+
+    @property
+    def nbytes(self) -> int:
+        return self.e.nbytes
+
+    @property
+    def n_uncertain(self) -> int:
+        return self.e.n_unc
+
+    def to_bytes(self) -> bytes:
+        """Compact little-endian form: a header of 8 int32, then the list or bitset, the uncertain,
+        open and context-accepted ranks."""
+        cdef MaskEntry* e = self.e
+        cdef int32_t n_words = self.n_words
+        head = np.array([_ENTRY_MAGIC, e.kind, e.n_list, e.n_unc, e.open_all, e.n_open, e.n_ctx_acc,
+                         n_words if e.kind == ENTRY_BITSET else 0], dtype="<i4")
+        parts = [head.tobytes()]
+        if e.kind == ENTRY_BITSET:
+            parts.append(np.asarray(<uint64_t[:n_words]>e.bits).astype("<u8").tobytes())
+        elif e.n_list:
+            parts.append(np.asarray(<int32_t[:e.n_list]>e.list).astype("<i4").tobytes())
+        for n, ptr in ((e.n_unc, 0), (e.n_open, 1), (e.n_ctx_acc, 2)):
+            if n:
+                parts.append(np.asarray(<int32_t[:n]>(e.unc_ranks if ptr == 0 else
+                                                       e.open_ranks if ptr == 1 else e.ctx_acc_ranks))
+                             .astype("<i4").tobytes())
+        return b"".join(parts)
+
+    @staticmethod
+    def from_bytes(data: bytes, Vocab vocab) -> PooledEntry:
+        """Read `to_bytes` output for `vocab`; ValueError when it is malformed or out of range (the
+        bytes may come from another process)."""
+        cdef MaskEntry* e
+        buf = memoryview(data)
+        if len(buf) < 32:
+            raise ValueError("mask entry: truncated header")
+        magic, kind, n_list, n_unc, open_all, n_open, n_ctx, n_words = np.frombuffer(buf[:32], "<i4").tolist()
+        if magic != _ENTRY_MAGIC or kind not in (0, 1, 2) or min(n_list, n_unc, n_open, n_ctx) < 0:
+            raise ValueError("mask entry: bad header")
+        if kind == ENTRY_BITSET and n_words != vocab.n_words:
+            raise ValueError("mask entry: bitset of another vocabulary size")
+        body = n_words * 8 if kind == ENTRY_BITSET else n_list * 4
+        if len(buf) != 32 + body + 4 * (n_unc + n_open + n_ctx):
+            raise ValueError("mask entry: length does not match its header")
+        off = 32
+        if kind == ENTRY_BITSET:
+            bits = np.frombuffer(buf[off:off + body], "<u8").astype(np.uint64)
+            lst = np.zeros(0, np.int32)
+        else:
+            lst = np.frombuffer(buf[off:off + body], "<i4").astype(np.int32)
+            if lst.size and (lst.min() < 0 or lst.max() >= vocab.vocab_size):
+                raise ValueError("mask entry: token id out of range")
+        off += body
+        arrays = []
+        for n in (n_unc, n_open, n_ctx):
+            a = np.frombuffer(buf[off:off + 4 * n], "<i4").astype(np.int32)
+            if a.size and (a.min() < 0 or a.max() >= vocab.n_ordinary or np.any(np.diff(a) <= 0)):
+                raise ValueError("mask entry: ranks out of range or unsorted")
+            arrays.append(a)
+            off += 4 * n
+        e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
+        if e == NULL:
+            raise MemoryError()
+        pe = PooledEntry.own(e)
+        e.kind, e.n_list, e.n_unc, e.open_all, e.n_open, e.n_ctx_acc = kind, n_list, n_unc, open_all != 0, n_open, n_ctx
+        if kind == ENTRY_BITSET:
+            e.bits = <uint64_t*>_copy_out(bits)
+        else:
+            e.list = <int32_t*>_copy_out(lst)
+        e.unc_ranks = <int32_t*>_copy_out(arrays[0])
+        e.open_ranks = <int32_t*>_copy_out(arrays[1])
+        e.ctx_acc_ranks = <int32_t*>_copy_out(arrays[2])
+        e.nbytes = entry_nbytes(e, vocab.n_words)
+        pe.n_words = vocab.n_words
+        return pe
+
+
+cdef int32_t _ENTRY_MAGIC = 0x45324758   # "XG2E"
+
+
+cdef void* _copy_out(cnp.ndarray a) except NULL:
+    cdef size_t n = a.nbytes
+    cdef void* p = malloc(max(<size_t>1, n))
+    if p == NULL:
+        raise MemoryError()
+    if n:
+        memcpy(p, cnp.PyArray_DATA(a), n)
+    return p
 
 
 cdef class CompiledCore:
@@ -1481,6 +1651,18 @@ cdef class CompiledCore:
     cdef uint8_t* pbyte
     cdef int64_t n_acc
     cdef int64_t n_unc
+    cdef int32_t* open_buf            # walk scratch: open tokens (positions in the walked trie)
+    cdef int32_t* cacc_buf            # walk scratch: tokens accepted through the certain contexts only
+    cdef uint8_t* anytop              # per depth: the rule could end at some shallower depth
+    cdef const TrieC* wtrie           # the trie of the walk in progress (its positions fill the buffers)
+    cdef int64_t n_open
+    cdef int64_t n_cacc
+    cdef bint open_all
+    cdef object _held                 # the PooledEntry objects whose entries `entries` points at
+    cdef object _pool                 # EntryPool shared across grammars, or None
+    cdef object _rule_keys            # per rule: content key of its automaton (see hashing.py)
+    cdef object _ctx_keys             # per rule: key of what may follow it
+    cdef object _node_canon           # per node: its number in its rule's canonical numbering
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
 
@@ -1499,6 +1681,9 @@ cdef class CompiledCore:
         self.cids = NULL
         self.topa = NULL
         self.pbyte = NULL
+        self.open_buf = NULL
+        self.cacc_buf = NULL
+        self.anytop = NULL
         self.lock = NULL
         self.pa.items = NULL
         self.pb.items = NULL
@@ -1506,8 +1691,15 @@ cdef class CompiledCore:
             self.pc[j].items = NULL
         self.memo.pool = NULL
 
-    def __init__(self, Vocab vocab, dict arrays, int root_rule, ClassTrie class_trie=None):
+    def __init__(self, Vocab vocab, dict arrays, int root_rule, ClassTrie class_trie=None, pool=None,
+                 keys=None):
+        """`pool` (an EntryPool) shares entries with other grammars; `keys` is then
+        (rule keys, context keys, per-node canonical numbers), see hashing.grammar_keys."""
         self.vocab = vocab
+        self._held = []
+        self._pool = pool
+        if pool is not None:
+            self._rule_keys, self._ctx_keys, self._node_canon = keys
         self.vc = &vocab.c
         self._class_trie = class_trie
         self.trie = &class_trie.t if class_trie is not None else &vocab.c.trie
@@ -1544,6 +1736,11 @@ cdef class CompiledCore:
         self.cids = <int32_t*>malloc(MAX_RESUMES * (vocab.max_depth + 2) * sizeof(int32_t))
         self.topa = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
         self.pbyte = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
+        self.anytop = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
+        self.open_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
+        self.cacc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
+        if self.anytop == NULL or self.open_buf == NULL or self.cacc_buf == NULL:
+            raise MemoryError()
         if (self.entries == NULL or self.lock == NULL or self.acc_buf == NULL or self.unc_buf == NULL
                 or self.dstate == NULL or self.aid == NULL or self.bid == NULL or self.cids == NULL
                 or self.topa == NULL
@@ -1585,10 +1782,10 @@ cdef class CompiledCore:
 
     def __dealloc__(self):
         cdef int32_t i
-        if self.entries != NULL:
-            for i in range(self.g.n_nodes):
-                entry_free(self.entries[i])
-            free(self.entries)
+        free(self.entries)              # the entries themselves belong to PooledEntry objects
+        free(self.open_buf)
+        free(self.cacc_buf)
+        free(self.anytop)
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
         free(self.acc_buf)
@@ -1621,13 +1818,47 @@ cdef class CompiledCore:
         PyThread_acquire_lock(self.lock, WAIT_LOCK)
         e = self.entries[node]
         if e == NULL:
-            e = self._build_entry(node)
+            with gil:
+                e = self._obtain(node)
             if e != NULL:
                 self.cache_bytes += e.nbytes
                 self.n_entries += 1
                 self.entries[node] = e
         PyThread_release_lock(self.lock)
         return e
+
+    cdef MaskEntry* _obtain(self, int32_t node) noexcept:
+        """The entry of a node from the pool (perfect hit), rebuilt from a pooled entry of the
+        same automaton node under another lookahead (partial hit: only its open tokens are walked
+        again), or built. Called with the GIL and the core's lock held; NULL on failure."""
+        cdef PooledEntry pe
+        cdef MaskEntry* e
+        cdef MaskEntry* donor = NULL
+        cdef int32_t r = self.g.node_rule[node]
+        try:
+            if self._pool is None:
+                with nogil:
+                    e = self._build_entry(node, NULL)
+                pe = PooledEntry.own(e)
+                pe.n_words = self.vc.n_words
+            else:
+                fsm_key = self._rule_keys[r] + int(self._node_canon[node]).to_bytes(4, "little")
+                key = fsm_key + self._ctx_keys[r]
+                found, other = self._pool.lookup(key, fsm_key)
+                if found is not None:
+                    pe = found
+                else:
+                    if other is not None:
+                        donor = (<PooledEntry>other).e
+                    with nogil:
+                        e = self._build_entry(node, donor)
+                    pe = PooledEntry.own(e)
+                    pe.n_words = self.vc.n_words
+                    self._pool.store(key, fsm_key, pe, other is not None)
+            self._held.append(pe)
+            return pe.e
+        except MemoryError:
+            return NULL
 
     def precompute(self, nodes):
         """Build the entries of the given nodes now (compile-time part of JIT)."""
@@ -1791,7 +2022,8 @@ cdef class CompiledCore:
         cdef int64_t j
         cdef uint32_t nd
         out = set()
-        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        with nogil:     # never wait for the lock holding the GIL: a builder may need the GIL
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
         try:
             if p_start(A, &self.g, TOP_BIT | <item_t>self.g.rule_start[self.root_rule]) < 0:
                 raise MemoryError()
@@ -1888,7 +2120,7 @@ cdef class CompiledCore:
         self.c_done[k] = d
         return cids[d]
 
-    cdef MaskEntry* _build_entry(self, int32_t node) noexcept nogil:
+    cdef MaskEntry* _build_entry(self, int32_t node, MaskEntry* donor) noexcept nogil:
         """Walk the vocabulary trie from `node` with parser A (inside the rule) and B (what may follow it).
 
         A token is accepted when A consumes all of it, uncertain when only B survives (it leaves the
@@ -1897,9 +2129,13 @@ cdef class CompiledCore:
         them, without going further up): a token every one of them consumes is valid whichever
         callers are live, so it is accepted.
         Where the rule is a plain deterministic automaton from `node` on, A is just a node per depth.
+
+        With a `donor` (an entry of the same automaton node under another lookahead: a partial
+        hit), only the subtrees holding the donor's open tokens are walked, on the byte trie; the
+        tokens A reads whole are the donor's, and every other token is rejected whatever follows.
         """
         cdef VocabC* v = self.vc
-        cdef const TrieC* T = self.trie
+        cdef const TrieC* T = self.trie if donor == NULL else &self.vc.trie
         cdef Parser* A = &self.pa
         cdef Parser* B = &self.pb
         cdef Parser* C
@@ -1916,15 +2152,20 @@ cdef class CompiledCore:
         cdef uint64_t* tx
         cdef const uint64_t* bl
         cdef bint pure = g.node_pure[node], topA
+        cdef bint partial = donor != NULL, track
         cdef Memo* memo = &self.memo
         cdef uint8_t byte
         cdef int32_t* accb = self.acc_buf
         cdef int32_t* uncb = self.unc_buf
+        cdef int32_t* openb = self.open_buf
+        cdef int32_t* caccb = self.cacc_buf
+        cdef uint8_t* anytop = self.anytop
         cdef int32_t* aid = self.aid
         cdef int32_t* bid = self.bid
         cdef int32_t* dstate = self.dstate
         cdef uint8_t* pbyte = self.pbyte
-        cdef int64_t nacc = 0, nunc = 0
+        cdef int64_t nacc = 0, nunc = 0, nopen = 0, ncacc = 0
+        self.wtrie = T
         if self.memo.pool_len > MEMO_MAX_ITEMS or self.memo.th_count > MEMO_MAX_TRANSITIONS:
             p_pop_to(A, 0)
             p_pop_to(B, 0)
@@ -1943,6 +2184,9 @@ cdef class CompiledCore:
             self.aid[0] = A.set_id[0]
         empty_id = B.set_id[base]
         self.topa[0] = topA
+        anytop[0] = 0
+        self.open_all = topA
+        track = not topA and not partial    # record open tokens one by one
         if topA and p_complete_rule(B, g, rule, rule) < 0:
             return NULL
         self.bid[0] = B.set_id[base]
@@ -1960,8 +2204,14 @@ cdef class CompiledCore:
         # up to the depth where a transition is missing (lazy), which most of the walk never needs.
         while i < T.n:
             d = T.depth[i]
+            if partial and not donor.open_all and not _has_rank(donor.open_ranks, donor.n_open,
+                                                                T.lo[i] if T.hi[i] > T.lo[i] else T.dlo[i],
+                                                                T.dhi[i] if T.dhi[i] > T.dlo[i] else T.hi[i]):
+                i = T.next[i]   # no open token below: the donor's verdicts stand
+                continue
             byte = T.byte[i]
             pbyte[d] = byte
+            anytop[d] = anytop[d - 1] | self.topa[d - 1]
             # Materialized sets at depth >= d belong to an earlier branch.
             if A.n_sets > d:
                 p_pop_to(A, d)
@@ -2031,9 +2281,17 @@ cdef class CompiledCore:
                         okC = 0
                         break
             if okA or okC:
-                for r in range(T.lo[i], T.hi[i]):
-                    accb[nacc] = r
-                    nacc += 1
+                if not (partial and okA):      # a partial build takes A's tokens from the donor
+                    for r in range(T.lo[i], T.hi[i]):
+                        accb[nacc] = r
+                        nacc += 1
+                if not okA:
+                    for r in range(T.lo[i], T.hi[i]):
+                        caccb[ncacc] = r
+                        ncacc += 1
+                        if track:
+                            openb[nopen] = r
+                            nopen += 1
                 st = -1
                 if okA and T.next[i] > i + 1:
                     if pure:
@@ -2044,13 +2302,14 @@ cdef class CompiledCore:
                     lp = self.node_loop + st * 4
                     bl = T.below + <int64_t>i * 4
                     tx = self.node_text + st * 2
-                    if (((self.node_textual[st] or self.node_chain[st] >= max(1, self.trie.span[i]))
+                    if (((self.node_textual[st] or self.node_chain[st] >= max(1, T.span[i]))
                             and ((bl[0] & tx[0]) | (bl[1] & tx[1])) == 0 and (T.u8ok[i] & 1))
                             or ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0):
                         # Every token below keeps an item looping on node st: the subtree is accepted.
-                        for r in range(T.dlo[i], T.dhi[i]):
-                            accb[nacc] = r
-                            nacc += 1
+                        if not partial:
+                            for r in range(T.dlo[i], T.dhi[i]):
+                                accb[nacc] = r
+                                nacc += 1
                         i = T.next[i]
                         continue
                 i += 1
@@ -2058,42 +2317,84 @@ cdef class CompiledCore:
                 for r in range(T.lo[i], T.hi[i]):
                     uncb[nunc] = r
                     nunc += 1
+                    if track:
+                        openb[nopen] = r
+                        nopen += 1
                 i += 1
             else:
+                if track and anytop[d]:
+                    # Rejected here, but only because of what follows the rule: open.
+                    for r in range(T.lo[i], T.hi[i]):
+                        openb[nopen] = r
+                        nopen += 1
+                    for r in range(T.dlo[i], T.dhi[i]):
+                        openb[nopen] = r
+                        nopen += 1
                 i = T.next[i]
         self.n_acc = nacc
         self.n_unc = nunc
-        return self._store(v)
+        self.n_open = nopen
+        self.n_cacc = ncacc
+        if partial:
+            if _donor_own_tokens(donor, v, accb + nacc, self.rank_bits, &self.n_acc) < 0:
+                return NULL
+        return self._store(v, donor)
 
-    cdef MaskEntry* _store(self, VocabC* v) noexcept nogil:
-        """Keep the smallest of: accepted ids, non-accepted ids, or a bitset (paper App. B).
-
-        acc_buf and unc_buf hold positions in the walked trie's token array.
-        """
-        cdef const int32_t* toks = self.trie.toks
-        cdef int64_t n_acc = self.n_acc, n_unc = self.n_unc, n_other = v.n_ordinary - n_acc
-        cdef int64_t j, k = 0, u = 0
-        cdef int32_t r, t, w, WR = (v.n_ordinary + 63) // 64
+    cdef int _ranks(self, const int32_t* pos, int64_t n, int32_t** out) noexcept nogil:
+        """Positions in the walked trie -> sorted ranks in byte order (malloc'ed into *out)."""
+        cdef VocabC* v = self.vc
+        cdef const int32_t* toks = self.wtrie.toks
+        cdef int32_t WR = (v.n_ordinary + 63) // 64, w, r
+        cdef int64_t j, u = 0
         cdef uint64_t word
-        cdef MaskEntry* e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
-        if e == NULL:
-            return NULL
-        e.n_unc = <int32_t>n_unc
-        e.unc_ranks = <int32_t*>malloc(max(1, n_unc) * sizeof(int32_t))
-        if e.unc_ranks == NULL:
-            entry_free(e)
-            return NULL
-        # Uncertain tokens as ranks in byte order (the runtime check shares prefixes in that order).
+        out[0] = <int32_t*>malloc(max(1, n) * sizeof(int32_t))
+        if out[0] == NULL:
+            return -1
         memset(self.rank_bits, 0, WR * sizeof(uint64_t))
-        for j in range(n_unc):
-            r = v.token_rank[toks[self.unc_buf[j]]]
+        for j in range(n):
+            r = v.token_rank[toks[pos[j]]]
             self.rank_bits[r >> 6] |= (<uint64_t>1) << (r & 63)
         for w in range(WR):
             word = self.rank_bits[w]
             while word:
-                e.unc_ranks[u] = (w << 6) + __builtin_ctzll(word)
+                out[0][u] = (w << 6) + __builtin_ctzll(word)
                 u += 1
                 word &= word - 1
+        return 0
+
+    cdef MaskEntry* _store(self, VocabC* v, MaskEntry* donor) noexcept nogil:
+        """Keep the smallest of: accepted ids, non-accepted ids, or a bitset (paper App. B).
+
+        acc_buf, unc_buf, open_buf and cacc_buf hold positions in the walked trie's token array.
+        """
+        cdef const int32_t* toks = self.wtrie.toks
+        cdef int64_t n_acc = self.n_acc, n_unc = self.n_unc, n_other = v.n_ordinary - n_acc
+        cdef int64_t j, k = 0
+        cdef int32_t r, t
+        cdef MaskEntry* e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
+        if e == NULL:
+            return NULL
+        e.n_unc = <int32_t>n_unc
+        e.n_ctx_acc = <int32_t>self.n_cacc
+        # Uncertain tokens as ranks in byte order (the runtime check shares prefixes in that order).
+        if self._ranks(self.unc_buf, n_unc, &e.unc_ranks) < 0 or \
+                self._ranks(self.cacc_buf, self.n_cacc, &e.ctx_acc_ranks) < 0:
+            entry_free(e)
+            return NULL
+        if donor != NULL:           # what the automaton alone decides is the donor's
+            e.open_all = donor.open_all
+            e.n_open = donor.n_open
+            e.open_ranks = <int32_t*>malloc(max(1, donor.n_open) * sizeof(int32_t))
+            if e.open_ranks == NULL:
+                entry_free(e)
+                return NULL
+            memcpy(e.open_ranks, donor.open_ranks, donor.n_open * sizeof(int32_t))
+        else:
+            e.open_all = self.open_all
+            e.n_open = 0 if self.open_all else <int32_t>self.n_open
+            if self._ranks(self.open_buf, e.n_open, &e.open_ranks) < 0:
+                entry_free(e)
+                return NULL
         if n_acc * 4 <= v.n_words * 8 and n_acc <= n_other:
             e.kind = ENTRY_ACCEPTED_LIST
             e.n_list = <int32_t>n_acc
@@ -2109,7 +2410,6 @@ cdef class CompiledCore:
                 return NULL
             for j in range(n_acc):
                 e.list[j] = toks[self.acc_buf[j]]
-            e.nbytes = e.n_list * 4
         else:
             e.bits = <uint64_t*>calloc(v.n_words, sizeof(uint64_t))
             if e.bits == NULL:
@@ -2118,7 +2418,6 @@ cdef class CompiledCore:
             for j in range(n_acc):
                 t = toks[self.acc_buf[j]]
                 e.bits[t >> 6] |= (<uint64_t>1) << (t & 63)
-            e.nbytes = v.n_words * 8
             if e.kind == ENTRY_REJECTED_LIST:
                 e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
                 if e.list == NULL:
@@ -2131,8 +2430,7 @@ cdef class CompiledCore:
                         k += 1
                 free(e.bits)
                 e.bits = NULL
-                e.nbytes = e.n_list * 4
-        e.nbytes += n_unc * 4 + sizeof(MaskEntry)
+        e.nbytes = entry_nbytes(e, v.n_words)
         return e
 
     @property

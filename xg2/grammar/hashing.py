@@ -1,23 +1,47 @@
-"""Stable content hashes of rule automata (XGrammar 2 §3.3, Alg. 1 and 2).
+"""Stable content keys of rule automata and of the contexts they are called from (XGrammar 2 §3.3,
+Alg. 1 and 2).
 
-A mask entry depends only on the structure of the rule automaton it was built from (and the rules it
-calls), never on rule names, so entries can be keyed by content and shared by every grammar with the
-same sub-structure. Hashes use BLAKE2b-128 over a canonical serialisation: deterministic across
+A mask entry of a scannable node depends on three things only: the automaton of the node's rule
+with everything it calls (parser A of the entry build), where the node sits in it, and what may
+follow the rule wherever it is called (parsers B and C, the lookahead). None of them depends on
+rule names or rule order, so entries are keyed by content and shared by every grammar with the same
+sub-structure. The keys are BLAKE2b-128 digests of canonical serialisations: deterministic across
 processes and machines, unlike Python's `hash()`.
 
-Order of work: leaf automata first, then acyclic callers in topological order (a call edge is hashed
-as the callee's hash), then each strongly connected component, whose internal calls are hashed as the
-callee's position among the component's members sorted by their call-free ("shape") hash.
+Soundness rests on one property: equal keys mean equal structures, because a key hashes the whole
+structure under one numbering (a collision of a 128-bit digest aside). Canonical numbering only
+decides how often structures that are equal get equal keys.
+
+Rule keys: leaf automata first, then callers in topological order (a call edge is hashed as the
+callee's key), then each strongly connected component as a whole: its members are ordered by their
+call-free ("shape") digests, calls inside it are written as the callee's position in that order, and
+every member's key is the component's digest plus the member's position. Context keys: the same
+over the reversed call graph, from the root down; a rule's context is the multiset of its call sites
+(caller key, node of the call, node it resumes at, the caller's own context) and whether it is the
+root.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 from .fsm import RuleFSM, strongly_connected
 
+_MARK = b"\xff" * 16
+#: Cycles of up to this many nodes get one walk per node (each node's digest independent of where
+#: the rule enters the cycle); larger ones one walk in all, to stay linear.
+MAX_CYCLE_WALKS = 16
 
-def _digest(parts: list[bytes]) -> bytes:
+
+@dataclass
+class GrammarKeys:
+    rule: list[bytes]                 # per rule: 16-byte key of its automaton and all it calls
+    ctx: list[bytes]                  # per rule: 16-byte key of what may follow it
+    canon: list[list[int] | None]     # per rule: node -> canonical node (None: the identity)
+
+
+def _digest(*parts: bytes) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     for p in parts:
         h.update(len(p).to_bytes(4, "little"))
@@ -25,30 +49,157 @@ def _digest(parts: list[bytes]) -> bytes:
     return h.digest()
 
 
-def _serialize(fsm: RuleFSM, callee: dict[int, bytes]) -> list[bytes]:
-    parts = [fsm.n_nodes.to_bytes(4, "little"), bytes(sorted(fsm.finals).__repr__(), "ascii")]
-    for u in range(fsm.n_nodes):
-        parts.append(b"B" + b"".join(bytes((lo, hi)) + v.to_bytes(4, "little") for lo, hi, v in fsm.byte_edges[u]))
-        calls = sorted((callee[r], v) for r, v in fsm.rule_edges[u])
-        parts.append(b"R" + b"".join(c + v.to_bytes(4, "little") for c, v in calls))
-    return parts
+def _canon(fsm: RuleFSM, key: list[bytes]) -> list[int] | None:
+    """Breadth-first numbering with byte edges before calls and calls ordered by callee key.
+
+    Automata are already numbered breadth-first with calls ordered by callee index; the two agree
+    unless a node calls into more than one target, so the renumbering is done only then."""
+    if all(len({v for _r, v in edges}) <= 1 for edges in fsm.rule_edges):
+        return None
+    num = {0: 0}
+    order = [0]
+    i = 0
+    while i < len(order):
+        u = order[i]
+        i += 1
+        for _lo, _hi, v in fsm.byte_edges[u]:
+            if v not in num:
+                num[v] = len(order)
+                order.append(v)
+        for _k, v in sorted((key[r], v) for r, v in fsm.rule_edges[u]):
+            if v not in num:
+                num[v] = len(order)
+                order.append(v)
+    for u in range(fsm.n_nodes):  # unreachable nodes (none after pruning) keep their order
+        if u not in num:
+            num[u] = len(order)
+            order.append(u)
+    return [num[u] for u in range(fsm.n_nodes)]
+
+
+def _serialize(fsm: RuleFSM, key: list[bytes], perm: list[int] | None) -> bytes:
+    if perm is None:
+        byte_edges = fsm.byte_edges
+        rules = [sorted((key[r], v) for r, v in edges) for edges in fsm.rule_edges]
+        finals = sorted(fsm.finals)
+    else:
+        inv = sorted(range(fsm.n_nodes), key=perm.__getitem__)
+        byte_edges = [[(lo, hi, perm[v]) for lo, hi, v in fsm.byte_edges[u]] for u in inv]
+        rules = [sorted((key[r], perm[v]) for r, v in fsm.rule_edges[u]) for u in inv]
+        finals = sorted(perm[u] for u in fsm.finals)
+    return repr((fsm.deterministic, finals, byte_edges, rules)).encode()
+
+
+def _component_keys(comp: list[int], done: list[bytes | None], serialize) -> None:
+    """Keys of one strongly connected component (Alg. 2, made exact): `serialize(r, key)` writes
+    member r with `key` naming every rule; members' shapes use a marker for calls inside."""
+    members = set(comp)
+    shape_key = [_MARK if r in members else k for r, k in enumerate(done)]
+    shape = {r: _digest(serialize(r, shape_key)) for r in comp}
+    order = sorted(comp, key=lambda r: (shape[r], r))
+    local = list(shape_key)
+    for i, r in enumerate(order):
+        local[r] = b"@" + i.to_bytes(4, "little") + shape[r][:11]
+    whole = _digest(*(serialize(r, local) for r in order))
+    for i, r in enumerate(order):
+        done[r] = _digest(whole, i.to_bytes(4, "little"))
+
+
+def _keys_in_order(n: int, succ: list[list[int]], serialize) -> list[bytes]:
+    done: list[bytes | None] = [None] * n
+    for comp in strongly_connected(n, succ):
+        r = comp[0]
+        if len(comp) == 1 and r not in succ[r]:
+            done[r] = _digest(serialize(r, done))
+        else:
+            _component_keys(comp, done, serialize)
+    return done  # type: ignore[return-value]
+
+
+def _cycle_digest(fsm: RuleFSM, key: list[bytes], start: int, members: set[int], dig: list[bytes],
+                  order: list[int] | None = None) -> bytes:
+    """The cycle's nodes numbered breadth-first from `start` (or in the given order) and written
+    out, exits named by their digests."""
+    if order is None:
+        num = {start: 0}
+        order = [start]
+        i = 0
+        while i < len(order):
+            u = order[i]
+            i += 1
+            calls = [v for _k, v in sorted((key[r], v) for r, v in fsm.rule_edges[u])]
+            for v in [v for *_, v in fsm.byte_edges[u]] + calls:
+                if v in members and v not in num:
+                    num[v] = len(order)
+                    order.append(v)
+    else:
+        num = {u: i for i, u in enumerate(order)}
+
+    def name(v: int) -> str:
+        return repr(num[v] if v in members else dig[v])
+
+    return _digest(repr([(u in fsm.finals, [(lo, hi, name(v)) for lo, hi, v in fsm.byte_edges[u]],
+                          sorted((key[r], name(v)) for r, v in fsm.rule_edges[u])) for u in order]).encode())
+
+
+def _node_digests(fsm: RuleFSM, key: list[bytes]) -> list[bytes]:
+    """Per node: a digest of what the rule reads from that node on (the sub-automaton it reaches,
+    calls named by callee key). Nodes outside cycles get a Merkle digest of their edges and their
+    targets' digests; a node on a cycle gets the serialisation of its cycle, numbered breadth-first
+    from it, with exits named by digest (quadratic in the cycle's size, which is small in practice)."""
+    n = fsm.n_nodes
+    succ = [sorted({v for *_, v in fsm.byte_edges[u]} | {v for _, v in fsm.rule_edges[u]}) for u in range(n)]
+    dig: list[bytes] = [b""] * n
+    for comp in strongly_connected(n, succ):
+        if len(comp) == 1 and comp[0] not in succ[comp[0]]:
+            u = comp[0]
+            dig[u] = _digest(repr((u in fsm.finals, [(lo, hi, dig[v]) for lo, hi, v in fsm.byte_edges[u]],
+                                   sorted((key[r], dig[v]) for r, v in fsm.rule_edges[u]))).encode())
+            continue
+        members = set(comp)
+        if len(comp) > MAX_CYCLE_WALKS:     # one walk for the whole cycle, members by node order
+            whole = _cycle_digest(fsm, key, min(comp), members, dig, sorted(comp))
+            for i, u in enumerate(sorted(comp)):
+                dig[u] = _digest(whole, i.to_bytes(4, "little"))
+            continue
+        for start in comp:
+            dig[start] = _cycle_digest(fsm, key, start, members, dig)
+    return dig
+
+
+def grammar_keys(fsms: list[RuleFSM], root: int) -> GrammarKeys:
+    n = len(fsms)
+    callees = [sorted({r for edges in f.rule_edges for r, _ in edges}) for f in fsms]
+    canon: list[list[int] | None] = [None] * n
+
+    def rule_part(r: int, key: list[bytes]) -> bytes:
+        # Entries are keyed by the numbering of the last serialisation of a rule, the one its key
+        # is made of (for a cycle member: under the positions in its component).
+        canon[r] = _canon(fsms[r], key)
+        return _serialize(fsms[r], key, canon[r])
+
+    rule = _keys_in_order(n, callees, rule_part)
+
+    follow: dict[int, list[bytes]] = {}
+    sites: list[set[tuple[int, int]]] = [set() for _ in range(n)]
+    for p, f in enumerate(fsms):
+        for edges in f.rule_edges:
+            for r, v in edges:
+                sites[r].add((p, v))
+    callers = [sorted({p for p, _v in s}) for s in sites]
+
+    def ctx_part(r: int, key: list[bytes]) -> bytes:
+        seen = set()
+        for p, v in sites[r]:
+            if p not in follow:
+                follow[p] = _node_digests(fsms[p], rule)
+            seen.add((follow[p][v], key[p]))
+        return repr((r == root, sorted(seen))).encode()
+
+    ctx = _keys_in_order(n, callers, ctx_part)
+    return GrammarKeys(rule, ctx, canon)
 
 
 def rule_hashes(fsms: list[RuleFSM]) -> list[str]:
-    n = len(fsms)
-    succ = [sorted({r for edges in f.rule_edges for r, _ in edges}) for f in fsms]
-    done: dict[int, bytes] = {}
-    for comp in strongly_connected(n, succ):
-        members = set(comp)
-        if len(comp) == 1 and comp[0] not in succ[comp[0]]:
-            r = comp[0]
-            done[r] = _digest(_serialize(fsms[r], done))
-            continue
-        marker = b"\x00" * 16
-        shape = {r: _digest(_serialize(fsms[r], {**done, **{m: marker for m in members}})) for r in comp}
-        order = sorted(comp, key=lambda r: shape[r])
-        local = {r: b"@" + i.to_bytes(4, "little") + shape[r][:11] for i, r in enumerate(order)}
-        group = _digest([shape[r] for r in order])
-        for r in comp:
-            done[r] = _digest([group] + _serialize(fsms[r], {**done, **local}))
-    return [done[r].hex() for r in range(n)]
+    """Hex content keys of the rules (what `CompiledGrammar.rule_hashes` reports)."""
+    return [k.hex() for k in grammar_keys(fsms, 0).rule]
