@@ -41,6 +41,21 @@ def _ref_sites(e: Expr) -> list[str]:
     return out
 
 
+def _ref_copies(e: Expr, into: dict[str, int]) -> None:
+    """Add to `into`, per rule, how many copies of it inlining into `e` would make: a call under
+    `x{m,n}` counts n times (a block rule of a compressed repetition called as `B{40}` must stay a
+    rule, or the compression is undone)."""
+    stack = [(e, 1)]
+    while stack:
+        x, weight = stack.pop()
+        if isinstance(x, RuleRef):
+            into[x.name] = into.get(x.name, 0) + weight
+        elif isinstance(x, Repeat):
+            stack.append((x.expr, weight * max(1, x.max if x.max is not None else x.min + 1)))
+        else:
+            stack.extend((c, weight) for c in _children(x))
+
+
 def expr_size(e: Expr) -> int:
     """Size after repetition expansion, post-order with an explicit stack."""
     sizes: dict[int, int] = {}
@@ -105,9 +120,9 @@ def inline_small_rules(ir: GrammarIR) -> GrammarIR:
     """Inline reference-free, non-recursive small rules; drop rules no longer reachable from root."""
     refs = {r.name: _ref_sites(r.body) for r in ir.rules}
     sites: dict[str, int] = {}
-    for names in refs.values():
-        for name in names:
-            sites[name] = sites.get(name, 0) + 1
+    for r in ir.rules:
+        if refs[r.name]:
+            _ref_copies(r.body, sites)
     callers: dict[str, list[str]] = {}
     missing = {r.name: set(refs[r.name]) for r in ir.rules}
     for r in ir.rules:
