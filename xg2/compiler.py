@@ -5,28 +5,33 @@ from __future__ import annotations
 import gc
 import threading
 import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ._ext.core import ClassTrie, CompiledCore, Vocab
 from .entry_pool import EntryPool
-from .errors import GrammarError, TokenizerError
+from .errors import GrammarError, TokenizerError, XG2Error
 from .grammar.fsm import RuleFSM, nullable_rules, productive_rules, prune, pure_nodes, rule_automaton
 from .grammar.grammar import Grammar
 from .grammar.hashing import GrammarKeys, grammar_keys
 from .grammar.ir import GrammarIR
 from .grammar.optimize import inline_small_rules
 from .grammar.repetition import compress_repetitions
+from .linking import Module, link
 from .tokenizer import TokenizerInfo
 
 
 @dataclass
 class LoweredGrammar:
     rule_names: list[str]
-    fsms: list[RuleFSM]
+    fsms: list[RuleFSM] | None          # None for linked grammars (their keys come with them)
     root: int
     arrays: dict[str, np.ndarray]
     _keys: GrammarKeys | None = None
@@ -189,9 +194,9 @@ def lower(ir: GrammarIR, *, compress: bool = True) -> LoweredGrammar:
 class CompiledGrammar:
     """A grammar lowered for one tokenizer, with its mask entries built on first visit (JIT)."""
 
-    def __init__(self, grammar: Grammar, tokenizer_info: TokenizerInfo, lowered: LoweredGrammar,
-                 core: CompiledCore):
-        self._grammar = grammar
+    def __init__(self, grammar: Grammar | Callable[[], Grammar], tokenizer_info: TokenizerInfo,
+                 lowered: LoweredGrammar, core: CompiledCore):
+        self._grammar = grammar     # or how to make it: a linked grammar never needs its IR
         self._tokenizer_info = tokenizer_info
         self._lowered = lowered
         self._core = core
@@ -199,6 +204,8 @@ class CompiledGrammar:
 
     @property
     def grammar(self) -> Grammar:
+        if not isinstance(self._grammar, Grammar):
+            self._grammar = self._grammar()
         return self._grammar
 
     @property
@@ -244,6 +251,31 @@ def vocab_core(info: TokenizerInfo) -> Vocab:
                 _VOCABS.pop(next(iter(_VOCABS)))
             _VOCABS[info.fingerprint] = core
         return core
+
+
+#: Keywords that do not constrain a value (a top-level `anyOf` next to them can be linked).
+_ANNOTATIONS = frozenset({"title", "description", "$schema", "$id", "$comment", "examples", "default"})
+_ENCODER = msgspec.json.Encoder()
+
+def _localize_refs(branch: dict, prefix: str) -> dict | None:
+    """`branch` with its references into itself (`prefix/...`) made relative to it, so that it is a
+    schema of its own; None if any reference points elsewhere."""
+    stack: list[tuple[Any, Any, Any]] = []
+    root = dict(branch)
+    stack.append((root, None, None))
+    while stack:
+        node, _parent, _key = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for k, v in list(items):
+            if k == "$ref" and isinstance(node, dict):
+                if not isinstance(v, str) or not (v == prefix or v.startswith(prefix + "/")):
+                    return None
+                node[k] = "#" + v[len(prefix):]
+            elif isinstance(v, (dict, list)):
+                copy = dict(v) if isinstance(v, dict) else list(v)
+                node[k] = copy
+                stack.append((copy, node, k))
+    return root
 
 
 #: Walk the class trie only when it is at most this fraction of the byte trie.
@@ -294,7 +326,8 @@ class GrammarCompiler:
         self.background_precompute = background_precompute
         self.jit = jit
         self.repetition_compression = repetition_compression
-        self._cache: dict[tuple[str, str], CompiledGrammar] = {}
+        self._cache: dict[tuple, CompiledGrammar] = {}
+        self._modules: OrderedDict[tuple, Module] = OrderedDict()
         self._lock = threading.Lock()
         self._vocab = vocab_core(tokenizer_info)
         self._pool = (EntryPool(self._vocab, tokenizer_info.fingerprint, cache_limit_bytes)
@@ -320,11 +353,101 @@ class GrammarCompiler:
                             separators: tuple[str, str] | None = None, strict_mode: bool = True,
                             max_whitespace_cnt: int | None = None, any_order: bool = False,
                             lenient: bool = False) -> CompiledGrammar:
+        options = {"any_whitespace": any_whitespace, "indent": indent, "separators": separators,
+                   "strict_mode": strict_mode, "max_whitespace_cnt": max_whitespace_cnt, "any_order": any_order,
+                   "lenient": lenient}
         with _gc_paused():
-            return self._compile(Grammar.from_json_schema(
-                schema, any_whitespace=any_whitespace, indent=indent, separators=separators,
-                strict_mode=strict_mode, max_whitespace_cnt=max_whitespace_cnt, any_order=any_order,
-                lenient=lenient))
+            branches = self._linkable_branches(schema)
+            if branches is not None:
+                compiled = self._compile_linked(schema, branches, options)
+                if compiled is not None:
+                    return compiled
+            return self._compile(Grammar.from_json_schema(schema, **options))
+
+    def _linkable_branches(self, schema: Any) -> list[tuple[dict, bytes]] | None:
+        """The branches of a top-level `anyOf` with their JSON text, when each is a schema of its
+        own (no `$ref`, which could point anywhere in the document) and nothing else constrains
+        the value; else None."""
+        if self._pool is None or not isinstance(schema, dict) or not isinstance(schema.get("anyOf"), list):
+            return None
+        if len(schema["anyOf"]) < 2 or any(k not in _ANNOTATIONS for k in schema if k != "anyOf"):
+            return None
+        out = []
+        for i, branch in enumerate(schema["anyOf"]):
+            if not isinstance(branch, dict):
+                return None
+            try:
+                text = _ENCODER.encode(branch)
+            except (TypeError, ValueError, OverflowError):
+                return None
+            if b'"$ref"' in text:
+                branch = _localize_refs(branch, f"#/anyOf/{i}")
+                if branch is None:
+                    return None
+                text = _ENCODER.encode(branch)
+            out.append((branch, text))
+        return out
+
+    def _compile_linked(self, schema: dict, branches: list[tuple[dict, bytes]],
+                        options: dict[str, Any]) -> CompiledGrammar | None:
+        """`anyOf` branches lowered once each as modules and linked (linking.py); None when a
+        branch cannot be a module (or fails: the whole schema is then compiled to report it
+        with its full pointer)."""
+        t0 = time.perf_counter()
+        opts = tuple(options.values())
+        texts = list(dict.fromkeys(text for _branch, text in branches))
+        key = ("anyOf", opts, tuple(texts))
+        if self.cache_enabled:
+            with self._lock:
+                hit = self._cache.pop(key, None)
+                if hit is not None:
+                    self._cache[key] = hit
+                    return hit
+        modules = []
+        by_text = {text: branch for branch, text in branches}
+        for i, text in enumerate(texts):
+            module = self._module(opts, text, by_text[text], options)
+            if module is None:
+                return None
+            for message, category in module.warnings:
+                message = message.replace(" (at /)", f" (at /anyOf/{i})").replace(" (at /", f" (at /anyOf/{i}/")
+                warnings.warn(message, category, stacklevel=3)
+            modules.append(module)
+        lowered = link(modules)
+        with self._lock:
+            trie = self._class_tries.get(byte_classes(lowered.arrays))   # no trie built on this path
+        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())
+        compiled = CompiledGrammar(lambda: Grammar.from_json_schema(schema, **options), self.tokenizer_info,
+                                   lowered, core)
+        self._precompute(compiled, t0)
+        self.last_compile_seconds = time.perf_counter() - t0
+        if self.cache_enabled:
+            with self._lock:
+                self._cache[key] = compiled
+                self._evict()
+        return compiled
+
+    def _module(self, opts: tuple, text: bytes, branch: dict, options: dict[str, Any]) -> Module | None:
+        key = (opts, text)
+        with self._lock:
+            module = self._modules.pop(key, None)
+            if module is not None:
+                self._modules[key] = module
+                return module
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                lowered = lower(Grammar.from_json_schema(branch, **options).ir, compress=self.repetition_compression)
+        except XG2Error:
+            return None     # the whole schema is compiled next, which reports it with its full pointer
+        module = Module(lowered, [(str(w.message), w.category) for w in caught])
+        if not module.linkable:
+            return None
+        module.keys  # noqa: B018 - computed once here, outside any request that reuses the module
+        with self._lock:
+            self._modules[key] = module
+            self._evict()
+        return module
 
     def compile_builtin_json_grammar(self) -> CompiledGrammar:
         return self._compile(Grammar.builtin_json_grammar())
@@ -414,7 +537,7 @@ class GrammarCompiler:
                     break
 
     def _tables_bytes(self) -> int:
-        return sum(c.tables_bytes for c in self._cache.values())
+        return sum(c.tables_bytes for c in self._cache.values()) + sum(m.nbytes for m in self._modules.values())
 
     def _evict(self) -> None:
         """Least recently used compiled grammars go first, then pool entries (with self._lock)."""
@@ -427,6 +550,8 @@ class GrammarCompiler:
         tables = self._tables_bytes()
         while self._cache and tables + self._pool.nbytes > self.cache_limit_bytes:
             tables -= self._cache.pop(next(iter(self._cache))).tables_bytes
+        while self._modules and tables + self._pool.nbytes > self.cache_limit_bytes:
+            tables -= self._modules.popitem(last=False)[1].nbytes
         self._pool.set_limit(max(0, self.cache_limit_bytes - tables))
 
     def get_cache_size_bytes(self) -> int:
@@ -448,5 +573,6 @@ class GrammarCompiler:
     def clear_cache(self) -> None:
         with self._lock:
             self._cache.clear()
+            self._modules.clear()
         if self._pool is not None:
             self._pool.clear()

@@ -105,10 +105,14 @@ def _component_keys(comp: list[int], done: list[bytes | None], serialize) -> Non
         done[r] = _digest(whole, i.to_bytes(4, "little"))
 
 
-def _keys_in_order(n: int, succ: list[list[int]], serialize) -> list[bytes]:
+def _keys_in_order(n: int, succ: list[list[int]], serialize, fixed: dict[int, bytes] | None = None) -> list[bytes]:
     done: list[bytes | None] = [None] * n
+    for r, k in (fixed or {}).items():
+        done[r] = k
     for comp in strongly_connected(n, succ):
         r = comp[0]
+        if done[r] is not None and len(comp) == 1:
+            continue
         if len(comp) == 1 and r not in succ[r]:
             done[r] = _digest(serialize(r, done))
         else:
@@ -167,7 +171,10 @@ def _node_digests(fsm: RuleFSM, key: list[bytes]) -> list[bytes]:
     return dig
 
 
-def grammar_keys(fsms: list[RuleFSM], root: int) -> GrammarKeys:
+def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = None) -> GrammarKeys:
+    """Keys of every rule. `root_ctx` replaces the root's context key: the grammar is then a module
+    called from a bigger one (see linking.py), and its root, which no rule of its own may call,
+    has the context of its call sites there."""
     n = len(fsms)
     callees = [sorted({r for edges in f.rule_edges for r, _ in edges}) for f in fsms]
     canon: list[list[int] | None] = [None] * n
@@ -194,10 +201,29 @@ def grammar_keys(fsms: list[RuleFSM], root: int) -> GrammarKeys:
             if p not in follow:
                 follow[p] = _node_digests(fsms[p], rule)
             seen.add((follow[p][v], key[p]))
-        return repr((r == root, sorted(seen))).encode()
+        return repr((r == root, sorted(seen))).encode()   # see context_key
 
-    ctx = _keys_in_order(n, callers, ctx_part)
+    if root_ctx is not None and sites[root]:
+        raise ValueError("a module's root must not be called from inside the module")
+    ctx = _keys_in_order(n, callers, ctx_part, None if root_ctx is None else {root: root_ctx})
     return GrammarKeys(rule, ctx, canon)
+
+
+def context_key(is_root: bool, sites: list[tuple[bytes, bytes]]) -> bytes:
+    """The context key of a rule called at `sites`: (digest of what the caller reads after the
+    call, the caller's context key) pairs; the same formula `grammar_keys` applies."""
+    return _digest(repr((is_root, sorted(set(sites)))).encode())
+
+
+def fsm_key(fsm: RuleFSM, key: list[bytes]) -> tuple[bytes, list[int] | None]:
+    """(key, canonical numbering) of one rule whose callees' keys are `key` and which is on no
+    call cycle."""
+    perm = _canon(fsm, key)
+    return _digest(_serialize(fsm, key, perm)), perm
+
+
+def node_digests(fsm: RuleFSM, key: list[bytes]) -> list[bytes]:
+    return _node_digests(fsm, key)
 
 
 def rule_hashes(fsms: list[RuleFSM]) -> list[str]:
