@@ -32,6 +32,7 @@ cdef enum:
     MAX_RESUMES = 4
     CERTAIN_WORK_LIMIT = 65536
     MCACHE_MIN_CHECKS = 32
+    MAX_FREE_SCRATCH = 4
 
 cdef extern from *:
     int __builtin_ctzll(unsigned long long) nogil
@@ -105,10 +106,11 @@ cdef struct Memo:
 
 
 cdef int m_init(Memo* m) noexcept nogil:
-    m.pool_cap = 1 << 16
-    m.cap_ids = 1 << 12
-    m.ih_mask = (1 << 13) - 1
-    m.th_mask = (1 << 14) - 1
+    # Small to start with (every compiled grammar and every matcher has a memo; they grow on demand).
+    m.pool_cap = 1 << 10
+    m.cap_ids = 1 << 8
+    m.ih_mask = (1 << 9) - 1
+    m.th_mask = (1 << 10) - 1
     m.pool = <item_t*>malloc(m.pool_cap * sizeof(item_t))
     m.id_off = <int64_t*>malloc(m.cap_ids * sizeof(int64_t))
     m.id_len = <int32_t*>malloc(m.cap_ids * sizeof(int32_t))
@@ -118,7 +120,7 @@ cdef int m_init(Memo* m) noexcept nogil:
     m.ih_slot = <int32_t*>malloc((m.ih_mask + 1) * sizeof(int32_t))
     m.th_key = <uint64_t*>malloc((m.th_mask + 1) * sizeof(uint64_t))
     m.th_val = <int32_t*>malloc((m.th_mask + 1) * sizeof(int32_t))
-    m.dense_cap = 256
+    m.dense_cap = 16
     m.dense = <int32_t*>malloc(m.dense_cap * 256 * sizeof(int32_t))
     if (m.pool == NULL or m.id_off == NULL or m.id_len == NULL or m.id_top == NULL or m.id_hash == NULL
             or m.ih_slot == NULL or m.th_key == NULL or m.th_val == NULL or m.dense == NULL
@@ -908,6 +910,18 @@ cdef struct VocabC:
     TrieC trie
 
 
+cdef class WalkScratch:
+    cdef int32_t* buf
+
+    def __cinit__(self, int64_t n):
+        self.buf = <int32_t*>malloc(n * sizeof(int32_t))
+        if self.buf == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.buf)
+
+
 cdef class Vocab:
     """Token bytes, their byte-sorted order and a byte trie in pre-order arrays.
 
@@ -940,8 +954,10 @@ cdef class Vocab:
     cdef int32_t n_stop
     cdef VocabC c
     cdef object _sample
+    cdef list _scratch                 # free WalkScratch buffers, shared by all grammars of this vocabulary
 
     def __cinit__(self):
+        self._scratch = []
         self.rank_token = NULL
         self.token_rank = NULL
         self.trie_byte = NULL
@@ -1146,6 +1162,17 @@ cdef class Vocab:
         if self._sample is None:
             self._sample = [self.token_bytes(self.rank_token[r]) for r in range(0, self.n_ordinary, 64)]
         return self._sample
+
+    cdef WalkScratch take_scratch(self):
+        """Vocabulary-sized buffers for one entry build (with the GIL). Grammars share them, so
+        a compiled grammar costs no per-vocabulary memory beyond its entries."""
+        if self._scratch:
+            return self._scratch.pop()
+        return WalkScratch(4 * max(1, self.n_ordinary))
+
+    cdef void give_scratch(self, WalkScratch s):
+        if len(self._scratch) < MAX_FREE_SCRATCH:
+            self._scratch.append(s)
 
     def token_bytes(self, int32_t t):
         return self.tok_data[self.tok_off[t]:self.tok_off[t + 1]]
@@ -1727,8 +1754,6 @@ cdef class CompiledCore:
         self.g.ctx_resume = <const int32_t*>_ptr(keep, "ctx_resume", np.int32)
         self.entries = <MaskEntry**>calloc(max(1, self.g.n_nodes), sizeof(MaskEntry*))
         self.lock = PyThread_allocate_lock()
-        self.acc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
-        self.unc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
         self.rank_bits = <uint64_t*>malloc(max(1, (vocab.n_ordinary + 63) // 64) * sizeof(uint64_t))
         self.dstate = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
         self.aid = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
@@ -1737,11 +1762,9 @@ cdef class CompiledCore:
         self.topa = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
         self.pbyte = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
         self.anytop = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
-        self.open_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
-        self.cacc_buf = <int32_t*>malloc(max(1, vocab.n_ordinary) * sizeof(int32_t))
-        if self.anytop == NULL or self.open_buf == NULL or self.cacc_buf == NULL:
+        if self.anytop == NULL:
             raise MemoryError()
-        if (self.entries == NULL or self.lock == NULL or self.acc_buf == NULL or self.unc_buf == NULL
+        if (self.entries == NULL or self.lock == NULL
                 or self.dstate == NULL or self.aid == NULL or self.bid == NULL or self.cids == NULL
                 or self.topa == NULL
                 or self.pbyte == NULL
@@ -1783,13 +1806,9 @@ cdef class CompiledCore:
     def __dealloc__(self):
         cdef int32_t i
         free(self.entries)              # the entries themselves belong to PooledEntry objects
-        free(self.open_buf)
-        free(self.cacc_buf)
         free(self.anytop)
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
-        free(self.acc_buf)
-        free(self.unc_buf)
         free(self.rank_bits)
         free(self.dstate)
         free(self.node_loop)
@@ -1835,6 +1854,10 @@ cdef class CompiledCore:
         cdef MaskEntry* e
         cdef MaskEntry* donor = NULL
         cdef int32_t r = self.g.node_rule[node]
+        cdef WalkScratch scratch = self.vocab.take_scratch()
+        cdef int64_t n = max(1, self.vc.n_ordinary)
+        self.acc_buf, self.unc_buf = scratch.buf, scratch.buf + n
+        self.open_buf, self.cacc_buf = scratch.buf + 2 * n, scratch.buf + 3 * n
         try:
             if self._pool is None:
                 with nogil:
@@ -1859,6 +1882,9 @@ cdef class CompiledCore:
             return pe.e
         except MemoryError:
             return NULL
+        finally:
+            self.acc_buf = self.unc_buf = self.open_buf = self.cacc_buf = NULL
+            self.vocab.give_scratch(scratch)
 
     def precompute(self, nodes):
         """Build the entries of the given nodes now (compile-time part of JIT)."""

@@ -172,9 +172,14 @@ def _node_digests(fsm: RuleFSM, key: list[bytes]) -> list[bytes]:
 
 
 def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = None) -> GrammarKeys:
-    """Keys of every rule. `root_ctx` replaces the root's context key: the grammar is then a module
-    called from a bigger one (see linking.py), and its root, which no rule of its own may call,
-    has the context of its call sites there."""
+    """Keys of every rule.
+
+    A call site is named by what the caller reads after the call (a digest of the rest of its
+    automaton), so that a sub-structure called the same way under different roots gets the same
+    context key. `root_ctx` makes the grammar a module called from a bigger one (see linking.py):
+    it is the context key of the root, which no rule of the module may call. Modules are linked
+    under roots of one shape only, so there a call site is named by the caller's key and the node
+    it resumes at, which costs nothing to compute."""
     n = len(fsms)
     callees = [sorted({r for edges in f.rule_edges for r, _ in edges}) for f in fsms]
     canon: list[list[int] | None] = [None] * n
@@ -198,6 +203,9 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
     def ctx_part(r: int, key: list[bytes]) -> bytes:
         seen = set()
         for p, v in sites[r]:
+            if root_ctx is not None:
+                seen.add((rule[p] + (v if canon[p] is None else canon[p][v]).to_bytes(4, "little"), key[p]))
+                continue
             if p not in follow:
                 follow[p] = _node_digests(fsms[p], rule)
             seen.add((follow[p][v], key[p]))

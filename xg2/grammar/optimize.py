@@ -56,6 +56,19 @@ def _ref_copies(e: Expr, into: dict[str, int]) -> None:
             stack.extend((c, weight) for c in _children(x))
 
 
+def _more_nodes_than(e: Expr, limit: int) -> bool:
+    """Whether `e` has more than `limit` nodes (then its size is above `limit` too), stopping early:
+    most rule bodies are far too big to inline, and sizing them in full is wasted work."""
+    stack = [e]
+    n = 0
+    while stack:
+        n += 1
+        if n > limit:
+            return True
+        stack.extend(_children(stack.pop()))
+    return False
+
+
 def expr_size(e: Expr) -> int:
     """Size after repetition expansion, post-order with an explicit stack."""
     sizes: dict[int, int] = {}
@@ -103,14 +116,19 @@ def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
             stack.append((x, True))
             stack.extend((c, False) for c in _children(x))
             continue
+        # Untouched subtrees are kept as they are (no copy, and memos keyed by them still hit).
         if isinstance(x, RuleRef):
             out[id(x)] = bodies.get(x.name, x)
-        elif isinstance(x, Seq):
-            out[id(x)] = Seq(tuple(out[id(c)] for c in x.items))
-        elif isinstance(x, Choice):
-            out[id(x)] = Choice(tuple(out[id(c)] for c in x.alts))
+        elif isinstance(x, (Seq, Choice)):
+            kids = x.items if isinstance(x, Seq) else x.alts
+            new = tuple(out[id(c)] for c in kids)
+            if any(a is not b for a, b in zip(new, kids)):
+                out[id(x)] = Seq(new) if isinstance(x, Seq) else Choice(new)
+            else:
+                out[id(x)] = x
         elif isinstance(x, Repeat):
-            out[id(x)] = Repeat(out[id(x.expr)], x.min, x.max)
+            inner = out[id(x.expr)]
+            out[id(x)] = x if inner is x.expr else Repeat(inner, x.min, x.max)
         else:
             out[id(x)] = x
     return out[id(e)]
@@ -138,6 +156,8 @@ def inline_small_rules(ir: GrammarIR) -> GrammarIR:
         if name == ir.root or r.lookahead is not None:
             continue
         body = substitute(r.body, inlined) if refs[name] else r.body
+        if _more_nodes_than(body, INLINE_LIMIT):
+            continue
         size = expr_size(body)
         if size > INLINE_LIMIT or size * sites.get(name, 0) > INLINE_TOTAL_LIMIT:
             continue
