@@ -257,7 +257,7 @@ def test_precompute_top_k_and_background(small_info):
     k3 = xg2.GrammarCompiler(small_info, precompute_top_k=3, cross_grammar_cache=False).compile_grammar(text)
     assert k3._core.n_entries == k1._core.n_entries + 2
     bg = xg2.GrammarCompiler(small_info, background_precompute=True, precompute_budget_ms=1000).compile_grammar(text)
-    bg._precompute_thread.join()
+    assert bg._precomputed.wait(60)
     assert bg._core.n_entries > k1._core.n_entries
     assert_same_walks(small_info, bg, reference_compiler(small_info).compile_grammar(text))
 
@@ -279,3 +279,54 @@ def test_compressed_repetitions_mask_like_unrolled_ones(small_info, m, n):
         assert np.array_equal(np.asarray(bitmask), np.asarray(other)), count
         ch = "x" if count % 3 else "yz"
         assert a.accept_string(ch) == b.accept_string(ch) == (count < n), count
+
+
+# --- linked grammars ------------------------------------------------------------------------------
+
+def _tools(n):
+    if not REGISTRY.exists():
+        pytest.skip(f"{REGISTRY} not found: the tool registry lives in ../shared beside the checkout")
+    return [json.loads(line)["function"] for line in REGISTRY.open()][:n]
+
+
+def _envelopes(tools, rebase=True):
+    def params(t, j):
+        text = json.dumps(t["parameters"])
+        return json.loads(text.replace('"$ref": "#/', f'"$ref": "#/anyOf/{j}/properties/arguments/')) if rebase \
+            else t["parameters"]
+
+    return {"anyOf": [{"type": "object", "properties": {"name": {"const": t["name"]}, "arguments": params(t, j)},
+                       "required": ["name", "arguments"], "additionalProperties": False}
+                      for j, t in enumerate(tools)]}
+
+
+def test_linked_anyof_masks_like_the_whole_schema(deepseek_info):
+    tools = _tools(60)
+    with_refs = [t for t in tools if "$ref" in json.dumps(t["parameters"])]
+    rng = random.Random(11)
+    linked = xg2.GrammarCompiler(deepseek_info, precompute_budget_ms=0)
+    whole = xg2.GrammarCompiler(deepseek_info, cache_enabled=False, cross_grammar_cache=False)
+    for k in range(3):
+        pick = rng.sample(tools, 4) + with_refs[:1]
+        schema = _envelopes(pick)
+        compiled = linked.compile_json_schema(schema, lenient=True)
+        assert compiled._lowered.fsms is None          # it was linked, not lowered whole
+        assert_same_walks(deepseek_info, compiled, whole.compile_json_schema(schema, lenient=True), seed=k,
+                          walks=2, steps=50)
+    assert linked.cache_stats()["hits"] > 0
+
+
+def test_linked_modules_are_reused_and_report_like_the_whole_schema(small_info):
+    compiler = xg2.GrammarCompiler(small_info, precompute_budget_ms=0)
+    a = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0}}, "required": ["x"]}
+    b = {"type": "object", "properties": {"y": {"type": "string", "not": {"type": "string", "minLength": 3}}}}
+    with pytest.warns(xg2.SchemaWarning, match=r"/anyOf/1/properties/y/not"):
+        compiler.compile_json_schema({"anyOf": [a, b]}, lenient=True)
+    with pytest.warns(xg2.SchemaWarning, match=r"/anyOf/0/properties/y/not"):   # a reused module, moved
+        compiler.compile_json_schema({"anyOf": [b, a]}, lenient=True)
+    assert len(compiler._modules) == 2
+    with pytest.raises(xg2.SchemaError, match=r"/anyOf/1/properties/y/not"):
+        compiler.compile_json_schema({"anyOf": [a, b]})              # strict: the whole schema reports it
+    bad_ref = {"anyOf": [a, {"$ref": "#/$defs/z"}], "$defs": {"z": a}}
+    compiled = compiler.compile_json_schema(bad_ref)                  # not linkable ($defs): compiled whole
+    assert compiled._lowered.fsms is not None

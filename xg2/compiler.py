@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import queue
 import threading
 import time
 import warnings
@@ -200,7 +201,7 @@ class CompiledGrammar:
         self._tokenizer_info = tokenizer_info
         self._lowered = lowered
         self._core = core
-        self._precompute_thread: threading.Thread | None = None
+        self._precomputed = threading.Event()   # set once compile-time precomputation is over
 
     @property
     def grammar(self) -> Grammar:
@@ -333,6 +334,8 @@ class GrammarCompiler:
         self._pool = (EntryPool(self._vocab, tokenizer_info.fingerprint, cache_limit_bytes)
                       if cross_grammar_cache else None)
         self._class_tries: dict[bytes, ClassTrie | None] = {}
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
         self.last_compile_seconds: float | None = None
 
     @property
@@ -505,12 +508,26 @@ class GrammarCompiler:
         if not self.jit:
             core.precompute([node for node, _width in core.scannable_nodes()])
         elif self.background_precompute:
-            thread = threading.Thread(target=self._precompute_costliest, args=(core, time.perf_counter()),
-                                      name="xg2-precompute", daemon=True)
-            compiled._precompute_thread = thread
-            thread.start()
+            # One worker per compiler, in the order grammars were compiled; the budget counts from
+            # the compile, so a job that waited past it (its prefill is over) is skipped.
+            with self._lock:
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._precompute_worker, name="xg2-precompute",
+                                                    daemon=True)
+                    self._worker.start()
+            self._jobs.put((core, time.perf_counter(), compiled._precomputed))
+            return
         else:
             self._precompute_costliest(core, t0)
+        compiled._precomputed.set()
+
+    def _precompute_worker(self) -> None:
+        while True:
+            core, t0, done = self._jobs.get()
+            try:
+                self._precompute_costliest(core, t0)
+            finally:
+                done.set()
 
     def _precompute_costliest(self, core: CompiledCore, t0: float) -> None:
         """Costliest first, by an estimate of the trie they reach, since those are the ones a
