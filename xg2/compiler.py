@@ -19,7 +19,7 @@ import numpy as np
 from ._ext.core import ClassTrie, CompiledCore, Vocab
 from .entry_pool import EntryPool
 from .errors import GrammarError, TokenizerError, XG2Error
-from .grammar.fsm import RuleFSM, nullable_rules, productive_rules, prune, pure_nodes, rule_automaton
+from .grammar.fsm import RuleFSM, byte_tables, nullable_rules, productive_rules, prune, rule_automaton
 from .grammar.grammar import Grammar
 from .grammar.hashing import GrammarKeys, grammar_keys
 from .grammar.ir import GrammarIR
@@ -124,34 +124,30 @@ def lower(ir: GrammarIR, *, compress: bool = True) -> LoweredGrammar:
     fsms = [prune(f, live) if r in live else RuleFSM([[]], [[]], set()) for r, f in enumerate(fsms)]
     nullable = nullable_rules(fsms)
 
-    base = np.zeros(len(fsms) + 1, dtype=np.int64)
-    for r, f in enumerate(fsms):
-        base[r + 1] = base[r] + f.n_nodes
+    tables = [byte_tables(f) for f in fsms]
+    sizes = np.array([f.n_nodes for f in fsms], np.int64)
+    base = np.concatenate([[0], np.cumsum(sizes)])
     n_nodes = int(base[-1])
     if n_nodes >= 2**30:
         raise GrammarError("grammar too large")
-    node_rule = np.zeros(n_nodes, np.int32)
-    node_final = np.zeros(n_nodes, np.uint8)
-    be_start = np.zeros(n_nodes + 1, np.int32)
-    re_start = np.zeros(n_nodes + 1, np.int32)
-    be_lo, be_hi, be_target, re_rule, re_target = [], [], [], [], []
+    counts = np.concatenate([t[0] for t in tables])
+    be_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    be_target = np.concatenate([t[3] + b for t, b in zip(tables, base[:-1])])
+    node_rule = np.repeat(np.arange(len(fsms), dtype=np.int32), sizes)
+    node_final = np.concatenate([t[4] for t in tables])
+    re_count = np.zeros(n_nodes, np.int32)
+    re_rule, re_target = [], []
     sites: list[list[tuple[int, int, int]]] = [[] for _ in fsms]  # per rule: (caller, node, resume node)
-    for r, f in enumerate(fsms):
+    for r, (f, t) in enumerate(zip(fsms, tables)):
         b = int(base[r])
-        for u in range(f.n_nodes):
-            g = b + u
-            node_rule[g] = r
-            node_final[g] = u in f.finals
-            for lo, hi, v in f.byte_edges[u]:
-                be_lo.append(lo)
-                be_hi.append(hi)
-                be_target.append(b + v)
-            for rr, v in f.rule_edges[u]:
+        for u in t[6]:
+            edges = f.rule_edges[u]
+            re_count[b + u] = len(edges)
+            for rr, v in edges:
                 re_rule.append(rr)
                 re_target.append(b + v)
                 sites[rr].append((r, u, v))
-            be_start[g + 1] = len(be_lo)
-            re_start[g + 1] = len(re_rule)
+    re_start = np.concatenate([[0], np.cumsum(re_count)]).astype(np.int32)
 
     # Context: for each rule, the caller items waiting on it; item origin = the caller's own rule,
     # whose static state set in the core's context parser holds that caller's callers.
@@ -167,18 +163,16 @@ def lower(ir: GrammarIR, *, compress: bool = True) -> LoweredGrammar:
             ctx_resume[r, : len(resumes)] = sorted(int(base[p]) + v for p, v in resumes)
 
     # Nodes from which the rule is a plain deterministic automaton: no call is reachable.
-    node_pure = np.zeros(n_nodes, np.uint8)
-    for r, f in enumerate(fsms):
-        node_pure[int(base[r]): int(base[r + 1])] = pure_nodes(f)
+    node_pure = np.concatenate([t[5] for t in tables])
 
     rule_start = base[:-1].astype(np.int32)
     arrays = {
         "node_rule": node_rule,
         "node_final": node_final,
         "be_start": be_start,
-        "be_lo": np.array(be_lo, np.uint8),
-        "be_hi": np.array(be_hi, np.uint8),
-        "be_target": np.array(be_target, np.int32),
+        "be_lo": np.concatenate([t[1] for t in tables]),
+        "be_hi": np.concatenate([t[2] for t in tables]),
+        "be_target": be_target.astype(np.int32),
         "re_start": re_start,
         "re_rule": np.array(re_rule, np.int32),
         "re_target": np.array(re_target, np.int32),

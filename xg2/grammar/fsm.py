@@ -15,6 +15,7 @@ the C Thompson construction, needed by the rare fallback past MAX_DFA_STATES; th
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 
 from .._ext.automata import minimal_dfa, rule_dfa
@@ -203,6 +204,7 @@ class RuleFSM:
     deterministic: bool = True
     pure: list[bool] | None = None  # memo of pure_nodes(); depends only on which nodes have calls
     trimmed: bool | None = None  # memo of trimmed(): every node reaches a final node
+    flat: tuple | None = None  # memo of byte_tables(): byte edges, finals and purity as arrays
 
     @property
     def n_nodes(self) -> int:
@@ -269,7 +271,26 @@ def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
         return fsm
     remap = [rule_index[n] for n in refs]
     return RuleFSM(fsm.byte_edges, [sorted((remap[r], v) for r, v in edges) for edges in fsm.rule_edges],
-                   fsm.finals, fsm.deterministic, pure_nodes(fsm), trimmed(fsm))
+                   fsm.finals, fsm.deterministic, pure_nodes(fsm), trimmed(fsm), byte_tables(fsm))
+
+
+def byte_tables(fsm: RuleFSM) -> tuple:
+    """(edges per node, lo, hi, target, final per node, pure per node, nodes with calls, a digest of
+    the finals and byte edges), memoised: everything of the automaton that does not name other rules, ready to be copied into
+    a grammar's flat tables (memoised automata come back in every grammar that has their body)."""
+    if fsm.flat is None:
+        import numpy as np
+
+        edges = [e for node in fsm.byte_edges for e in node]
+        arr = np.array(edges, dtype=np.int64).reshape(-1, 3)
+        final = np.zeros(fsm.n_nodes, np.uint8)
+        final[list(fsm.finals)] = 1
+        digest = hashlib.blake2b(repr((fsm.deterministic, sorted(fsm.finals), fsm.byte_edges)).encode(),
+                                 digest_size=16).digest()
+        fsm.flat = (np.fromiter(map(len, fsm.byte_edges), np.int32, fsm.n_nodes), arr[:, 0].astype(np.uint8),
+                    arr[:, 1].astype(np.uint8), arr[:, 2].astype(np.int32), final,
+                    np.array(pure_nodes(fsm), np.uint8), [u for u, e in enumerate(fsm.rule_edges) if e], digest)
+    return fsm.flat
 
 
 def trimmed(fsm: RuleFSM) -> bool:

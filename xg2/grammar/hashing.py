@@ -26,9 +26,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from .fsm import RuleFSM, strongly_connected
+from .fsm import RuleFSM, byte_tables, strongly_connected
 
 _MARK = b"\xff" * 16
+#: Callers with more nodes than this name their call sites by their own key and the resume node
+#: rather than by a digest of what follows (a digest per node of a 3,000-node unrolled string
+#: costs more than the rest of its compilation).
+MAX_DIGESTED_CALLER = 256
 #: Cycles of up to this many nodes get one walk per node (each node's digest independent of where
 #: the rule enters the cycle); larger ones one walk in all, to stay linear.
 MAX_CYCLE_WALKS = 16
@@ -54,7 +58,7 @@ def _canon(fsm: RuleFSM, key: list[bytes]) -> list[int] | None:
 
     Automata are already numbered breadth-first with calls ordered by callee index; the two agree
     unless a node calls into more than one target, so the renumbering is done only then."""
-    if all(len({v for _r, v in edges}) <= 1 for edges in fsm.rule_edges):
+    if all(len({v for _r, v in fsm.rule_edges[u]}) <= 1 for u in byte_tables(fsm)[6]):
         return None
     num = {0: 0}
     order = [0]
@@ -78,15 +82,14 @@ def _canon(fsm: RuleFSM, key: list[bytes]) -> list[int] | None:
 
 
 def _serialize(fsm: RuleFSM, key: list[bytes], perm: list[int] | None) -> bytes:
-    if perm is None:
-        byte_edges = fsm.byte_edges
-        rules = [sorted((key[r], v) for r, v in edges) for edges in fsm.rule_edges]
-        finals = sorted(fsm.finals)
-    else:
-        inv = sorted(range(fsm.n_nodes), key=perm.__getitem__)
-        byte_edges = [[(lo, hi, perm[v]) for lo, hi, v in fsm.byte_edges[u]] for u in inv]
-        rules = [sorted((key[r], perm[v]) for r, v in fsm.rule_edges[u]) for u in inv]
-        finals = sorted(perm[u] for u in fsm.finals)
+    if perm is None:    # the call-free part is digested once per automaton (byte_tables)
+        tables = byte_tables(fsm)
+        calls = [(u, sorted((key[r], v) for r, v in fsm.rule_edges[u])) for u in tables[6]]
+        return repr((tables[7], fsm.n_nodes, calls)).encode()
+    inv = sorted(range(fsm.n_nodes), key=perm.__getitem__)
+    byte_edges = [[(lo, hi, perm[v]) for lo, hi, v in fsm.byte_edges[u]] for u in inv]
+    rules = [sorted((key[r], perm[v]) for r, v in fsm.rule_edges[u]) for u in inv]
+    finals = sorted(perm[u] for u in fsm.finals)
     return repr((fsm.deterministic, finals, byte_edges, rules)).encode()
 
 
@@ -176,7 +179,8 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
 
     A call site is named by what the caller reads after the call (a digest of the rest of its
     automaton), so that a sub-structure called the same way under different roots gets the same
-    context key. `root_ctx` makes the grammar a module called from a bigger one (see linking.py):
+    context key; callers of more than MAX_DIGESTED_CALLER nodes name it by their key and the resume
+    node instead (either form is exact; they only differ in what they share). `root_ctx` makes the grammar a module called from a bigger one (see linking.py):
     it is the context key of the root, which no rule of the module may call. Modules are linked
     under roots of one shape only, so there a call site is named by the caller's key and the node
     it resumes at, which costs nothing to compute."""
@@ -203,7 +207,7 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
     def ctx_part(r: int, key: list[bytes]) -> bytes:
         seen = set()
         for p, v in sites[r]:
-            if root_ctx is not None:
+            if root_ctx is not None or fsms[p].n_nodes > MAX_DIGESTED_CALLER:
                 seen.add((rule[p] + (v if canon[p] is None else canon[p][v]).to_bytes(4, "little"), key[p]))
                 continue
             if p not in follow:

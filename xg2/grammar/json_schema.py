@@ -1330,6 +1330,32 @@ def _bool_excl(a: dict, b: dict) -> bool:
     return any(isinstance(s.get(k), bool) for s in (a, b) for k in ("exclusiveMinimum", "exclusiveMaximum"))
 
 
+@functools.lru_cache(maxsize=4096)
+def _spelling(c: str) -> Expr:
+    """The JSON spellings of one key character (`/` may be escaped)."""
+    out = [Literal(_canon_str(c)[1:-1])]
+    if c == "/":
+        out.append(Literal("\\/"))
+    return _choice(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_exits(codes: tuple[int, ...]) -> tuple[Expr, Expr | None]:
+    """How a string leaves an excluded-key trie node whose children are `codes`: (the ASCII
+    characters and escapes that are no child, the non-ASCII characters that are none when some
+    child is non-ASCII, else None). Keys share letters, so the same nodes come again and again."""
+    children = {chr(x) for x in codes}
+    taken = CharClass(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), *((x, x) for x in codes), (0x80, 0x10FFFF)))
+    other: list[Expr] = [CharClass(taken.codepoint_ranges(), negated=True)]
+    short = [e for e, v in SHORT_ESCAPES.items() if v not in children]
+    if short:
+        other.append(Seq((Literal("\\"), CharClass(tuple(sorted((ord(e), ord(e)) for e in short))))))
+    if not codes:
+        other.append(Seq((Literal("\\"), U_ESCAPE)))
+    wide = [x for x in codes if x >= 0x80]
+    return _choice(other), (CharClass(((0, 0x7F), *((x, x) for x in wide)), negated=True) if wide else None)
+
+
 def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rule) -> Expr:
     """A JSON string whose value is none of `keys` (spelt canonically; see the module notes).
 
@@ -1342,12 +1368,6 @@ def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rul
         for c in k:
             node = node.setdefault(c, {})
         node[""] = True
-    def spell(c: str) -> list[Expr]:
-        out = [Literal(_canon_str(c)[1:-1])]
-        if c == "/":
-            out.append(Literal("\\/"))
-        return out
-
     # post-order over the trie without recursion; every 50th level becomes its own rule so the
     # expression nesting stays shallow for very long keys
     built: dict[int, Expr] = {}
@@ -1363,22 +1383,10 @@ def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rul
         if "" not in node:
             alts.append(Literal('"'))
         for c in children:
-            alts.append(Seq((_choice(spell(c)), built.pop(id(node[c])))))
-        codes = sorted(ord(c) for c in children)
-        taken = CharClass(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), *((x, x) for x in codes), (0x80, 0x10FFFF)))
-        ascii_other = CharClass(taken.codepoint_ranges(), negated=True)
-        short = [e for e, v in SHORT_ESCAPES.items() if v not in children]
-        other: list[Expr] = [ascii_other]
-        if short:
-            other.append(Seq((Literal("\\"), CharClass(tuple(sorted((ord(e), ord(e)) for e in short))))))
-        if not children:
-            other.append(Seq((Literal("\\"), U_ESCAPE)))
-        alts.append(Seq((_choice(other), rest)))
-        wide = [x for x in codes if x >= 0x80]
-        if wide:
-            alts.append(Seq((CharClass(((0, 0x7F), *((x, x) for x in wide)), negated=True), rest)))
-        else:
-            alts.append(nonascii_rest)
+            alts.append(Seq((_spelling(c), built.pop(id(node[c])))))
+        other, wide = _key_exits(tuple(sorted(ord(c) for c in children)))
+        alts.append(Seq((other, rest)))
+        alts.append(nonascii_rest if wide is None else Seq((wide, rest)))
         expr = _choice(alts)
         built[id(node)] = make_rule("key_part", expr) if depth % 50 == 49 else expr
     return Seq((Literal('"'), built[id(trie)]))
