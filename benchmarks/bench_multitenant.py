@@ -16,7 +16,7 @@ sees the same requests in the same order with one compiler for the whole run, on
 * for xg2: pool hits / partial hits / misses per request and the cache bytes after it.
 
 Engines: ``xg2`` (no precomputation beyond the first mask: every other entry is taken from the
-pool or built on first visit), ``xg2-background`` (the default 40 ms of precomputation, in the
+pool or built on first visit; caches within 32 MB), ``xg2-background`` (the default 40 ms of precomputation, in the
 compiler's background thread, as a server overlapping prefill would run it), ``xg2-nocache`` (no
 compile cache, no cross-grammar pool, no linking; otherwise as ``xg2``), ``llguidance`` and
 ``xgrammar`` (the latter on the first ``--xgrammar-requests`` only: it compiles each request in
@@ -42,9 +42,11 @@ from engines import DEFAULT_TOKENIZER, load_vocab, make_engine, percentile
 
 REGISTRY = HERE.parent.parent / "shared" / "data" / "tools" / "registry.jsonl"
 STRUCTURAL = frozenset(b'"]},')
+#: The byte budget of xg2's caches (compiled grammars, modules and pool entries) in this run.
+CACHE_LIMIT = 32 << 20
 XG2_CONFIGS = {
-    "xg2": {"precompute_budget_ms": 0},
-    "xg2-background": {"background_precompute": True},
+    "xg2": {"precompute_budget_ms": 0, "cache_limit_bytes": CACHE_LIMIT},
+    "xg2-background": {"background_precompute": True, "cache_limit_bytes": CACHE_LIMIT},
     "xg2-nocache": {"precompute_budget_ms": 0, "cache_enabled": False, "cross_grammar_cache": False},
 }
 

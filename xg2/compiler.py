@@ -196,6 +196,7 @@ class CompiledGrammar:
         self._lowered = lowered
         self._core = core
         self._precomputed = threading.Event()   # set once compile-time precomputation is over
+        self._tables_bytes: int | None = None
 
     @property
     def grammar(self) -> Grammar:
@@ -214,7 +215,9 @@ class CompiledGrammar:
 
     @property
     def tables_bytes(self) -> int:
-        return int(sum(a.nbytes for a in self._lowered.arrays.values()))
+        if self._tables_bytes is None:
+            self._tables_bytes = int(sum(a.nbytes for a in self._lowered.arrays.values()))
+        return self._tables_bytes
 
     @property
     def rule_hashes(self) -> dict[str, str]:
@@ -323,6 +326,7 @@ class GrammarCompiler:
         self.repetition_compression = repetition_compression
         self._cache: dict[tuple, CompiledGrammar] = {}
         self._modules: OrderedDict[tuple, Module] = OrderedDict()
+        self._held_bytes = 0      # tables of the cached grammars and modules (entries: the pool)
         self._lock = threading.Lock()
         self._vocab = vocab_core(tokenizer_info)
         self._pool = (EntryPool(self._vocab, tokenizer_info.fingerprint, cache_limit_bytes)
@@ -394,12 +398,9 @@ class GrammarCompiler:
         opts = tuple(options.values())
         texts = list(dict.fromkeys(text for _branch, text in branches))
         key = ("anyOf", opts, tuple(texts))
-        if self.cache_enabled:
-            with self._lock:
-                hit = self._cache.pop(key, None)
-                if hit is not None:
-                    self._cache[key] = hit
-                    return hit
+        hit = self._cached(key)
+        if hit is not None:
+            return hit
         modules = []
         by_text = {text: branch for branch, text in branches}
         for i, text in enumerate(texts):
@@ -416,13 +417,7 @@ class GrammarCompiler:
         core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())
         compiled = CompiledGrammar(lambda: Grammar.from_json_schema(schema, **options), self.tokenizer_info,
                                    lowered, core)
-        self._precompute(compiled, t0)
-        self.last_compile_seconds = time.perf_counter() - t0
-        if self.cache_enabled:
-            with self._lock:
-                self._cache[key] = compiled
-                self._evict()
-        return compiled
+        return self._finish(key, compiled, t0)
 
     def _module(self, opts: tuple, text: bytes, branch: dict, options: dict[str, Any]) -> Module | None:
         key = (opts, text)
@@ -442,38 +437,52 @@ class GrammarCompiler:
             return None
         module.keys  # noqa: B018 - computed once here, outside any request that reuses the module
         with self._lock:
-            self._modules[key] = module
+            self._keep(self._modules, key, module, module.nbytes)
             self._evict()
         return module
 
     def compile_builtin_json_grammar(self) -> CompiledGrammar:
         return self._compile(Grammar.builtin_json_grammar())
 
+    def _cached(self, key: tuple) -> CompiledGrammar | None:
+        if not self.cache_enabled:
+            return None
+        with self._lock:
+            hit = self._cache.pop(key, None)
+            if hit is not None:
+                self._cache[key] = hit      # most recently used last
+            return hit
+
+    def _finish(self, key: tuple | None, compiled: CompiledGrammar, t0: float) -> CompiledGrammar:
+        """Precompute, time, and keep the compiled grammar (within the caches' byte budget)."""
+        self._precompute(compiled, t0)
+        self.last_compile_seconds = time.perf_counter() - t0
+        with self._lock:
+            if self.cache_enabled:
+                self._keep(self._cache, key, compiled, compiled.tables_bytes)
+            self._evict()
+        return compiled
+
+    def _keep(self, cache: dict, key: tuple, value: Any, nbytes: int) -> None:
+        """Store in one of the compiler's caches, keeping the running total of their tables."""
+        old = cache.pop(key, None)
+        if old is not None:     # two threads built the same thing; keep the newer
+            self._held_bytes -= old.tables_bytes if isinstance(old, CompiledGrammar) else old.nbytes
+        cache[key] = value
+        self._held_bytes += nbytes
+
     def _compile(self, grammar: Grammar) -> CompiledGrammar:
-        key = None
-        if self.cache_enabled:
-            key = (str(grammar), grammar.ir.root)
-            with self._lock:
-                hit = self._cache.pop(key, None)
-                if hit is not None:
-                    self._cache[key] = hit      # most recently used last
-                    return hit
+        key = (str(grammar), grammar.ir.root) if self.cache_enabled else None
+        hit = self._cached(key) if key is not None else None
+        if hit is not None:
+            return hit
         t0 = time.perf_counter()
         with _gc_paused():
             lowered = lower(grammar.ir, compress=self.repetition_compression)
             keys = lowered.core_keys() if self._pool is not None else None
             core = CompiledCore(self._vocab, lowered.arrays, lowered.root, self._class_trie(lowered.arrays),
                                 self._pool, keys)
-        compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered, core)
-        self._precompute(compiled, t0)
-        self.last_compile_seconds = time.perf_counter() - t0
-        if self.cache_enabled:
-            with self._lock:
-                self._cache[key] = compiled
-                self._evict()
-        elif self._pool is not None and self.cache_limit_bytes >= 0:
-            self._pool.set_limit(self.cache_limit_bytes)
-        return compiled
+        return self._finish(key, CompiledGrammar(grammar, self.tokenizer_info, lowered, core), t0)
 
     def _class_trie(self, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
         """The vocabulary trie over the grammar's byte classes, kept per compiler and byte classes;
@@ -547,8 +556,6 @@ class GrammarCompiler:
                 if left == 0:
                     break
 
-    def _tables_bytes(self) -> int:
-        return sum(c.tables_bytes for c in self._cache.values()) + sum(m.nbytes for m in self._modules.values())
 
     def _evict(self) -> None:
         """Least recently used compiled grammars go first, then pool entries (with self._lock)."""
@@ -558,12 +565,11 @@ class GrammarCompiler:
             while self._cache and sum(c.memory_size_bytes for c in self._cache.values()) > self.cache_limit_bytes:
                 self._cache.pop(next(iter(self._cache)))
             return
-        tables = self._tables_bytes()
-        while self._cache and tables + self._pool.nbytes > self.cache_limit_bytes:
-            tables -= self._cache.pop(next(iter(self._cache))).tables_bytes
-        while self._modules and tables + self._pool.nbytes > self.cache_limit_bytes:
-            tables -= self._modules.popitem(last=False)[1].nbytes
-        self._pool.set_limit(max(0, self.cache_limit_bytes - tables))
+        while self._cache and self._held_bytes + self._pool.nbytes > self.cache_limit_bytes:
+            self._held_bytes -= self._cache.pop(next(iter(self._cache))).tables_bytes
+        while self._modules and self._held_bytes + self._pool.nbytes > self.cache_limit_bytes:
+            self._held_bytes -= self._modules.popitem(last=False)[1].nbytes
+        self._pool.set_limit(max(0, self.cache_limit_bytes - self._held_bytes))
 
     def get_cache_size_bytes(self) -> int:
         """Bytes held by the caches: the pool's entries and the cached grammars' tables (without
@@ -571,7 +577,7 @@ class GrammarCompiler:
         with self._lock:
             if self._pool is None:
                 return sum(c.memory_size_bytes for c in self._cache.values())
-            return self._pool.nbytes + self._tables_bytes()
+            return self._pool.nbytes + self._held_bytes
 
     def cache_stats(self) -> dict[str, int]:
         """Pool counters: entries, bytes, hits, partial_hits, misses, evictions; plus grammars."""
@@ -585,5 +591,6 @@ class GrammarCompiler:
         with self._lock:
             self._cache.clear()
             self._modules.clear()
+            self._held_bytes = 0
         if self._pool is not None:
             self._pool.clear()

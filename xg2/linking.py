@@ -35,6 +35,7 @@ class Module:
     warnings: list = field(default_factory=list)
     _keys: GrammarKeys | None = None
     _tables: dict[str, np.ndarray] | None = None
+    _nbytes: int | None = None
 
     @property
     def keys(self) -> GrammarKeys:
@@ -50,7 +51,9 @@ class Module:
 
     @property
     def nbytes(self) -> int:
-        return int(sum(a.nbytes for a in self.lowered.arrays.values()))
+        if self._nbytes is None:
+            self._nbytes = int(sum(a.nbytes for a in self.lowered.arrays.values()))
+        return self._nbytes
 
     @property
     def tables(self) -> dict[str, np.ndarray]:
