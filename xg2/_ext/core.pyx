@@ -57,7 +57,8 @@ cdef struct GrammarC:
     const uint8_t* rule_nullable
     const int32_t* ctx_start
     const uint64_t* ctx_item
-    const uint8_t* node_pure      # deterministic, and no rule call reachable inside its rule
+    const uint8_t* node_pure      # bit 0: deterministic, and no rule call reachable inside its rule;
+                                  # bit 1: deterministic, and no rule call at this node
     const int32_t* ctx_resume     # per rule, MAX_RESUMES slots: the caller nodes calls resume at (-1: unused)
 
 
@@ -2177,7 +2178,7 @@ cdef class CompiledCore:
         cdef uint64_t* lp
         cdef uint64_t* tx
         cdef const uint64_t* bl
-        cdef bint pure = g.node_pure[node], topA
+        cdef bint topA
         cdef bint partial = donor != NULL, track
         cdef Memo* memo = &self.memo
         cdef uint8_t byte
@@ -2200,7 +2201,10 @@ cdef class CompiledCore:
             m_clear(&self.memo)
         if self._start_context() < 0:
             return NULL
-        if pure:
+        # A runs as a plain automaton (dstate[d]: a node, -1 dead) while the path stays on nodes that
+        # call no rule, and as the Earley parser (dstate[d] = -2, aid[d] its set) from the first
+        # node that does: the head of a compressed repetition is read at automaton speed.
+        if g.node_pure[node]:
             self.dstate[0] = node
             topA = g.node_final[node]
         else:
@@ -2208,6 +2212,7 @@ cdef class CompiledCore:
                 return NULL
             topA = A.set_top[0]
             self.aid[0] = A.set_id[0]
+            self.dstate[0] = -2
         empty_id = B.set_id[base]
         self.topa[0] = topA
         anytop[0] = 0
@@ -2246,8 +2251,8 @@ cdef class CompiledCore:
             for k in range(n_res):
                 if self.c_done[k] > d - 1:
                     self.c_done[k] = d - 1    # deeper ids belong to an earlier branch
-            if pure:
-                st = dstate[d - 1]
+            st = dstate[d - 1]
+            if st != -2:
                 nxt = -1
                 if st >= 0:
                     for k in range(g.be_start[st], g.be_start[st + 1]):
@@ -2256,13 +2261,22 @@ cdef class CompiledCore:
                         if byte <= g.be_hi[k]:
                             nxt = g.be_target[k]
                             break
-                dstate[d] = nxt
-                okA = nxt >= 0
-                topA = okA and g.node_final[nxt]
+                if nxt >= 0 and not g.node_pure[nxt]:
+                    x = self._earley_from(nxt, d)     # a call ahead: the parser takes over here
+                    if x < 0:
+                        return NULL
+                    dstate[d] = -2
+                    okA = memo.id_len[x] > 0
+                    topA = okA and memo.id_top[x]
+                else:
+                    dstate[d] = nxt
+                    okA = nxt >= 0
+                    topA = okA and g.node_final[nxt]
             else:
                 x = p_advance(A, g, aid, 0, d, byte, pbyte)
                 if x < 0:
                     return NULL
+                dstate[d] = -2
                 okA = memo.id_len[x] > 0
                 topA = okA and memo.id_top[x]
             okB = 0
@@ -2320,7 +2334,7 @@ cdef class CompiledCore:
                             nopen += 1
                 st = -1
                 if okA and T.next[i] > i + 1:
-                    if pure:
+                    if dstate[d] >= 0:
                         st = nxt
                     elif T.next[i] - i >= 16:
                         st = self._text_item(aid[d])
@@ -2365,6 +2379,23 @@ cdef class CompiledCore:
             if _donor_own_tokens(donor, v, accb + nacc, self.rank_bits, &self.n_acc) < 0:
                 return NULL
         return self._store(v, donor)
+
+    cdef int32_t _earley_from(self, int32_t nxt, int32_t d) noexcept nogil:
+        """Parser A's set id at depth d when it starts there from node nxt, its rule's end being
+        the end of the parse (as at the root of the walk); the depths above are empty sets."""
+        cdef Parser* A = &self.pa
+        cdef int32_t j
+        for j in range(d):
+            self.aid[j] = -1
+        p_pop_to(A, 0)
+        if p_catch_up(A, &self.g, self.aid, 0, d, self.pbyte) < 0:
+            return -1
+        if p_begin_set(A) < 0 or p_add(A, (<item_t>d << 32) | TOP_BIT | <item_t>nxt) < 0:
+            return -1
+        if p_closure(A, &self.g, A.set_start[d]) < 0 or p_intern_top(A) < 0:
+            return -1
+        self.aid[d] = A.set_id[d]
+        return self.aid[d]
 
     cdef int _ranks(self, const int32_t* pos, int64_t n, int32_t** out) noexcept nogil:
         """Positions in the walked trie -> sorted ranks in byte order (malloc'ed into *out)."""

@@ -274,6 +274,17 @@ def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
                    fsm.finals, fsm.deterministic, pure_nodes(fsm), trimmed(fsm), byte_tables(fsm))
 
 
+def _purity(fsm: RuleFSM):
+    """Per node, the core's purity bits: 1 when no call is reachable from it, 2 when it makes no
+    call itself (both only in deterministic automata)."""
+    import numpy as np
+
+    out = np.array(pure_nodes(fsm), np.uint8)
+    if fsm.deterministic:
+        out |= np.array([0 if e else 2 for e in fsm.rule_edges], np.uint8)
+    return out
+
+
 def byte_tables(fsm: RuleFSM) -> tuple:
     """(edges per node, lo, hi, target, final per node, pure per node, nodes with calls, a digest of
     the finals and byte edges), memoised: everything of the automaton that does not name other rules, ready to be copied into
@@ -289,7 +300,7 @@ def byte_tables(fsm: RuleFSM) -> tuple:
                                  digest_size=16).digest()
         fsm.flat = (np.fromiter(map(len, fsm.byte_edges), np.int32, fsm.n_nodes), arr[:, 0].astype(np.uint8),
                     arr[:, 1].astype(np.uint8), arr[:, 2].astype(np.int32), final,
-                    np.array(pure_nodes(fsm), np.uint8), [u for u, e in enumerate(fsm.rule_edges) if e], digest)
+                    _purity(fsm), [u for u, e in enumerate(fsm.rule_edges) if e], digest)
     return fsm.flat
 
 
