@@ -7,6 +7,8 @@ inlined text, so fewer tokens are left uncertain.
 
 from __future__ import annotations
 
+import functools
+
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
 #: Largest (weighted) expression size inlined into a caller.
@@ -41,19 +43,29 @@ def _ref_sites(e: Expr) -> list[str]:
     return out
 
 
-def _ref_copies(e: Expr, into: dict[str, int]) -> None:
-    """Add to `into`, per rule, how many copies of it inlining into `e` would make: a call under
-    `x{m,n}` counts n times (a block rule of a compressed repetition called as `B{40}` must stay a
-    rule, or the compression is undone)."""
-    stack = [(e, 1)]
+def _ref_copies(e: Expr, into: dict[str, int]) -> list[str]:
+    """The calls in `e` (one name per call site), adding to `into`, per rule, how many copies of it
+    inlining into `e` would make: a call under `x{m,n}` counts n times (a block rule of a
+    compressed repetition called as `B{40}` must stay a rule, or the compression is undone). One
+    walk for both, with the node types tested inline: bodies are large and this runs on all."""
+    names: list[str] = []
+    stack: list[tuple[Expr, int]] = [(e, 1)]
+    pop, push = stack.pop, stack.append
     while stack:
-        x, weight = stack.pop()
-        if isinstance(x, RuleRef):
+        x, weight = pop()
+        t = type(x)
+        if t is Seq:
+            for c in x.items:
+                push((c, weight))
+        elif t is Choice:
+            for c in x.alts:
+                push((c, weight))
+        elif t is Repeat:
+            push((x.expr, weight * max(1, x.max if x.max is not None else x.min + 1)))
+        elif t is RuleRef:
+            names.append(x.name)
             into[x.name] = into.get(x.name, 0) + weight
-        elif isinstance(x, Repeat):
-            stack.append((x.expr, weight * max(1, x.max if x.max is not None else x.min + 1)))
-        else:
-            stack.extend((c, weight) for c in _children(x))
+    return names
 
 
 def _more_nodes_than(e: Expr, limit: int) -> bool:
@@ -100,10 +112,16 @@ def _wide(e: Expr) -> bool:
     stack = [e]
     while stack:
         x = stack.pop()
-        if isinstance(x, CharClass) and sum(hi - lo + 1 for lo, hi in x.codepoint_ranges()) > 256:
+        if isinstance(x, CharClass) and _class_width(x) > 256:
             return True
         stack.extend(_children(x))
     return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_width(c: CharClass) -> int:
+    """Code points in a class (front-ends reuse the same few classes everywhere)."""
+    return sum(hi - lo + 1 for lo, hi in c.codepoint_ranges())
 
 
 def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
@@ -136,11 +154,8 @@ def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
 
 def inline_small_rules(ir: GrammarIR) -> GrammarIR:
     """Inline reference-free, non-recursive small rules; drop rules no longer reachable from root."""
-    refs = {r.name: _ref_sites(r.body) for r in ir.rules}
     sites: dict[str, int] = {}
-    for r in ir.rules:
-        if refs[r.name]:
-            _ref_copies(r.body, sites)
+    refs = {r.name: _ref_copies(r.body, sites) for r in ir.rules}
     callers: dict[str, list[str]] = {}
     missing = {r.name: set(refs[r.name]) for r in ir.rules}
     for r in ir.rules:

@@ -204,8 +204,22 @@ def _walk(e: Expr):
 
 
 def _needs_rewrite(e: Expr) -> bool:
-    """Whether `e` holds a large or a nested repetition (one walk)."""
-    return any(isinstance(x, Repeat) and (_large(x) or isinstance(x.expr, Repeat)) for x in _walk(e))
+    """Whether `e` holds a large or a nested repetition (one walk, node types tested inline: it
+    runs over every rule body)."""
+    stack = [e]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        x = pop()
+        t = type(x)
+        if t is Seq:
+            extend(x.items)
+        elif t is Choice:
+            extend(x.alts)
+        elif t is Repeat:
+            if _large(x) or type(x.expr) is Repeat:
+                return True
+            stack.append(x.expr)
+    return False
 
 
 def compress_repetitions(ir: GrammarIR) -> GrammarIR:
