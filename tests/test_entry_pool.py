@@ -324,6 +324,10 @@ def test_linked_modules_are_reused_and_report_like_the_whole_schema(small_info):
         compiler.compile_json_schema({"anyOf": [a, b]}, lenient=True)
     with pytest.warns(xg2.SchemaWarning, match=r"/anyOf/0/properties/y/not"):   # a reused module, moved
         compiler.compile_json_schema({"anyOf": [b, a]}, lenient=True)
+    with pytest.warns(xg2.SchemaWarning, match=r"/anyOf/1/properties/y/not"):   # served by the cache: said again
+        compiler.compile_json_schema({"anyOf": [a, b]}, lenient=True)
+    with pytest.warns(xg2.SchemaWarning, match=r"/anyOf/2/properties/y/not"):   # a repeated branch counts
+        compiler.compile_json_schema({"anyOf": [a, a, b]}, lenient=True)
     assert len(compiler._modules) == 2
     with pytest.raises(xg2.SchemaError, match=r"/anyOf/1/properties/y/not"):
         compiler.compile_json_schema({"anyOf": [a, b]})              # strict: the whole schema reports it

@@ -196,6 +196,7 @@ class CompiledGrammar:
         self._lowered = lowered
         self._core = core
         self._precomputed = threading.Event()   # set once compile-time precomputation is over
+        self._warnings: list[tuple[str, type[Warning]]] = []   # said again when a cache serves it
         self._tables_bytes: int | None = None
 
     @property
@@ -255,24 +256,27 @@ def vocab_core(info: TokenizerInfo) -> Vocab:
 _ANNOTATIONS = frozenset({"title", "description", "$schema", "$id", "$comment", "examples", "default"})
 _ENCODER = msgspec.json.Encoder()
 
+
+def _warn(said: list[tuple[str, type[Warning]]]) -> None:
+    for message, category in said:
+        warnings.warn(message, category, stacklevel=4)
+
+
 def _localize_refs(branch: dict, prefix: str) -> dict | None:
-    """`branch` with its references into itself (`prefix/...`) made relative to it, so that it is a
-    schema of its own; None if any reference points elsewhere."""
-    stack: list[tuple[Any, Any, Any]] = []
+    """A copy of `branch` with its references into itself (`prefix/...`) made relative to it, so
+    that it is a schema of its own; None if any reference points elsewhere."""
     root = dict(branch)
-    stack.append((root, None, None))
+    stack: list[dict | list] = [root]
     while stack:
-        node, _parent, _key = stack.pop()
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        for k, v in list(items):
+        node = stack.pop()
+        for k, v in list(node.items() if isinstance(node, dict) else enumerate(node)):
             if k == "$ref" and isinstance(node, dict):
                 if not isinstance(v, str) or not (v == prefix or v.startswith(prefix + "/")):
                     return None
                 node[k] = "#" + v[len(prefix):]
             elif isinstance(v, (dict, list)):
-                copy = dict(v) if isinstance(v, dict) else list(v)
-                node[k] = copy
-                stack.append((copy, node, k))
+                node[k] = dict(v) if isinstance(v, dict) else list(v)
+                stack.append(node[k])
     return root
 
 
@@ -396,27 +400,32 @@ class GrammarCompiler:
         with its full pointer)."""
         t0 = time.perf_counter()
         opts = tuple(options.values())
-        texts = list(dict.fromkeys(text for _branch, text in branches))
-        key = ("anyOf", opts, tuple(texts))
+        key = ("anyOf", opts, tuple(text for _branch, text in branches))
         hit = self._cached(key)
         if hit is not None:
+            _warn(hit._warnings)
             return hit
         modules = []
-        by_text = {text: branch for branch, text in branches}
-        for i, text in enumerate(texts):
-            module = self._module(opts, text, by_text[text], options)
+        said = []
+        first: dict[bytes, int] = {}      # a branch text -> where it first occurs
+        for i, (branch, text) in enumerate(branches):
+            if text in first:
+                continue            # a branch written twice: one module
+            first[text] = i
+            module = self._module(opts, text, branch, options)
             if module is None:
                 return None
-            for message, category in module.warnings:
-                message = message.replace(" (at /)", f" (at /anyOf/{i})").replace(" (at /", f" (at /anyOf/{i}/")
-                warnings.warn(message, category, stacklevel=3)
+            said += [(m.replace(" (at /)", f" (at /anyOf/{i})").replace(" (at /", f" (at /anyOf/{i}/"), c)
+                     for m, c in module.warnings]
             modules.append(module)
+        _warn(said)
         lowered = link(modules)
         with self._lock:
             trie = self._class_tries.get(byte_classes(lowered.arrays))   # no trie built on this path
         core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())
         compiled = CompiledGrammar(lambda: Grammar.from_json_schema(schema, **options), self.tokenizer_info,
                                    lowered, core)
+        compiled._warnings = said
         return self._finish(key, compiled, t0)
 
     def _module(self, opts: tuple, text: bytes, branch: dict, options: dict[str, Any]) -> Module | None:
