@@ -221,6 +221,10 @@ def test_entries_travel_as_bytes(small_info):
             two.entry_pool.load(key, bad)
     with pytest.raises(ValueError):
         two.entry_pool.load(key[:10], data)
+    stop = small_info.stop_token_ids[0]          # well-formed, but it would let a stop token through
+    forged = np.array([0x45324758, 0, 1, 0, 0, 0, 0, 0, stop], "<i4").tobytes()
+    with pytest.raises(ValueError, match="not ordinary"):
+        two.entry_pool.load(key, forged)
 
 
 def test_threads_share_one_pool(small_info):

@@ -1603,13 +1603,19 @@ cdef class PooledEntry:
         if len(buf) != 32 + body + 4 * (n_unc + n_open + n_ctx):
             raise ValueError("mask entry: length does not match its header")
         off = 32
+        # Entries name ordinary tokens only: a special or stop token in one would be let through.
+        ordinary = np.asarray(<uint64_t[:vocab.n_words]>vocab.c.ordinary_bits)
         if kind == ENTRY_BITSET:
             bits = np.frombuffer(buf[off:off + body], "<u8").astype(np.uint64)
+            if np.any(bits & ~ordinary):
+                raise ValueError("mask entry: a token that is not ordinary")
             lst = np.zeros(0, np.int32)
         else:
             lst = np.frombuffer(buf[off:off + body], "<i4").astype(np.int32)
             if lst.size and (lst.min() < 0 or lst.max() >= vocab.vocab_size):
                 raise ValueError("mask entry: token id out of range")
+            if lst.size and not np.all((ordinary[lst >> 6] >> (lst & 63).astype(np.uint64)) & 1):
+                raise ValueError("mask entry: a token that is not ordinary")
         off += body
         arrays = []
         for n in (n_unc, n_open, n_ctx):
