@@ -1495,6 +1495,15 @@ cdef int64_t entry_nbytes(const MaskEntry* e, int32_t n_words) noexcept nogil:
     return n + <int64_t>e.n_list * 4
 
 
+cdef inline int64_t _push(int32_t* buf, int64_t n, int32_t lo, int32_t hi) noexcept nogil:
+    """Append the trie positions [lo, hi) to buf (n entries so far); the new count."""
+    cdef int32_t r
+    for r in range(lo, hi):
+        buf[n] = r
+        n += 1
+    return n
+
+
 cdef inline bint _has_rank(const int32_t* ranks, int32_t n, int32_t lo, int32_t hi) noexcept nogil:
     """Whether the sorted `ranks` hold one in [lo, hi)."""
     cdef int32_t a = 0, b = n, m
@@ -2328,16 +2337,11 @@ cdef class CompiledCore:
                         break
             if okA or okC:
                 if not (partial and okA):      # a partial build takes A's tokens from the donor
-                    for r in range(T.lo[i], T.hi[i]):
-                        accb[nacc] = r
-                        nacc += 1
+                    nacc = _push(accb, nacc, T.lo[i], T.hi[i])
                 if not okA:
-                    for r in range(T.lo[i], T.hi[i]):
-                        caccb[ncacc] = r
-                        ncacc += 1
-                        if track:
-                            openb[nopen] = r
-                            nopen += 1
+                    ncacc = _push(caccb, ncacc, T.lo[i], T.hi[i])
+                    if track:
+                        nopen = _push(openb, nopen, T.lo[i], T.hi[i])
                 st = -1
                 if okA and T.next[i] > i + 1:
                     if dstate[d] >= 0:
@@ -2353,29 +2357,20 @@ cdef class CompiledCore:
                             or ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0):
                         # Every token below keeps an item looping on node st: the subtree is accepted.
                         if not partial:
-                            for r in range(T.dlo[i], T.dhi[i]):
-                                accb[nacc] = r
-                                nacc += 1
+                            nacc = _push(accb, nacc, T.dlo[i], T.dhi[i])
                         i = T.next[i]
                         continue
                 i += 1
             elif okB:
-                for r in range(T.lo[i], T.hi[i]):
-                    uncb[nunc] = r
-                    nunc += 1
-                    if track:
-                        openb[nopen] = r
-                        nopen += 1
+                nunc = _push(uncb, nunc, T.lo[i], T.hi[i])
+                if track:
+                    nopen = _push(openb, nopen, T.lo[i], T.hi[i])
                 i += 1
             else:
                 if track and anytop[d]:
                     # Rejected here, but only because of what follows the rule: open.
-                    for r in range(T.lo[i], T.hi[i]):
-                        openb[nopen] = r
-                        nopen += 1
-                    for r in range(T.dlo[i], T.dhi[i]):
-                        openb[nopen] = r
-                        nopen += 1
+                    nopen = _push(openb, nopen, T.lo[i], T.hi[i])
+                    nopen = _push(openb, nopen, T.dlo[i], T.dhi[i])
                 i = T.next[i]
         self.n_acc = nacc
         self.n_unc = nunc
