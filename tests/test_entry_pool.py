@@ -285,6 +285,42 @@ def test_compressed_repetitions_mask_like_unrolled_ones(small_info, m, n):
         assert a.accept_string(ch) == b.accept_string(ch) == (count < n), count
 
 
+def test_long_string_masks_like_unrolled_on_the_real_vocabulary(deepseek_info):
+    """A bounded JSON string walked to the counts around its compressed part and its bounds (words,
+    CJK, escapes; DeepSeek-V3 tokens): every mask equals the unrolled grammar's."""
+    n, t = 2 * REPEAT_THRESHOLD + 37, REPEAT_THRESHOLD
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 3, "maxLength": n}},
+              "required": ["s"]}
+    fast = xg2.GrammarCompiler(deepseek_info, precompute_budget_ms=0).compile_json_schema(schema)
+    slow = xg2.GrammarCompiler(deepseek_info, precompute_budget_ms=0, cache_enabled=False, cross_grammar_cache=False,
+                               repetition_compression=False).compile_json_schema(schema)
+    assert fast._lowered.follows, "the compressed counter declares what may follow it"
+    ids = {b: i for i, b in enumerate(deepseek_info.decoded_vocab)}
+    palette = [(ids[w.encode()], c) for w, c in [("the", 3), (" quick", 6), ("中文", 2), (" ü", 2), ("\\\"", 1),
+                                                   ("\\n", 1), (" ", 1), ("文", 1)]]
+    rng = random.Random(3)
+    ba = xg2.allocate_token_bitmask(1, deepseek_info.vocab_size)
+    bb = xg2.allocate_token_bitmask(1, deepseek_info.vocab_size)
+    for target in (2, 3, n - t - 1, n - t, n - t + 1, n - 1, n):
+        ma, mb = xg2.GrammarMatcher(fast), xg2.GrammarMatcher(slow)
+        assert ma.accept_string('{"s": "') and mb.accept_string('{"s": "')
+        count = 0
+        while True:
+            ma.fill_next_token_bitmask(ba)
+            mb.fill_next_token_bitmask(bb)
+            got, want = unpack(ba, deepseek_info.vocab_size), unpack(bb, deepseek_info.vocab_size)
+            diff = np.nonzero(got != want)[0]
+            assert diff.size == 0, (target, count, [(deepseek_info.decoded_vocab[i], bool(got[i])) for i in diff[:8]])
+            fits = [(tok, c) for tok, c in palette if count + c <= target]
+            if not fits:
+                break
+            tok, c = rng.choice(fits)
+            assert ma.accept_token(tok) and mb.accept_token(tok)
+            count += c
+        closing = ids[b'"}']
+        assert bool(got[closing]) == (count >= 3)
+
+
 # --- linked grammars ------------------------------------------------------------------------------
 
 def _tools(n):

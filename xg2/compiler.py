@@ -36,13 +36,14 @@ class LoweredGrammar:
     root: int
     arrays: dict[str, np.ndarray]
     _keys: GrammarKeys | None = None
+    follows: dict[int, int] | None = None   # rule -> its declared follow rule, where the core uses it
 
     @property
     def keys(self) -> GrammarKeys:
         """Content keys of the rules and their contexts, computed on first use (only the entry
         pool needs them)."""
         if self._keys is None:
-            self._keys = grammar_keys(self.fsms, self.root)
+            self._keys = grammar_keys(self.fsms, self.root, follows=self.follows)
         return self._keys
 
     def core_keys(self) -> tuple[list[bytes], list[bytes], np.ndarray]:
@@ -110,9 +111,11 @@ def _gc_paused():
                 gc.enable()
 
 
-def lower(ir: GrammarIR, *, compress: bool = True) -> LoweredGrammar:
+def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None = None) -> LoweredGrammar:
     """Lower IR to per-rule automata and flatten them (CSR) for the core; `compress=False` keeps
-    every repetition unrolled (the reference the compressed form must match)."""
+    every repetition unrolled (the reference the compressed form must match). A rule's declared
+    follow (`Rule.follow`) replaces its callers as the mask builder's certain context when it
+    covers `max_token_bytes` elements: then no token can read past what the declaration promises."""
     ir = inline_small_rules(compress_repetitions(ir) if compress else ir)
     names = [r.name for r in ir.rules]
     index = {n: i for i, n in enumerate(names)}
@@ -161,6 +164,12 @@ def lower(ir: GrammarIR, *, compress: bool = True) -> LoweredGrammar:
         resumes = _resumes(r, fsms, sites, root)
         if resumes is not None and len(resumes) <= MAX_RESUMES:
             ctx_resume[r, : len(resumes)] = sorted(int(base[p]) + v for p, v in resumes)
+    follows = {}
+    for r, rule in enumerate(ir.rules):
+        if rule.follow is not None and max_token_bytes is not None and rule.follow[1] >= max_token_bytes:
+            follows[r] = index[rule.follow[0]]
+            ctx_resume[r] = -1
+            ctx_resume[r, 0] = base[follows[r]]
 
     # Nodes from which the rule is a plain deterministic automaton: no call is reachable.
     node_pure = np.concatenate([t[5] for t in tables])
@@ -182,8 +191,9 @@ def lower(ir: GrammarIR, *, compress: bool = True) -> LoweredGrammar:
         "ctx_item": np.array(ctx_item, np.uint64),
         "node_pure": node_pure,
         "ctx_resume": ctx_resume.reshape(-1),
+        "rule_follow": np.array([r in follows for r in range(len(fsms))], np.uint8),
     }
-    return LoweredGrammar(names, fsms, root, arrays)
+    return LoweredGrammar(names, fsms, root, arrays, follows=follows)
 
 
 class CompiledGrammar:
@@ -438,7 +448,8 @@ class GrammarCompiler:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                lowered = lower(Grammar.from_json_schema(branch, **options).ir, compress=self.repetition_compression)
+                lowered = lower(Grammar.from_json_schema(branch, **options).ir, compress=self.repetition_compression,
+                              max_token_bytes=self._vocab.max_depth)
         except XG2Error:
             return None     # the whole schema is compiled next, which reports it with its full pointer
         module = Module(lowered, [(str(w.message), w.category) for w in caught])
@@ -487,7 +498,7 @@ class GrammarCompiler:
             return hit
         t0 = time.perf_counter()
         with _gc_paused():
-            lowered = lower(grammar.ir, compress=self.repetition_compression)
+            lowered = lower(grammar.ir, compress=self.repetition_compression, max_token_bytes=self._vocab.max_depth)
             keys = lowered.core_keys() if self._pool is not None else None
             core = CompiledCore(self._vocab, lowered.arrays, lowered.root, self._class_trie(lowered.arrays),
                                 self._pool, keys)

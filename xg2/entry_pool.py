@@ -32,16 +32,16 @@ class EntryPool:
         self.nbytes = 0
         self.hits = self.partial_hits = self.misses = self.evictions = 0
 
-    def lookup(self, key: bytes, fsm_key: bytes) -> tuple[PooledEntry | None, PooledEntry | None]:
+    def lookup(self, key: bytes, fsm_key: bytes | None) -> tuple[PooledEntry | None, PooledEntry | None]:
         """(the entry of `key`, None) on a perfect hit; else (None, an entry of the same automaton
-        node under another context, or None)."""
+        node under another context, or None; always None without `fsm_key`)."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return entry, None
-            other = self._by_fsm.get(fsm_key)
+            other = self._by_fsm.get(fsm_key) if fsm_key is not None else None
             donor = self._entries.get(other) if other is not None else None
             if donor is not None:
                 self.partial_hits += 1
@@ -49,13 +49,16 @@ class EntryPool:
                 self.misses += 1
             return None, donor
 
-    def store(self, key: bytes, fsm_key: bytes, entry: PooledEntry, partial: bool = False) -> None:
+    def store(self, key: bytes, fsm_key: bytes | None, entry: PooledEntry, partial: bool = False) -> None:
+        """Keep `entry` under `key`; with `fsm_key`, it may also serve as a donor for partial hits
+        (entries whose inside-the-rule verdicts depend on their context must not)."""
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:       # two grammars built it at once; keep the newer
                 self.nbytes -= old.nbytes
             self._entries[key] = entry
-            self._by_fsm[fsm_key] = key
+            if fsm_key is not None:
+                self._by_fsm[fsm_key] = key
             self.nbytes += entry.nbytes
             self._evict()
 

@@ -41,7 +41,7 @@ class Module:
     def keys(self) -> GrammarKeys:
         if self._keys is None:
             low = self.lowered
-            self._keys = grammar_keys(low.fsms, low.root, root_ctx=MODULE_CTX)
+            self._keys = grammar_keys(low.fsms, low.root, root_ctx=MODULE_CTX, follows=low.follows)
         return self._keys
 
     @property
@@ -70,6 +70,7 @@ class Module:
                 "re_start": a["re_start"][:-1].astype(np.int32), "re_rule": a["re_rule"][:n_re].astype(np.int32),
                 "re_target": a["re_target"][:n_re].astype(np.int32), "rule_start": a["rule_start"].astype(np.int32),
                 "rule_nullable": a["rule_nullable"].astype(np.uint8), "node_pure": a["node_pure"].astype(np.uint8),
+                "rule_follow": a["rule_follow"].astype(np.uint8),
                 "ctx_resume": a["ctx_resume"].astype(np.int32), "ctx_item": a["ctx_item"][:n_ctx].astype(np.uint64),
                 "ctx_end": (a["ctx_start"][1:] + (np.arange(1, n_rules + 1) > self.lowered.root)).astype(np.int32),
                 "ctx_root_start": a["ctx_start"][self.lowered.root: self.lowered.root + 1].astype(np.int64),
@@ -120,6 +121,7 @@ def link(modules: list[Module]):
         "rule_nullable": cat("rule_nullable", [any(t["rule_nullable"][m.lowered.root] for t, m in zip(tabs, modules))],
                              dtype=np.uint8),
         "node_pure": cat("node_pure", [0, 1], dtype=np.uint8),
+        "rule_follow": cat("rule_follow", [0], dtype=np.uint8),
         "ctx_resume": np.concatenate([[-1] * 4, ctx_resume]).astype(np.int32),
         # Callers per rule: none for the root; a module root also has the root's node 0 (item 0,
         # inserted first among its callers).

@@ -60,6 +60,7 @@ cdef struct GrammarC:
     const uint8_t* node_pure      # bit 0: deterministic, and no rule call reachable inside its rule;
                                   # bit 1: deterministic, and no rule call at this node
     const int32_t* ctx_resume     # per rule, MAX_RESUMES slots: the caller nodes calls resume at (-1: unused)
+    const uint8_t* rule_follow    # 1: slot 0 of ctx_resume is the start of the rule's declared follow
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1768,6 +1769,7 @@ cdef class CompiledCore:
         self.g.ctx_item = <const uint64_t*>_ptr(keep, "ctx_item", np.uint64)
         self.g.node_pure = <const uint8_t*>_ptr(keep, "node_pure", np.uint8)
         self.g.ctx_resume = <const int32_t*>_ptr(keep, "ctx_resume", np.int32)
+        self.g.rule_follow = <const uint8_t*>_ptr(keep, "rule_follow", np.uint8)
         self.entries = <MaskEntry**>calloc(max(1, self.g.n_nodes), sizeof(MaskEntry*))
         self.lock = PyThread_allocate_lock()
         self.rank_bits = <uint64_t*>malloc(max(1, (vocab.n_ordinary + 63) // 64) * sizeof(uint64_t))
@@ -1883,6 +1885,10 @@ cdef class CompiledCore:
             else:
                 fsm_key = self._rule_keys[r] + int(self._node_canon[node]).to_bytes(4, "little")
                 key = fsm_key + self._ctx_keys[r]
+                if self.g.rule_follow[r]:
+                    # What the rule reads inside and what it reads into its follow are not told
+                    # apart (see _chain_nodes): no partial hits either way.
+                    fsm_key = None
                 found, other = self._pool.lookup(key, fsm_key)
                 if found is not None:
                     pe = found
@@ -2037,10 +2043,23 @@ cdef class CompiledCore:
                     k = CHAIN_CAP
                     break
                 if step[u] < 0:
+                    if self._ends_into_text(u, s):
+                        k = CHAIN_CAP
                     break
                 t = u
             self.node_chain[s] = k
         free(step)
+
+    cdef bint _ends_into_text(self, int32_t u, int32_t s) noexcept nogil:
+        """Whether the rule ends at node u (final, no way on) into a declared follow that loops on
+        every character node s lets through: then the chain from s never runs out."""
+        cdef int32_t r = self.g.node_rule[u], f
+        if not (self.g.node_final[u] and self.g.rule_follow[r]
+                and self.g.be_start[u + 1] == self.g.be_start[u] and self.g.re_start[u + 1] == self.g.re_start[u]):
+            return False
+        f = self.g.ctx_resume[r * MAX_RESUMES]
+        return (self.node_textual[f] and (self.node_text[f * 2] & ~self.node_text[s * 2]) == 0
+                and (self.node_text[f * 2 + 1] & ~self.node_text[s * 2 + 1]) == 0)
 
     cdef int32_t _text_item(self, int32_t x) noexcept nogil:
         """A node of some item of interned set x that is a text node (or loops), or -1."""
@@ -2343,8 +2362,13 @@ cdef class CompiledCore:
                     if track:
                         nopen = _push(openb, nopen, T.lo[i], T.hi[i])
                 st = -1
-                if okA and T.next[i] > i + 1:
-                    if dstate[d] >= 0:
+                if T.next[i] > i + 1:
+                    if not okA:
+                        # Through the one certain context (a declared follow, say `c*`): the same
+                        # test on its items accepts whole subtrees past the rule's end.
+                        if n_res == 1:
+                            st = self._text_item(self.cids[d])
+                    elif dstate[d] >= 0:
                         st = nxt
                     elif T.next[i] - i >= 16:
                         st = self._text_item(aid[d])
@@ -2356,8 +2380,12 @@ cdef class CompiledCore:
                             and ((bl[0] & tx[0]) | (bl[1] & tx[1])) == 0 and (T.u8ok[i] & 1))
                             or ((bl[0] & ~lp[0]) | (bl[1] & ~lp[1]) | (bl[2] & ~lp[2]) | (bl[3] & ~lp[3])) == 0):
                         # Every token below keeps an item looping on node st: the subtree is accepted.
-                        if not partial:
+                        if not (partial and okA):
                             nacc = _push(accb, nacc, T.dlo[i], T.dhi[i])
+                        if not okA:
+                            ncacc = _push(caccb, ncacc, T.dlo[i], T.dhi[i])
+                            if track:
+                                nopen = _push(openb, nopen, T.dlo[i], T.dhi[i])
                         i = T.next[i]
                         continue
                 i += 1
@@ -2862,6 +2890,13 @@ cdef class MatcherCore:
                     self.acc[t >> 6] |= (<uint64_t>1) << (t & 63)
         p_pop_to(p, base + 1)
         return n_checked
+
+    def state_items(self):
+        """(node, origin) of every item of the current state set (for inspection and profiling)."""
+        cdef Parser* p = &self.p
+        cdef int64_t j
+        return [(int(p.items[j] & NODE_MASK), int(p.items[j] >> 32))
+                for j in range(p.set_start[p.n_sets - 1], p.n_items)]
 
     def allowed_bytes(self):
         """The set of bytes some item of the current state set can scan (for jump-forward)."""

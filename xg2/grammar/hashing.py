@@ -174,7 +174,8 @@ def _node_digests(fsm: RuleFSM, key: list[bytes]) -> list[bytes]:
     return dig
 
 
-def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = None) -> GrammarKeys:
+def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = None,
+                 follows: dict[int, int] | None = None) -> GrammarKeys:
     """Keys of every rule.
 
     A call site is named by what the caller reads after the call (a digest of the rest of its
@@ -183,7 +184,8 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
     node instead (either form is exact; they only differ in what they share). `root_ctx` makes the grammar a module called from a bigger one (see linking.py):
     it is the context key of the root, which no rule of the module may call. Modules are linked
     under roots of one shape only, so there a call site is named by the caller's key and the node
-    it resumes at, which costs nothing to compute."""
+    it resumes at, which costs nothing to compute. A rule with a declared follow in use
+    (`follows`, see repetition.py) has it in its context key: its entries accept by it."""
     n = len(fsms)
     callees = [sorted({r for edges in f.rule_edges for r, _ in edges}) for f in fsms]
     canon: list[list[int] | None] = [None] * n
@@ -213,6 +215,8 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
             if p not in follow:
                 follow[p] = _node_digests(fsms[p], rule)
             seen.add((follow[p][v], key[p]))
+        if follows and r in follows:
+            seen.add((b"follow", rule[follows[r]]))
         return repr((r == root, sorted(seen))).encode()   # see context_key
 
     if root_ctx is not None and sites[root]:

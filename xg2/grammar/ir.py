@@ -82,6 +82,10 @@ class Rule:
     name: str
     body: Expr
     lookahead: Expr | None = None
+    #: (rule F, n): wherever this rule ends, any prefix of a string of F with at most n elements
+    #: can follow in the parse (set by repetition compression, see repetition.py; the mask builder
+    #: then accepts tokens that read into F without looking at the callers).
+    follow: tuple[str, int] | None = None
 
 
 @dataclass

@@ -162,13 +162,14 @@ def inline_small_rules(ir: GrammarIR) -> GrammarIR:
         for name in missing[r.name]:
             callers.setdefault(name, []).append(r.name)
     rules = ir.rule_map()
+    followed = {r.follow[0] for r in ir.rules if r.follow is not None}
     inlined: dict[str, Expr] = {}
     # Bottom-up: a rule becomes a candidate once every rule it references was inlined.
     ready = [r.name for r in ir.rules if not missing[r.name]]
     while ready:
         name = ready.pop()
         r = rules[name]
-        if name == ir.root or r.lookahead is not None:
+        if name == ir.root or r.lookahead is not None or name in followed:
             continue
         body = substitute(r.body, inlined) if refs[name] else r.body
         if _more_nodes_than(body, INLINE_LIMIT):
@@ -191,15 +192,16 @@ def inline_small_rules(ir: GrammarIR) -> GrammarIR:
         touched = any(n in inlined for n in refs[r.name])
         body = substitute(r.body, inlined) if touched else r.body
         la = substitute(r.lookahead, inlined) if r.lookahead is not None else None
-        new_rules.append(Rule(r.name, body, la))
+        new_rules.append(Rule(r.name, body, la, r.follow))
         # inlined bodies call no rule, so the calls left are the ones not inlined
-        new_refs[r.name] = [n for n in refs[r.name] if n not in inlined] + (_ref_sites(la) if la is not None else [])
+        new_refs[r.name] = [n for n in refs[r.name] if n not in inlined] + (_ref_sites(la) if la is not None else []) \
+            + ([r.follow[0]] if r.follow is not None else [])
     return reachable(GrammarIR(new_rules, ir.root), new_refs)
 
 
 def reachable(ir: GrammarIR, refs: dict[str, list[str]] | None = None) -> GrammarIR:
-    """The rules reachable from the root; `refs` (the names each rule's body and lookahead
-    call) saves walking the bodies again when the caller has them."""
+    """The rules reachable from the root (a rule's declared follow counts as a call); `refs`
+    (the names each rule's body, lookahead and follow call) saves walking the bodies again when the caller has them."""
     rules = ir.rule_map()
     seen = {ir.root}
     work = [ir.root]
@@ -211,6 +213,8 @@ def reachable(ir: GrammarIR, refs: dict[str, list[str]] | None = None) -> Gramma
             called = expr_refs(r.body)
             if r.lookahead is not None:
                 called |= expr_refs(r.lookahead)
+            if r.follow is not None:
+                called.add(r.follow[0])
         for name in called:
             if name not in seen:
                 seen.add(name)

@@ -12,7 +12,10 @@ way in turn, so the number of rules grows with log_b(n) and every automaton hold
 times b copies. Each count has exactly one derivation, so the Earley parser carries a few items per
 level, never one per position, and masks stay exact because the language does not change.
 Repetitions with at most :data:`REPEAT_THRESHOLD` copies are left unrolled: there the unrolled
-automaton is both smaller and faster to walk.
+automaton is both smaller and faster to walk. A bounded repetition keeps its last T copies unrolled
+and the rules of its counter declare that T more elements may follow them (`_Compressor.bounded`):
+their mask entries are then the same whatever the count, built once, with no uncertain tokens but
+those that leave the repetition.
 
 Only repetitions whose element splits a text one way are compressed: the element must not match the
 empty string, and when it calls no rule its strings must form a prefix code (checked on its
@@ -27,14 +30,13 @@ from __future__ import annotations
 from .fsm import rule_automaton
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
-#: Bounded repetitions with more copies than this are compressed (the paper's threshold T). An unrolled
-#: position is a plain automaton node whose entry the core builds fast (whole trie subtrees at once),
-#: while a compressed one is walked with the Earley parser. The paper keeps the last T copies
-#: explicit; here the first T are too (see `with_open_tail`), because that is where texts spend
-#: their time. On the JSON Schema speed subsets (cold, one pass over each first valid document) the
-#: per-token mean is 77 us and p99 0.99 ms, against 165 us and 4.7 ms with T=16 last-explicit only,
-#: at the same time to first mask.
-REPEAT_THRESHOLD = 64
+#: Repetitions with more copies than this are compressed (the paper's threshold T), and the last T
+#: copies of a compressed bounded repetition stay unrolled. T is also how many elements the mask
+#: builder may assume can follow any rule of a compressed counter (see `_Compressor.bounded`): with
+#: T at least the longest token in bytes, every token that reads only elements past such a rule's
+#: end is accepted without a run-time check. 128 covers the vocabularies in use (DeepSeek-V3, Qwen,
+#: cl100k, o200k: 128 bytes; Mistral: 25).
+REPEAT_THRESHOLD = 128
 #: Copies per block.
 BLOCK = 8
 
@@ -77,54 +79,57 @@ class _Compressor:
         self.rules: list[Rule] = []
         self.memo: dict[tuple[Expr, int, int | None], RuleRef] = {}
         self.blocks: dict[Expr, RuleRef] = {}
+        self.follows: dict[Expr, tuple[str, int]] = {}
 
-    def rule(self, hint: str, body: Expr) -> RuleRef:
+    def rule(self, hint: str, body: Expr, follow: tuple[str, int] | None = None) -> RuleRef:
         name, i = hint, 1
         while name in self.names:
             i += 1
             name = f"{hint}_{i}"
         self.names.add(name)
-        self.rules.append(Rule(name, body))
+        self.rules.append(Rule(name, body, follow=follow))
         if _nullable(body, self.nullable):
             self.nullable.add(name)
         return RuleRef(name)
 
-    def repeat(self, e: Expr, lo: int, hi: int | None) -> Expr:
-        """`e{lo,hi}` with e already compressed; a rule reference when the bounds are large."""
+    def bounded(self, e: Expr, lo: int, hi: int | None) -> Expr:
+        """`e{lo,hi}` compressed, one derivation per count: a counter in rules (`repeat`) for the
+        counts up to hi-T, then the last T copies unrolled (the paper's Alg. 3):
+
+            e{lo,hi} = e{lo, hi-T-1} | e{hi-T} e{0,T}        (e{hi-T} e{lo-hi+T, T} when lo >= hi-T)
+
+        Both branches read the same text up to count hi-T-1, so wherever a rule of either counter
+        ends, the second branch can still read T more elements: every counter rule declares `e*`
+        as what may follow it, up to T elements (`Rule.follow`). For e{lo,} the counter ends in a
+        loop on e, which makes the same true. The mask entries of the counter's nodes then accept
+        every token of up to T elements however the count stands, and the last T copies keep the
+        masks near the bound exact without run-time checks."""
+        if not self.splits_one_way(e):
+            return Repeat(e, lo, hi)
+        follow = self.follows.get(e)
+        if follow is None:
+            follow = self.follows[e] = (self.rule("follow", Repeat(e, 0, None)).name, REPEAT_THRESHOLD)
+        if hi is None:
+            return self.repeat(e, lo, None, follow)
+        t = REPEAT_THRESHOLD
+        exact = _seq(self.repeat(e, hi - t, hi - t, follow), Repeat(e, max(0, lo - (hi - t)), t))
+        if lo >= hi - t:
+            return exact
+        return Choice((self.repeat(e, lo, hi - t - 1, follow), exact))
+
+    def repeat(self, e: Expr, lo: int, hi: int | None, follow: tuple[str, int]) -> Expr:
+        """`e{lo,hi}` inside a counter of `bounded`: a rule reference when the bounds are large."""
         if lo == hi == 1:
             return e
         if lo == hi == 0:
             return Literal("")
         rep = Repeat(e, lo, hi)
-        if not _large(rep) or not self.splits_one_way(e):
+        if not _large(rep):
             return rep
         key = (e, lo, hi)
         if key not in self.memo:
-            self.memo[key] = self.rule("rep", self._blocks(e, lo, hi))
+            self.memo[key] = self.rule("rep", self._blocks(e, lo, hi, follow), follow)
         return self.memo[key]
-
-    def with_open_tail(self, e: Expr, lo: int, hi: int | None) -> Expr:
-        """`e{lo,hi}` with the first and the last REPEAT_THRESHOLD copies unrolled and the middle
-        compressed: `e{lo,T-1} | e{T} rest` (or `e{T} rest` when lo >= T), one derivation per count.
-        Texts mostly stay within the first T copies (a JSON string under `maxLength: 128` is rarely
-        longer than 64 characters), where the parser sits on one plain automaton node whose mask
-        entry is cheap. Past them, `rest` keeps the last T copies explicit (the paper's Alg. 3): while
-        the bound is still T copies away some parse sits at their start, where any token of up to T
-        elements is certainly allowed, so masks stay cheap however the middle counts."""
-        if hi is None or not self.splits_one_way(e):
-            return self.repeat(e, lo, hi)
-        t = REPEAT_THRESHOLD
-        rest = self.open_tail(e, max(0, lo - t), hi - t)
-        if lo >= t:
-            return _seq(Repeat(e, t, t), rest)
-        return Choice((Repeat(e, lo, t - 1), _seq(Repeat(e, t, t), rest)))
-
-    def open_tail(self, e: Expr, lo: int, hi: int) -> Expr:
-        """`e{lo,hi}` as a compressed head and an unrolled tail of up to REPEAT_THRESHOLD copies."""
-        if hi <= REPEAT_THRESHOLD:
-            return Repeat(e, lo, hi)
-        head_min = max(0, lo - REPEAT_THRESHOLD)
-        return _seq(self.repeat(e, head_min, hi - REPEAT_THRESHOLD), Repeat(e, lo - head_min, REPEAT_THRESHOLD))
 
     def splits_one_way(self, e: Expr) -> bool:
         if _nullable(e, self.nullable):
@@ -134,20 +139,20 @@ class _Compressor:
         fsm = rule_automaton(e, {})
         return fsm.deterministic and not any(fsm.byte_edges[u] for u in fsm.finals)
 
-    def _blocks(self, e: Expr, m: int, n: int | None) -> Expr:
+    def _blocks(self, e: Expr, m: int, n: int | None, follow: tuple[str, int]) -> Expr:
         block = self.blocks.get(e)
         if block is None:
-            block = self.blocks[e] = self.rule("block", Repeat(e, BLOCK, BLOCK))
+            block = self.blocks[e] = self.rule("block", Repeat(e, BLOCK, BLOCK), follow)
         qm, rm = divmod(m, BLOCK)
         if n is None:  # e{m,} = B{qm} e{rm} e*
-            return _seq(self.repeat(block, qm, qm), Repeat(e, rm, rm), Repeat(e, 0, None))
+            return _seq(self.repeat(block, qm, qm, follow), Repeat(e, rm, rm), Repeat(e, 0, None))
         qn, rn = divmod(n, BLOCK)
         if qm == qn:
-            return _seq(self.repeat(block, qm, qm), Repeat(e, rm, rn))
-        alts = [_seq(self.repeat(block, qm, qm), Repeat(e, rm, BLOCK - 1))]
+            return _seq(self.repeat(block, qm, qm, follow), Repeat(e, rm, rn))
+        alts = [_seq(self.repeat(block, qm, qm, follow), Repeat(e, rm, BLOCK - 1))]
         if qn - 1 >= qm + 1:
-            alts.append(_seq(self.repeat(block, qm + 1, qn - 1), Repeat(e, 0, BLOCK - 1)))
-        alts.append(_seq(self.repeat(block, qn, qn), Repeat(e, 0, rn)))
+            alts.append(_seq(self.repeat(block, qm + 1, qn - 1, follow), Repeat(e, 0, BLOCK - 1)))
+        alts.append(_seq(self.repeat(block, qn, qn, follow), Repeat(e, 0, rn)))
         return Choice(tuple(alts))
 
     def expr(self, e: Expr) -> Expr:
@@ -173,7 +178,7 @@ class _Compressor:
                     inner, lo = x.expr.expr, 0
                     hi = None if hi is None or x.expr.max is None else x.expr.max * hi
                 rep = Repeat(inner, lo, hi)
-                out[id(x)] = self.with_open_tail(inner, lo, hi) if _large(rep) else rep
+                out[id(x)] = self.bounded(inner, lo, hi) if _large(rep) else rep
             else:
                 out[id(x)] = x
         return out[id(e)]
@@ -228,5 +233,5 @@ def compress_repetitions(ir: GrammarIR) -> GrammarIR:
     if not any(todo):
         return ir
     comp = _Compressor(ir)
-    rules = [Rule(r.name, comp.expr(r.body) if rewrite else r.body, r.lookahead) for r, rewrite in zip(ir.rules, todo)]
+    rules = [Rule(r.name, comp.expr(r.body) if rewrite else r.body, r.lookahead, r.follow) for r, rewrite in zip(ir.rules, todo)]
     return GrammarIR(rules + comp.rules, ir.root)
