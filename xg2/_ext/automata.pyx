@@ -267,6 +267,7 @@ cdef class _Builder:
     # minimisation: predecessors, live states, letters, transitions (tail, label, head), quotient
     cdef Vec m_pred_off, m_pred, m_alive, m_cid, m_orig, m_T, m_L, m_H, m_in_off, m_in_t, m_lab_off
     cdef Vec m_num, m_order, m_rep
+    cdef Vec q_cnt, q_lo, q_hi, q_tgt     # the minimal DFA's byte edges, flat (see minimal)
     cdef _Partition blocks, cords
 
     def __cinit__(self):
@@ -320,6 +321,10 @@ cdef class _Builder:
         free(self.m_num.d)
         free(self.m_order.d)
         free(self.m_rep.d)
+        free(self.q_cnt.d)
+        free(self.q_lo.d)
+        free(self.q_hi.d)
+        free(self.q_tgt.d)
         free(self.st_off.d)
         free(self.st_hash.d)
         free(self.pairs.d)
@@ -810,7 +815,7 @@ cdef class _Builder:
                     alive.d[s] = 1
                     push(&self.stack, s)
         if not alive.d[0]:
-            return [[]], [[]], set()
+            return [[]], [[]], set(), (b"\x00\x00\x00\x00", b"", b"", b"")   # one node, no edges
         fill(cid, n, -1)
         for s in range(n):
             if alive.d[s]:
@@ -932,6 +937,7 @@ cdef class _Builder:
         byte_edges = []
         rule_edges = []
         finals = set()
+        self.q_cnt.n = self.q_lo.n = self.q_hi.n = self.q_tgt.n = 0
         qb = blocks.sidx.d[cid.d[0]]
         num.d[qb] = 0
         push(order, qb)
@@ -959,11 +965,14 @@ cdef class _Builder:
                 else:
                     if cur_t >= 0:
                         lst.append((cur_lo, cur_hi, num.d[cur_t]))
+                        self._flat_edge(cur_lo, cur_hi, num.d[cur_t])
                     cur_t = tb
                     cur_lo = lo
                     cur_hi = hi
             if cur_t >= 0:
                 lst.append((cur_lo, cur_hi, num.d[cur_t]))
+                self._flat_edge(cur_lo, cur_hi, num.d[cur_t])
+            push(&self.q_cnt, <int32_t>len(lst))
             byte_edges.append(lst)
             lst = []
             for e in range(self.re_off.d[s], self.re_off.d[s + 1]):
@@ -977,7 +986,29 @@ cdef class _Builder:
                 lst.append((self.re_r.d[e], num.d[tb]))
             rule_edges.append(lst)
             i += 1
-        return byte_edges, rule_edges, finals
+        # The same byte edges as flat little-endian tables (edges per node int32, lo and hi uint8,
+        # target int32): the core's tables are these arrays, without a pass over the lists.
+        flat = (_vec_bytes(&self.q_cnt, 4), _vec_bytes(&self.q_lo, 1), _vec_bytes(&self.q_hi, 1),
+                _vec_bytes(&self.q_tgt, 4))
+        return byte_edges, rule_edges, finals, flat
+
+    cdef int _flat_edge(self, int32_t lo, int32_t hi, int32_t tgt) except -1:
+        push(&self.q_lo, lo)
+        push(&self.q_hi, hi)
+        push(&self.q_tgt, tgt)
+        return 0
+
+
+cdef bytes _vec_bytes(Vec* v, int width):
+    """A Vec's values as `width`-byte native integers (the values fit)."""
+    cdef bytearray out
+    cdef Py_ssize_t i
+    if width == 4:
+        return (<char*>v.d)[:v.n * 4] if v.n else b""
+    out = bytearray(v.n)
+    for i in range(v.n):
+        out[i] = <unsigned char>v.d[i]
+    return bytes(out)
 
 
 #: One builder kept between calls, so that small automata (most rules) do not pay for allocating

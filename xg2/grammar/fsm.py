@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._ext.automata import minimal_dfa, rule_dfa
 from ..errors import GrammarLimitError
@@ -202,9 +202,15 @@ class RuleFSM:
     rule_edges: list[list[tuple[int, int]]]
     finals: set[int]
     deterministic: bool = True
-    pure: list[bool] | None = None  # memo of pure_nodes(); depends only on which nodes have calls
-    trimmed: bool | None = None  # memo of trimmed(): every node reaches a final node
-    flat: tuple | None = None  # memo of byte_tables(): byte edges, finals and purity as arrays
+    # Memos, not part of the automaton's value (equality and repr ignore them):
+    pure: list[bool] | None = field(default=None, compare=False, repr=False)   # pure_nodes()
+    trimmed: bool | None = field(default=None, compare=False, repr=False)      # trimmed()
+    flat: tuple | None = field(default=None, compare=False, repr=False)        # byte_tables()
+    # Content keys (hashing.py) depend on the automaton and its callees' keys only: a memoised
+    # automaton and its renumbered copies share `keys_memo`, looked up by the callees' keys in
+    # `callees` order (the rules this copy calls, by index, in the memoised automaton's order).
+    callees: list[int] | None = field(default=None, compare=False, repr=False)
+    keys_memo: dict | None = field(default=None, compare=False, repr=False)
 
     @property
     def n_nodes(self) -> int:
@@ -270,8 +276,11 @@ def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
     if not refs:
         return fsm
     remap = [rule_index[n] for n in refs]
+    if fsm.keys_memo is None:
+        fsm.keys_memo = {}
     return RuleFSM(fsm.byte_edges, [sorted((remap[r], v) for r, v in edges) for edges in fsm.rule_edges],
-                   fsm.finals, fsm.deterministic, pure_nodes(fsm), trimmed(fsm), byte_tables(fsm))
+                   fsm.finals, fsm.deterministic, pure_nodes(fsm), trimmed(fsm), byte_tables(fsm),
+                   remap, fsm.keys_memo)
 
 
 def _purity(fsm: RuleFSM):
@@ -287,21 +296,29 @@ def _purity(fsm: RuleFSM):
 
 def byte_tables(fsm: RuleFSM) -> tuple:
     """(edges per node, lo, hi, target, final per node, pure per node, nodes with calls, a digest of
-    the finals and byte edges), memoised: everything of the automaton that does not name other rules, ready to be copied into
-    a grammar's flat tables (memoised automata come back in every grammar that has their body)."""
+    the finals and byte edges), memoised: everything of the automaton that does not name other
+    rules, ready to be copied into a grammar's flat tables (memoised automata come back in every
+    grammar that has their body)."""
     if fsm.flat is None:
         import numpy as np
 
         edges = [e for node in fsm.byte_edges for e in node]
         arr = np.array(edges, dtype=np.int64).reshape(-1, 3)
-        final = np.zeros(fsm.n_nodes, np.uint8)
-        final[list(fsm.finals)] = 1
-        digest = hashlib.blake2b(repr((fsm.deterministic, sorted(fsm.finals), fsm.byte_edges)).encode(),
-                                 digest_size=16).digest()
-        fsm.flat = (np.fromiter(map(len, fsm.byte_edges), np.int32, fsm.n_nodes), arr[:, 0].astype(np.uint8),
-                    arr[:, 1].astype(np.uint8), arr[:, 2].astype(np.int32), final,
-                    _purity(fsm), [u for u, e in enumerate(fsm.rule_edges) if e], digest)
+        _set_tables(fsm, np.fromiter(map(len, fsm.byte_edges), np.int32, fsm.n_nodes), arr[:, 0].astype(np.uint8),
+                    arr[:, 1].astype(np.uint8), arr[:, 2].astype(np.int32))
     return fsm.flat
+
+
+def _set_tables(fsm: RuleFSM, counts, lo, hi, target) -> None:
+    import numpy as np
+
+    final = np.zeros(fsm.n_nodes, np.uint8)
+    final[list(fsm.finals)] = 1
+    h = hashlib.blake2b(digest_size=16)
+    for part in (bytes([fsm.deterministic]), final, counts.astype("<i4"), lo, hi, target.astype("<i4")):
+        h.update(part)
+    fsm.flat = (counts, lo, hi, target, final, _purity(fsm), [u for u, e in enumerate(fsm.rule_edges) if e],
+                h.digest())
 
 
 def trimmed(fsm: RuleFSM) -> bool:
@@ -351,7 +368,7 @@ def build_dfa(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
     """
     res = rule_dfa(body, rule_index, _class_sequences, MAX_NFA_NODES, MAX_DFA_STATES, MAX_CLOSURE_WORK)
     if isinstance(res, tuple):
-        return RuleFSM(*res)
+        return _from_minimal(res)
     if res == -3:
         raise GrammarLimitError(f"rule automaton exceeds {MAX_NFA_NODES} nodes")
     if res < 0:
@@ -370,10 +387,21 @@ def determinize(nfa: NFA, start: int, end: int) -> RuleFSM:
     """
     res = minimal_dfa(nfa.flat, nfa.n_nodes, start, end, MAX_DFA_STATES, MAX_CLOSURE_WORK)
     if isinstance(res, tuple):
-        return RuleFSM(*res)
+        return _from_minimal(res)
     if res < 0:
         raise GrammarLimitError(_TOO_LARGE)
     return _epsilon_free(nfa, start, end, _Budget(res))
+
+
+def _from_minimal(res: tuple) -> RuleFSM:
+    """The RuleFSM of the C builder's result, its byte tables taken from the flat copy it made."""
+    import numpy as np
+
+    byte_edges, rule_edges, finals, (counts, lo, hi, target) = res
+    fsm = RuleFSM(byte_edges, rule_edges, finals)
+    _set_tables(fsm, np.frombuffer(counts, np.int32), np.frombuffer(lo, np.uint8), np.frombuffer(hi, np.uint8),
+                np.frombuffer(target, np.int32))
+    return fsm
 
 
 def determinize_reference(nfa: NFA, start: int, end: int) -> RuleFSM:
@@ -699,8 +727,13 @@ def productive_rules(fsms: list[RuleFSM]) -> set[int]:
                 continue
             seen = {0}
             work = [0]
+            finals = fsm.finals
             while work:
                 u = work.pop()
+                if u in finals:     # a final node is reachable: no need to see the rest
+                    live.add(r)
+                    changed = True
+                    break
                 for _lo, _hi, v in fsm.byte_edges[u]:
                     if v not in seen:
                         seen.add(v)
@@ -709,7 +742,4 @@ def productive_rules(fsms: list[RuleFSM]) -> set[int]:
                     if rr in live and v not in seen:
                         seen.add(v)
                         work.append(v)
-            if seen & fsm.finals:
-                live.add(r)
-                changed = True
     return live

@@ -193,8 +193,17 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
     def rule_part(r: int, key: list[bytes]) -> bytes:
         # Entries are keyed by the numbering of the last serialisation of a rule, the one its key
         # is made of (for a cycle member: under the positions in its component).
-        canon[r] = _canon(fsms[r], key)
-        return _serialize(fsms[r], key, canon[r])
+        fsm = fsms[r]
+        memo_key = _memo_key(fsm, key, b"rule")
+        if memo_key is not None and memo_key in fsm.keys_memo:
+            canon[r], part = fsm.keys_memo[memo_key]
+            return part
+        canon[r] = _canon(fsm, key)
+        part = _serialize(fsm, key, canon[r])
+        if memo_key is not None:
+            part = _digest(part)    # the memo keeps a digest, not the serialisation
+            _remember(fsm, memo_key, (canon[r], part))
+        return part
 
     rule = _keys_in_order(n, callees, rule_part)
 
@@ -213,7 +222,12 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
                 seen.add((rule[p] + (v if canon[p] is None else canon[p][v]).to_bytes(4, "little"), key[p]))
                 continue
             if p not in follow:
-                follow[p] = _node_digests(fsms[p], rule)
+                memo_key = _memo_key(fsms[p], rule, b"nodes")
+                follow[p] = fsms[p].keys_memo.get(memo_key) if memo_key is not None else None
+                if follow[p] is None:
+                    follow[p] = _node_digests(fsms[p], rule)
+                    if memo_key is not None:
+                        _remember(fsms[p], memo_key, follow[p])
             seen.add((follow[p][v], key[p]))
         if follows and r in follows:
             seen.add((b"follow", rule[follows[r]]))
@@ -223,6 +237,23 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
         raise ValueError("a module's root must not be called from inside the module")
     ctx = _keys_in_order(n, callers, ctx_part, None if root_ctx is None else {root: root_ctx})
     return GrammarKeys(rule, ctx, canon)
+
+
+#: Keys remembered per memoised automaton (one per set of callee keys it was seen with).
+MAX_KEYS_PER_AUTOMATON = 16
+
+
+def _memo_key(fsm: RuleFSM, key: list[bytes], kind: bytes) -> tuple | None:
+    """What a memoised automaton's key parts depend on besides itself: its callees' keys."""
+    if fsm.keys_memo is None:
+        return None
+    return (kind, *(key[r] for r in fsm.callees))
+
+
+def _remember(fsm: RuleFSM, memo_key: tuple, value) -> None:
+    if len(fsm.keys_memo) >= MAX_KEYS_PER_AUTOMATON:
+        fsm.keys_memo.pop(next(iter(fsm.keys_memo)))
+    fsm.keys_memo[memo_key] = value
 
 
 def context_key(is_root: bool, sites: list[tuple[bytes, bytes]]) -> bytes:

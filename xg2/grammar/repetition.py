@@ -112,10 +112,19 @@ class _Compressor:
         if hi is None:
             return self.repeat(e, lo, None, follow)
         t = REPEAT_THRESHOLD
-        exact = _seq(self.repeat(e, hi - t, hi - t, follow), Repeat(e, max(0, lo - (hi - t)), t))
+        exact = _seq(self.repeat(e, hi - t, hi - t, follow), self.tail(e, max(0, lo - (hi - t))))
         if lo >= hi - t:
             return exact
         return Choice((self.repeat(e, lo, hi - t - 1, follow), exact))
+
+    def tail(self, e: Expr, lo: int) -> RuleRef:
+        """`e{lo,T}`, the unrolled last copies, as a rule of its own: its automaton, the largest
+        of the repetition, is then built once per process for every bound (automata are memoised
+        by rule body)."""
+        key = (e, lo, REPEAT_THRESHOLD)
+        if key not in self.memo:
+            self.memo[key] = self.rule("tail", Repeat(e, lo, REPEAT_THRESHOLD))
+        return self.memo[key]
 
     def repeat(self, e: Expr, lo: int, hi: int | None, follow: tuple[str, int]) -> Expr:
         """`e{lo,hi}` inside a counter of `bounded`: a rule reference when the bounds are large."""
