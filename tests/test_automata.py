@@ -365,12 +365,12 @@ def test_state_limit_at_its_real_value():
 
 
 def test_rule_automaton_uses_the_fast_path():
-    F._memo_automaton.cache_clear()
+    F.clear_automata_memo()
     body = Seq((Repeat(Literal("ab"), 1, None), RuleRef("q"), Literal("ab")))
     got = F.rule_automaton(body, {"p": 0, "q": 7})
     want = F.build_dfa(body, {"q": 0})
     assert got.byte_edges == want.byte_edges and got.finals == want.finals
-    assert [[(7 if r == 0 else r, v) for r, v in es] for es in want.rule_edges] == got.rule_edges
+    assert tuple(tuple((7 if r == 0 else r, v) for r, v in es) for es in want.rule_edges) == got.rule_edges
 
 
 def test_errors_and_threads_leave_the_builder_usable():

@@ -456,6 +456,7 @@ class GrammarCompiler:
         if not module.linkable:
             return None
         module.keys  # noqa: B018 - computed once here, outside any request that reuses the module
+        lowered.fsms = None     # linking needs the tables and keys only; the automata stay memoised
         with self._lock:
             self._keep(self._modules, key, module, module.nbytes)
             self._evict()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .._ext.automata import minimal_dfa, rule_dfa
@@ -190,16 +192,21 @@ def build_nfa(body: Expr, rule_index: dict[str, int]) -> tuple[NFA, int, int]:
     return nfa, start, end
 
 
-@dataclass
+@dataclass(slots=True)
 class RuleFSM:
     """A rule's automaton with nodes numbered canonically from 0 (the start node).
 
     byte_edges[n]: sorted (lo, hi, target); rule_edges[n]: sorted (rule, target); finals: set of nodes.
     `deterministic` is False when the subset construction was abandoned for size.
+
+    The edges are kept as tuples of tuples whatever they were given as: automata are memoised
+    for the life of the process, and lists stay tracked by the cyclic garbage collector (hundreds
+    of thousands of them after a few hundred schemas made each full collection cost ~0.3 s),
+    while tuples of numbers drop out of its sight.
     """
 
-    byte_edges: list[list[tuple[int, int, int]]]
-    rule_edges: list[list[tuple[int, int]]]
+    byte_edges: tuple[tuple[tuple[int, int, int], ...], ...]
+    rule_edges: tuple[tuple[tuple[int, int], ...], ...]
     finals: set[int]
     deterministic: bool = True
     # Memos, not part of the automaton's value (equality and repr ignore them):
@@ -211,6 +218,12 @@ class RuleFSM:
     # `callees` order (the rules this copy calls, by index, in the memoised automaton's order).
     callees: list[int] | None = field(default=None, compare=False, repr=False)
     keys_memo: dict | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if type(self.byte_edges) is not tuple:
+            self.byte_edges = tuple(map(tuple, self.byte_edges))
+        if type(self.rule_edges) is not tuple:
+            self.rule_edges = tuple(map(tuple, self.rule_edges))
 
     @property
     def n_nodes(self) -> int:
@@ -317,7 +330,7 @@ def _set_tables(fsm: RuleFSM, counts, lo, hi, target) -> None:
     h = hashlib.blake2b(digest_size=16)
     for part in (bytes([fsm.deterministic]), final, counts.astype("<i4"), lo, hi, target.astype("<i4")):
         h.update(part)
-    fsm.flat = (counts, lo, hi, target, final, _purity(fsm), [u for u, e in enumerate(fsm.rule_edges) if e],
+    fsm.flat = (counts, lo, hi, target, final, _purity(fsm), tuple(u for u, e in enumerate(fsm.rule_edges) if e),
                 h.digest())
 
 
@@ -340,9 +353,59 @@ def pure_nodes(fsm: RuleFSM) -> list[bool]:
     return fsm.pure
 
 
-@functools.lru_cache(maxsize=8192)
+#: Memoised rule automata, most recently used last, keyed by `_body_key` and the names called.
+_AUTOMATA: OrderedDict[tuple[bytes, tuple[str, ...]], RuleFSM] = OrderedDict()
+_AUTOMATA_LOCK = threading.Lock()
+MAX_MEMO_AUTOMATA = 8192
+
+
 def _memo_automaton(body: Expr, refs: tuple[str, ...]) -> RuleFSM:
-    return build_dfa(body, {n: i for i, n in enumerate(refs)})
+    key = (_body_key(body), refs)
+    with _AUTOMATA_LOCK:
+        fsm = _AUTOMATA.get(key)
+        if fsm is not None:
+            _AUTOMATA.move_to_end(key)
+            return fsm
+    fsm = build_dfa(body, {n: i for i, n in enumerate(refs)})
+    with _AUTOMATA_LOCK:
+        _AUTOMATA[key] = fsm
+        if len(_AUTOMATA) > MAX_MEMO_AUTOMATA:
+            _AUTOMATA.popitem(last=False)
+    return fsm
+
+
+def clear_automata_memo() -> None:
+    with _AUTOMATA_LOCK:
+        _AUTOMATA.clear()
+
+
+def _body_key(e: Expr) -> bytes:
+    """A body written out in prefix form with counts and lengths (so it reads back one way only).
+
+    The memo keeps these bytes rather than the bodies: a body is a tree of IR objects, each one
+    tracked by the cyclic garbage collector, and thousands of memoised bodies made every full
+    collection slower. Writing it out also costs less than the recursive hash of the dataclasses."""
+    out: list[str] = []
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is Literal:
+            out.append(f"L{len(x.text)}:{x.text}")
+        elif t is CharClass:
+            out.append(f"C{x.ranges!r}{x.negated:d}")
+        elif t is Seq:
+            out.append(f"S{len(x.items)}")
+            stack.extend(reversed(x.items))
+        elif t is Choice:
+            out.append(f"A{len(x.alts)}")
+            stack.extend(reversed(x.alts))
+        elif t is Repeat:
+            out.append(f"R{x.min},{x.max}")
+            stack.append(x.expr)
+        else:
+            out.append(f"F{len(x.name)}:{x.name}")
+    return "\x00".join(out).encode("utf-8", "surrogatepass")
 
 
 def _refs(e: Expr) -> tuple[str, ...]:
@@ -684,7 +747,7 @@ def prune(fsm: RuleFSM, live_rules: set[int]) -> RuleFSM:
         return fsm  # the common case, known without a walk for memoised automata
     rule_edges = [[(r, v) for r, v in fsm.rule_edges[u] if r in live_rules] for u in range(n)]
     alive = reaching(fsm, fsm.finals, rule_edges)
-    if len(alive) == n and rule_edges == fsm.rule_edges:
+    if len(alive) == n and all(len(a) == len(b) for a, b in zip(rule_edges, fsm.rule_edges)):
         return fsm
     if 0 not in alive:
         return RuleFSM([[]], [[]], set(), fsm.deterministic)
