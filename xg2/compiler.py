@@ -227,7 +227,7 @@ class CompiledGrammar:
     @property
     def tables_bytes(self) -> int:
         if self._tables_bytes is None:
-            self._tables_bytes = int(sum(a.nbytes for a in self._lowered.arrays.values()))
+            self._tables_bytes = int(sum(a.nbytes for a in self._lowered.arrays.values())) + self._core.own_bytes
         return self._tables_bytes
 
     @property

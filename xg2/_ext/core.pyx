@@ -1709,6 +1709,7 @@ cdef class CompiledCore:
     cdef object _node_canon           # per node: its number in its rule's canonical numbering
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
+    cdef readonly int64_t own_bytes   # what the core allocates per node beside the tables (not entries)
 
     def __cinit__(self):
         self.entries = NULL
@@ -1820,6 +1821,12 @@ cdef class CompiledCore:
         self.pb.memo = &self.memo
         self.cache_bytes = 0
         self.n_entries = 0
+        # entries, anytop-like per-depth buffers aside: per node a pointer, loop bytes, text
+        # bytes, text flag and chain length; plus the key lists of the pool
+        self.own_bytes = <int64_t>self.g.n_nodes * (sizeof(MaskEntry*) + 4 * sizeof(uint64_t)
+                                                    + 2 * sizeof(uint64_t) + 1 + sizeof(int32_t))
+        if keys is not None:
+            self.own_bytes += 80 * 2 * self.g.n_rules + 4 * self.g.n_nodes
 
     def __dealloc__(self):
         cdef int32_t i
