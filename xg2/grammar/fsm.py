@@ -281,11 +281,8 @@ def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
     locally; the result is renumbered to this grammar's rule indices. Memoised automata are shared,
     so nothing downstream may mutate a RuleFSM in place.
     """
-    refs = _refs(body)
-    try:
-        fsm = _memo_automaton(body, refs)
-    except RecursionError:  # hashing a pathologically deep body; build it without the memo
-        fsm = build_dfa(body, {n: i for i, n in enumerate(refs)})
+    text, refs = _body_key(body)
+    fsm = _memo_automaton(body, text, refs)
     if not refs:
         return fsm
     remap = [rule_index[n] for n in refs]
@@ -359,8 +356,8 @@ _AUTOMATA_LOCK = threading.Lock()
 MAX_MEMO_AUTOMATA = 8192
 
 
-def _memo_automaton(body: Expr, refs: tuple[str, ...]) -> RuleFSM:
-    key = (_body_key(body), refs)
+def _memo_automaton(body: Expr, text: bytes, refs: tuple[str, ...]) -> RuleFSM:
+    key = (text, refs)
     with _AUTOMATA_LOCK:
         fsm = _AUTOMATA.get(key)
         if fsm is not None:
@@ -379,13 +376,17 @@ def clear_automata_memo() -> None:
         _AUTOMATA.clear()
 
 
-def _body_key(e: Expr) -> bytes:
-    """A body written out in prefix form with counts and lengths (so it reads back one way only).
+def _body_key(e: Expr) -> tuple[bytes, tuple[str, ...]]:
+    """A body written out in prefix form with counts and lengths (so it reads back one way only),
+    and the names it calls, sorted.
 
     The memo keeps these bytes rather than the bodies: a body is a tree of IR objects, each one
     tracked by the cyclic garbage collector, and thousands of memoised bodies made every full
-    collection slower. Writing it out also costs less than the recursive hash of the dataclasses."""
+    collection slower. Writing it out also costs less than the recursive hash of the dataclasses.
+    A composite body remembers what it was written as (IR is immutable, and front-ends share
+    sub-expressions between rules and schemas): a walk that meets it again copies the text."""
     out: list[str] = []
+    names: set[str] = set()
     stack = [e]
     while stack:
         x = stack.pop()
@@ -394,18 +395,32 @@ def _body_key(e: Expr) -> bytes:
             out.append(f"L{len(x.text)}:{x.text}")
         elif t is CharClass:
             out.append(f"C{x.ranges!r}{x.negated:d}")
-        elif t is Seq:
-            out.append(f"S{len(x.items)}")
-            stack.extend(reversed(x.items))
-        elif t is Choice:
-            out.append(f"A{len(x.alts)}")
-            stack.extend(reversed(x.alts))
-        elif t is Repeat:
-            out.append(f"R{x.min},{x.max}")
-            stack.append(x.expr)
-        else:
+        elif t is RuleRef:
             out.append(f"F{len(x.name)}:{x.name}")
-    return "\x00".join(out).encode("utf-8", "surrogatepass")
+            names.add(x.name)
+        else:
+            known = x.__dict__.get("_written")
+            if known is not None:
+                out.append(known[0])
+                names.update(known[1])
+            elif t is Seq:
+                out.append(f"S{len(x.items)}")
+                stack.extend(reversed(x.items))
+            elif t is Choice:
+                out.append(f"A{len(x.alts)}")
+                stack.extend(reversed(x.alts))
+            else:
+                out.append(f"R{x.min},{x.max}")
+                stack.append(x.expr)
+    text = "\x00".join(out)
+    refs = tuple(sorted(names))
+    if type(e) in (Seq, Choice, Repeat) and len(text) <= MAX_WRITTEN:
+        e.__dict__["_written"] = (text, refs)
+    return text.encode("utf-8", "surrogatepass"), refs
+
+
+#: Longest text a body keeps of itself (see `_body_key`).
+MAX_WRITTEN = 1 << 16
 
 
 def _refs(e: Expr) -> tuple[str, ...]:
