@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._ext.core import link_tables
 from .grammar.fsm import RuleFSM
-from .grammar.hashing import GrammarKeys, context_key, fsm_key, grammar_keys, node_digests
+from .grammar.hashing import GrammarKeys, choice_key, context_key, grammar_keys, node_digests
 
 #: The root of a linked grammar: node 0 calls every module (added by `link`) and goes to node 1,
 #: which is final and reads nothing.
@@ -83,54 +84,10 @@ def link(modules: list[Module]):
     rule 0 with nodes 0 (calls every module root) and 1 (final); module tables follow, moved."""
     from .compiler import LoweredGrammar
 
-    tabs = [m.tables for m in modules]
-    n_nodes = np.array([len(t["node_rule"]) for t in tabs], np.int64)
-    n_rules = np.array([len(t["rule_start"]) for t in tabs], np.int64)
-    n_be = np.array([len(t["be_lo"]) for t in tabs], np.int64)
-    n_re = np.array([len(t["re_rule"]) for t in tabs], np.int64)
-    n_ctx = np.array([len(t["ctx_item"]) for t in tabs], np.int64)
-    rule_base = 1 + np.cumsum(n_rules) - n_rules
-    node_base = 2 + np.cumsum(n_nodes) - n_nodes
-    roots = rule_base + np.array([m.lowered.root for m in modules], np.int64)
-    be_base = np.cumsum(n_be) - n_be
-    re_base = len(modules) + np.cumsum(n_re) - n_re
-    ctx_base = np.cumsum(n_ctx) - n_ctx
-
-    def cat(name: str, prefix, shift=None, counts=None, dtype=np.int32):
-        parts = np.concatenate([t[name] for t in tabs])
-        if shift is not None:
-            parts = parts + np.repeat(shift, counts).astype(parts.dtype)
-        return np.concatenate([np.asarray(prefix, dtype), parts.astype(dtype, copy=False)])
-
-    ctx_resume = np.concatenate([t["ctx_resume"] for t in tabs])
-    ctx_resume = np.where(ctx_resume >= 0, ctx_resume + np.repeat(node_base, 4 * n_rules), -1)
-    items = cat("ctx_item", [], (rule_base << 32) + node_base, n_ctx, np.uint64)
-    firsts = np.array([t["ctx_root_start"][0] for t in tabs], np.int64)
-    arrays = {
-        "node_rule": cat("node_rule", [0, 0], rule_base, n_nodes),
-        "node_final": cat("node_final", [0, 1], dtype=np.uint8),
-        "be_start": np.concatenate([cat("be_start", [0, 0], be_base, n_nodes), [int(n_be.sum())]]).astype(np.int32),
-        "be_lo": cat("be_lo", [], dtype=np.uint8),
-        "be_hi": cat("be_hi", [], dtype=np.uint8),
-        "be_target": cat("be_target", [], node_base, n_be),
-        "re_start": np.concatenate([cat("re_start", [0, len(modules)], re_base, n_nodes),
-                                    [len(modules) + int(n_re.sum())]]).astype(np.int32),
-        "re_rule": cat("re_rule", roots, rule_base, n_re),
-        "re_target": cat("re_target", [1] * len(modules), node_base, n_re),
-        "rule_start": cat("rule_start", [0], node_base, n_rules),
-        "rule_nullable": cat("rule_nullable", [any(t["rule_nullable"][m.lowered.root] for t, m in zip(tabs, modules))],
-                             dtype=np.uint8),
-        "node_pure": cat("node_pure", [0, 1], dtype=np.uint8),
-        "rule_follow": cat("rule_follow", [0], dtype=np.uint8),
-        "ctx_resume": np.concatenate([[-1] * 4, ctx_resume]).astype(np.int32),
-        # Callers per rule: none for the root; a module root also has the root's node 0 (item 0,
-        # inserted first among its callers).
-        "ctx_start": cat("ctx_end", [0, 0], ctx_base + np.arange(len(modules)), n_rules),
-        "ctx_item": np.insert(items, ctx_base + firsts, np.uint64(0)),
-    }
+    arrays = link_tables([m.tables for m in modules], [m.lowered.root for m in modules])
     module_keys = [m.keys for m in modules]
     callee = [b""] + [k for mk in module_keys for k in mk.rule]
-    root_key, _ = fsm_key(RuleFSM([[], []], [[(int(r), 1) for r in roots], []], {1}), callee)
+    root_key = choice_key([callee[r] for r in arrays["re_rule"][: len(modules)]])
     keys = GrammarKeys([root_key] + callee[1:], [ROOT_CTX] + [k for mk in module_keys for k in mk.ctx],
                        [None] + [c for mk in module_keys for c in mk.canon])
     names = ["root"] + [n for m in modules for n in m.lowered.rule_names]

@@ -262,11 +262,10 @@ def context_key(is_root: bool, sites: list[tuple[bytes, bytes]]) -> bytes:
     return _digest(repr((is_root, sorted(set(sites)))).encode())
 
 
-def fsm_key(fsm: RuleFSM, key: list[bytes]) -> tuple[bytes, list[int] | None]:
-    """(key, canonical numbering) of one rule whose callees' keys are `key` and which is on no
-    call cycle."""
-    perm = _canon(fsm, key)
-    return _digest(_serialize(fsm, key, perm)), perm
+def choice_key(callees: list[bytes]) -> bytes:
+    """The key of a rule that calls one of the rules keyed `callees` and ends (a linked root):
+    the same for the same rules in any order, as its masks are."""
+    return _digest(b"choice", *sorted(callees))
 
 
 def node_digests(fsm: RuleFSM, key: list[bytes]) -> list[bytes]:
