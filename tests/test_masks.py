@@ -43,6 +43,11 @@ root ::= "<" [a-c]{2,40} ">" ("xy" | "y"){20,}
     "bounded_text": r'''
 root ::= "\"" ([^"\\\x00-\x1f] | "\\" ["\\/bfnrt]){3,40} "\"" ("," [^"\\\x00-\x1f]{0,12} ".")?
 ''',
+    "bounded_open": r'''
+root ::= "<" [^<>\x00-\x1f]{12} (more | [^<>\x00-\x1f]{0,18}) ">" text ">"
+more ::= [^>\x00-\x1f]* "."
+text ::= [^<>\x00-\x1f]{12,30}
+''',
     "lookahead": r'''
 root ::= (word " ")* word "."
 word ::= [a-z]+ (= [ .])
@@ -64,6 +69,7 @@ SAMPLES = {
     "repetition": "aaabbbccccy",
     "compressed": "<" + "abc" * 13 + "a>" + "xyy" * 11,
     "bounded_text": '"Hello, wörld \\"quoted\\" text that is long"' + ",short é.",
+    "bounded_open": "<" + "the quick brown fox, 中文 ü" * 2 + ".>" + "a b c d e f g h" + ">",
     "lookahead": "ab cd ef.",
     "right_recursive": "(a (b c) (d (e)))",
     "json": '{"a": [1, -2.5e3, true], "b\\"": {"c": null}, "d": "ü"}',

@@ -909,6 +909,7 @@ cdef struct VocabC:
     uint64_t* ordinary_bits
     int32_t* stop_ids
     int32_t n_stop
+    uint8_t* tok_chars       # per token: the characters it starts (UTF-8 lead bytes), at most 255
     TrieC trie
 
 
@@ -951,6 +952,7 @@ cdef class Vocab:
     cdef int32_t* trie_dhi
     cdef uint8_t* trie_u8ok
     cdef int32_t* trie_span
+    cdef uint8_t* tok_chars
     cdef uint64_t* ordinary_bits
     cdef int32_t* stop_ids
     cdef int32_t n_stop
@@ -972,6 +974,7 @@ cdef class Vocab:
         self.trie_dhi = NULL
         self.trie_u8ok = NULL
         self.trie_span = NULL
+        self.tok_chars = NULL
         self.ordinary_bits = NULL
         self.stop_ids = NULL
 
@@ -1013,6 +1016,18 @@ cdef class Vocab:
         for i in range(self.n_stop):
             self.stop_ids[i] = sv[i]
         self._build_trie()
+        self.tok_chars = <uint8_t*>calloc(max(1, self.c.vocab_size), 1)
+        if self.tok_chars == NULL:
+            raise MemoryError()
+        cdef int32_t n_chars
+        cdef int64_t j
+        for t in range(min(self.n_tokens, self.c.vocab_size)):     # padding ids have no bytes
+            n_chars = 0
+            for j in range(self.c.tok_off[t], self.c.tok_off[t + 1]):
+                if (self.c.tok_data[j] & 0xC0) != 0x80:
+                    n_chars += 1
+            self.tok_chars[t] = <uint8_t>min(n_chars, 255)
+        self.c.tok_chars = self.tok_chars
 
     cdef void _build_trie(self):
         cdef int64_t total = 0
@@ -1192,6 +1207,7 @@ cdef class Vocab:
         free(self.trie_dhi)
         free(self.trie_u8ok)
         free(self.trie_span)
+        free(self.tok_chars)
         free(self.ordinary_bits)
         free(self.stop_ids)
 
@@ -1505,6 +1521,17 @@ cdef inline int64_t _push(int32_t* buf, int64_t n, int32_t lo, int32_t hi) noexc
     return n
 
 
+cdef inline int64_t _push_short(int32_t* buf, int64_t n, int32_t lo, int32_t hi, const int32_t* toks,
+                                const uint8_t* chars, int32_t most) noexcept nogil:
+    """Append the trie positions in [lo, hi) whose tokens start at most `most` characters."""
+    cdef int32_t p
+    for p in range(lo, hi):
+        if chars[toks[p]] <= most:
+            buf[n] = p
+            n += 1
+    return n
+
+
 cdef inline bint _has_rank(const int32_t* ranks, int32_t n, int32_t lo, int32_t hi) noexcept nogil:
     """Whether the sorted `ranks` hold one in [lo, hi)."""
     cdef int32_t a = 0, b = n, m
@@ -1687,6 +1714,8 @@ cdef class CompiledCore:
     cdef uint64_t* node_text          # 2 words per node: ASCII bytes that leave a "text" node; see _text_node
     cdef uint8_t* node_textual
     cdef int32_t* node_chain          # per node: text characters a chain of nodes reads (see _chain_nodes)
+    cdef uint8_t* node_closed         # per node: its chain ends where no character can follow (see _chain_nodes)
+    cdef int32_t* pchars              # walk scratch, per depth: characters the path has started
     cdef int32_t* aid
     cdef int32_t* bid
     cdef int32_t* cids
@@ -1721,6 +1750,8 @@ cdef class CompiledCore:
         self.node_text = NULL
         self.node_textual = NULL
         self.node_chain = NULL
+        self.node_closed = NULL
+        self.pchars = NULL
         self.aid = NULL
         self.bid = NULL
         self.cids = NULL
@@ -1813,7 +1844,9 @@ cdef class CompiledCore:
             if self.g.be_start[nd + 1] > self.g.be_start[nd]:
                 self._text_node(nd)
         self.node_chain = <int32_t*>calloc(max(1, self.g.n_nodes), sizeof(int32_t))
-        if self.node_chain == NULL:
+        self.node_closed = <uint8_t*>calloc(max(1, self.g.n_nodes), 1)
+        self.pchars = <int32_t*>calloc(vocab.max_depth + 2, sizeof(int32_t))
+        if self.node_chain == NULL or self.node_closed == NULL or self.pchars == NULL:
             raise MemoryError()
         with nogil:
             self._chain_nodes()
@@ -1840,6 +1873,8 @@ cdef class CompiledCore:
         free(self.node_text)
         free(self.node_textual)
         free(self.node_chain)
+        free(self.node_closed)
+        free(self.pchars)
         free(self.aid)
         free(self.bid)
         free(self.cids)
@@ -2035,27 +2070,49 @@ cdef class CompiledCore:
                 step[s] = t
                 self.node_text[s * 2] = ex[0]
                 self.node_text[s * 2 + 1] = ex[1]
+        cdef bint closed
         for s in range(n):
             if step[s] < 0:
                 continue
             k = 0
             t = s
+            closed = not (self.g.node_final[s] or self.g.re_start[s + 1] > self.g.re_start[s])
             while k < CHAIN_CAP:
                 u = step[t]
                 k += 1
                 if (self.node_text[u * 2] & ~self.node_text[s * 2]) or \
                         (self.node_text[u * 2 + 1] & ~self.node_text[s * 2 + 1]):
+                    closed = False
                     break  # past u, a byte s lets through may leave
                 if self.node_textual[u]:
                     k = CHAIN_CAP
                     break
+                if self.g.node_final[u] or self.g.re_start[u + 1] > self.g.re_start[u]:
+                    closed = False      # the text may go on past the rule's end or into a call
                 if step[u] < 0:
                     if self._ends_into_text(u, s):
                         k = CHAIN_CAP
+                    closed = closed and self._dead_end(u, s)
                     break
                 t = u
             self.node_chain[s] = k
+            self.node_closed[s] = closed and k < CHAIN_CAP
         free(step)
+
+    cdef bint _dead_end(self, int32_t u, int32_t s) noexcept nogil:
+        """Whether the chain that ends at u is closed: the rule cannot end at u nor call from it,
+        and every byte u reads is one node s treats as leaving its text: a token that still has
+        characters to read there dies (then the chain's length decides the token, see _build_entry)."""
+        cdef int32_t k, b
+        if self.g.node_final[u] or self.g.re_start[u + 1] > self.g.re_start[u]:
+            return False
+        for k in range(self.g.be_start[u], self.g.be_start[u + 1]):
+            if self.g.be_hi[k] >= 0x80:
+                return False
+            for b in range(self.g.be_lo[k], self.g.be_hi[k] + 1):
+                if not (self.node_text[s * 2 + (b >> 6)] >> (b & 63)) & 1:
+                    return False
+        return True
 
     cdef bint _ends_into_text(self, int32_t u, int32_t s) noexcept nogil:
         """Whether the rule ends at node u (final, no way on) into a declared follow that loops on
@@ -2232,6 +2289,7 @@ cdef class CompiledCore:
         cdef int32_t* bid = self.bid
         cdef int32_t* dstate = self.dstate
         cdef uint8_t* pbyte = self.pbyte
+        cdef int32_t* pchars = self.pchars
         cdef int64_t nacc = 0, nunc = 0, nopen = 0, ncacc = 0
         self.wtrie = T
         if self.memo.pool_len > MEMO_MAX_ITEMS or self.memo.th_count > MEMO_MAX_TRANSITIONS:
@@ -2283,6 +2341,7 @@ cdef class CompiledCore:
                 continue
             byte = T.byte[i]
             pbyte[d] = byte
+            pchars[d] = pchars[d - 1] + ((byte & 0xC0) != 0x80)
             anytop[d] = anytop[d - 1] | self.topa[d - 1]
             # Materialized sets at depth >= d belong to an earlier branch.
             if A.n_sets > d:
@@ -2393,6 +2452,16 @@ cdef class CompiledCore:
                             ncacc = _push(caccb, ncacc, T.dlo[i], T.dhi[i])
                             if track:
                                 nopen = _push(openb, nopen, T.dlo[i], T.dhi[i])
+                        i = T.next[i]
+                        continue
+                    if (dstate[d] >= 0 and self.node_closed[st] and not anytop[d]
+                            and not self.topa[d] and ((bl[0] & tx[0]) | (bl[1] & tx[1])) == 0 and (T.u8ok[i] & 1)):
+                        # A bounded chain too short for some tokens below, and nothing after it
+                        # reads text (the rule has not ended on the way): the tokens that fit are
+                        # accepted, the others die at its end. Decided by character counts.
+                        if not partial:
+                            nacc = _push_short(accb, nacc, T.dlo[i], T.dhi[i], T.toks, v.tok_chars,
+                                               self.node_chain[st] + pchars[d])
                         i = T.next[i]
                         continue
                 i += 1
@@ -2554,6 +2623,10 @@ cdef class CompiledCore:
                 acc[e.list[j]] = False
         unc = sorted(v.rank_token[e.unc_ranks[j]] for j in range(e.n_unc))
         return np.nonzero(acc)[0], np.array(unc, dtype=np.int64)
+
+    def chain_info(self, int32_t node):
+        """(characters the node's chain reads, whether the chain is closed); see _chain_nodes."""
+        return int(self.node_chain[node]), bool(self.node_closed[node])
 
     def entry_stats(self, int32_t node):
         """(kind, accepted count or list length, uncertain count) of a node's entry; builds it."""
