@@ -48,6 +48,12 @@ root ::= "<" [^<>\x00-\x1f]{12} (more | [^<>\x00-\x1f]{0,18}) ">" text ">"
 more ::= [^>\x00-\x1f]* "."
 text ::= [^<>\x00-\x1f]{12,30}
 ''',
+    "chain_rule": r'''
+root ::= "<" w tail ">" v ">"
+w ::= [^<>\x00-\x1f]{30}
+v ::= [^<>\x00-\x1f]{30}
+tail ::= [^<>\x00-\x1f]*
+''',
     "lookahead": r'''
 root ::= (word " ")* word "."
 word ::= [a-z]+ (= [ .])
@@ -70,6 +76,7 @@ SAMPLES = {
     "compressed": "<" + "abc" * 13 + "a>" + "xyy" * 11,
     "bounded_text": '"Hello, wörld \\"quoted\\" text that is long"' + ",short é.",
     "bounded_open": "<" + "the quick brown fox, 中文 ü" * 2 + ".>" + "a b c d e f g h" + ">",
+    "chain_rule": "<" + "abc" * 11 + " xy>" + "ab" * 15 + ">",
     "lookahead": "ab cd ef.",
     "right_recursive": "(a (b c) (d (e)))",
     "json": '{"a": [1, -2.5e3, true], "b\\"": {"c": null}, "d": "ü"}',

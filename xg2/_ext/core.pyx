@@ -2087,22 +2087,37 @@ cdef class CompiledCore:
                 if self.node_textual[u]:
                     k = CHAIN_CAP
                     break
-                if self.g.node_final[u] or self.g.re_start[u + 1] > self.g.re_start[u]:
-                    closed = False      # the text may go on past the rule's end or into a call
                 if step[u] < 0:
                     if self._ends_into_text(u, s):
                         k = CHAIN_CAP
                     closed = closed and self._dead_end(u, s)
                     break
+                if self.g.node_final[u] or self.g.re_start[u + 1] > self.g.re_start[u]:
+                    closed = False      # the text may go on past the rule's end or into a call
                 t = u
             self.node_chain[s] = k
             self.node_closed[s] = closed and k < CHAIN_CAP
         free(step)
 
     cdef bint _dead_end(self, int32_t u, int32_t s) noexcept nogil:
-        """Whether the chain that ends at u is closed: the rule cannot end at u nor call from it,
-        and every byte u reads is one node s treats as leaving its text: a token that still has
-        characters to read there dies (then the chain's length decides the token, see _build_entry)."""
+        """Whether the chain that ends at u is closed: no text can be read after u, where text is
+        what node s does not treat as leaving it. Either u reads only such bytes (and the rule can
+        neither end nor call there), or the rule ends at u with no way on and every caller node
+        its calls resume at is of the first kind. A token that still has characters to read at u
+        then dies, and the chain's length decides the token (see _build_entry)."""
+        cdef int32_t r = self.g.node_rule[u], k, v
+        if self.g.node_final[u] and self.g.be_start[u + 1] == self.g.be_start[u] \
+                and self.g.re_start[u + 1] == self.g.re_start[u]:
+            if self.g.rule_follow[r] or self.g.ctx_resume[r * MAX_RESUMES] < 0:
+                return False        # callers unknown (too many, or the root's end among them)
+            for k in range(MAX_RESUMES):
+                v = self.g.ctx_resume[r * MAX_RESUMES + k]
+                if v >= 0 and not self._reads_no_text(v, s):
+                    return False
+            return True
+        return self._reads_no_text(u, s)
+
+    cdef bint _reads_no_text(self, int32_t u, int32_t s) noexcept nogil:
         cdef int32_t k, b
         if self.g.node_final[u] or self.g.re_start[u + 1] > self.g.re_start[u]:
             return False
