@@ -210,7 +210,7 @@ class RuleFSM:
     finals: set[int]
     deterministic: bool = True
     # Memos, not part of the automaton's value (equality and repr ignore them):
-    pure: list[bool] | None = field(default=None, compare=False, repr=False)   # pure_nodes()
+    pure: tuple[bool, ...] | None = field(default=None, compare=False, repr=False)   # pure_nodes()
     trimmed: bool | None = field(default=None, compare=False, repr=False)      # trimmed()
     flat: tuple | None = field(default=None, compare=False, repr=False)        # byte_tables()
     # Content keys (hashing.py) depend on the automaton and its callees' keys only: a memoised
@@ -338,15 +338,15 @@ def trimmed(fsm: RuleFSM) -> bool:
     return fsm.trimmed
 
 
-def pure_nodes(fsm: RuleFSM) -> list[bool]:
+def pure_nodes(fsm: RuleFSM) -> tuple[bool, ...]:
     """Per node: the rule is a plain deterministic automaton from here on (no call is reachable)."""
     if fsm.pure is None:
         if not fsm.deterministic:
-            fsm.pure = [False] * fsm.n_nodes
+            fsm.pure = (False,) * fsm.n_nodes
         else:
             calls = [u for u in range(fsm.n_nodes) if fsm.rule_edges[u]]
             impure = reaching(fsm, calls, [[] for _ in range(fsm.n_nodes)]) if calls else set()
-            fsm.pure = [u not in impure for u in range(fsm.n_nodes)]
+            fsm.pure = tuple(u not in impure for u in range(fsm.n_nodes))
     return fsm.pure
 
 

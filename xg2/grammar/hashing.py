@@ -202,7 +202,7 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
         part = _serialize(fsm, key, canon[r])
         if memo_key is not None:
             part = _digest(part)    # the memo keeps a digest, not the serialisation
-            _remember(fsm, memo_key, (canon[r], part))
+            _remember(fsm, memo_key, (None if canon[r] is None else tuple(canon[r]), part))
         return part
 
     rule = _keys_in_order(n, callees, rule_part)
@@ -227,7 +227,7 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
                 if follow[p] is None:
                     follow[p] = _node_digests(fsms[p], rule)
                     if memo_key is not None:
-                        _remember(fsms[p], memo_key, follow[p])
+                        _remember(fsms[p], memo_key, tuple(follow[p]))
             seen.add((follow[p][v], key[p]))
         if follows and r in follows:
             seen.add((b"follow", rule[follows[r]]))
