@@ -3029,10 +3029,13 @@ cdef class MatcherCore:
 # Linking: module tables copied one after the other with their offsets (see linking.py)
 # ---------------------------------------------------------------------------------------------
 
-cdef inline void _shift_i32(int32_t* out, const int32_t[::1] src, int64_t shift, bint keep_negative) noexcept nogil:
+cdef int _shift_from(dict tables, str name, int32_t* out, int64_t shift, bint keep_negative) except -1:
+    """Copy the int32 table `name` to `out`, adding `shift` (to every value, or to those >= 0)."""
+    cdef const int32_t[::1] src = tables[name]
     cdef Py_ssize_t j
     for j in range(src.shape[0]):
         out[j] = src[j] if keep_negative and src[j] < 0 else <int32_t>(src[j] + shift)
+    return 0
 
 
 def link_tables(list tabs, list roots):
@@ -3057,7 +3060,6 @@ def link_tables(list tabs, list roots):
     cdef cnp.ndarray[int32_t] ctx_resume = np.empty(nr * 4, np.int32)
     cdef cnp.ndarray[uint64_t] ctx_item = np.empty(nctx, np.uint64)
     cdef cnp.ndarray[uint8_t] rule_nullable = np.empty(nr, np.uint8)
-    cdef const int32_t[::1] a
     cdef const uint64_t[::1] items
     node_rule[0] = node_rule[1] = 0
     be_start[0] = be_start[1] = 0
@@ -3073,24 +3075,15 @@ def link_tables(list tabs, list roots):
         n_rule_i = len(t["rule_start"])
         re_rule[i] = <int32_t>(rule_base + <int64_t>roots[i])
         re_target[i] = 1
-        a = t["node_rule"]
-        _shift_i32(&node_rule[node_base], a, rule_base, False)
-        a = t["be_start"]
-        _shift_i32(&be_start[node_base], a, be_base, False)
-        a = t["re_start"]
-        _shift_i32(&re_start[node_base], a, re_base, False)
-        a = t["be_target"]
-        _shift_i32(&be_target[be_base], a, node_base, False)
-        a = t["re_rule"]
-        _shift_i32(&re_rule[re_base], a, rule_base, False)
-        a = t["re_target"]
-        _shift_i32(&re_target[re_base], a, node_base, False)
-        a = t["rule_start"]
-        _shift_i32(&rule_start[rule_base], a, node_base, False)
-        a = t["ctx_resume"]
-        _shift_i32(&ctx_resume[rule_base * 4], a, node_base, True)
-        a = t["ctx_end"]
-        _shift_i32(&ctx_start[rule_base + 1], a, ctx_base, False)
+        _shift_from(t, "node_rule", &node_rule[node_base], rule_base, False)
+        _shift_from(t, "be_start", &be_start[node_base], be_base, False)
+        _shift_from(t, "re_start", &re_start[node_base], re_base, False)
+        _shift_from(t, "be_target", &be_target[be_base], node_base, False)
+        _shift_from(t, "re_rule", &re_rule[re_base], rule_base, False)
+        _shift_from(t, "re_target", &re_target[re_base], node_base, False)
+        _shift_from(t, "rule_start", &rule_start[rule_base], node_base, False)
+        _shift_from(t, "ctx_resume", &ctx_resume[rule_base * 4], node_base, True)
+        _shift_from(t, "ctx_end", &ctx_start[rule_base + 1], ctx_base, False)
         if t["rule_nullable"][roots[i]]:
             rule_nullable[0] = 1
         # context items: the module's, with the linked root's item 0 first among its root's callers
