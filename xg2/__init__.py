@@ -10,6 +10,7 @@ from .errors import (
     RegexError,
     SchemaError,
     SchemaWarning,
+    StructuralTagError,
     TokenizerError,
     XG2Error,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "RegexError",
     "SchemaError",
     "SchemaWarning",
+    "StructuralTagError",
     "TokenizerError",
     "TokenizerInfo",
     "VocabType",

@@ -42,5 +42,15 @@ class SchemaError(XG2Error, ValueError):
         super().__init__(f"{message} (at {pointer or '/'})")
 
 
+class StructuralTagError(XG2Error, ValueError):
+    """A structural tag is malformed; `pointer` is the JSON pointer (RFC 6901) of the element at
+    fault within the tag."""
+
+    def __init__(self, message: str, pointer: str = ""):
+        self.message = message
+        self.pointer = pointer
+        super().__init__(f"{message} (at {pointer or '/'})")
+
+
 class SchemaWarning(UserWarning):
     """In lenient mode, a JSON Schema keyword that could not be enforced and was relaxed instead."""

@@ -1,0 +1,148 @@
+"""Structural tags: every format type read from dicts, JSON text and pydantic-style objects; bad
+tags raise StructuralTagError with the JSON pointer of the element at fault."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import SHARED
+
+import xg2
+from xg2.grammar import structural_tag as st
+
+REGISTRY = SHARED / "data" / "tools" / "registry.jsonl"
+
+
+def _tag(fmt: dict) -> dict:
+    return {"type": "structural_tag", "format": fmt}
+
+
+CONST = {"type": "const_string", "value": "ok"}
+EVERY_FORMAT = _tag({"type": "sequence", "elements": [
+    CONST,
+    {"type": "json_schema", "json_schema": {"type": "object"}, "style": "qwen_xml", "any_order": True},
+    {"type": "json_schema", "json_schema": True},
+    {"type": "qwen_xml_parameter", "json_schema": {"type": "object", "properties": {"a": {"type": "string"}}}},
+    {"type": "grammar", "grammar": 'root ::= "x"'},
+    {"type": "regex", "pattern": "[a-z]+"},
+    {"type": "any_text", "excludes": ["<stop>"], "max_tokens": 20, "max_chars": 100},
+    {"type": "or", "elements": [CONST, {"type": "regex", "pattern": "y"}]},
+    {"type": "optional", "content": CONST},
+    {"type": "plus", "content": CONST},
+    {"type": "star", "content": CONST},
+    {"type": "repeat", "min": 1, "max": 3, "content": CONST},
+    {"type": "tag", "begin": "<a>", "content": CONST, "end": ["</a>", "</A>"]},
+    {"type": "tag", "begin": {"type": "token", "token": "<|call|>"}, "content": CONST, "end": {"type": "token", "token": 7}},
+    {"type": "triggered_tags", "triggers": ["<f="], "tags": [
+        {"type": "tag", "begin": "<f=a>", "content": CONST, "end": "</f>"}], "at_least_one": True,
+     "stop_after_first": True, "excludes": ["<think>"]},
+    {"type": "tags_with_separator", "tags": [{"type": "tag", "begin": "<b>", "content": CONST, "end": "</b>"}],
+     "separator": ",", "at_least_one": True},
+    {"type": "dispatch", "rules": [["<x>", CONST], ["<y>", {"type": "any_text"}]], "loop": False, "excludes": ["<z>"]},
+    {"type": "exclude_token", "exclude_tokens": [3, "<|end|>"]},
+    {"type": "any_tokens", "exclude_tokens": [4], "max_tokens": 10},
+    {"type": "token_triggered_tags", "trigger_tokens": ["<|tool|>"], "tags": [
+        {"type": "tag", "begin": {"type": "token", "token": "<|tool|>"}, "content": CONST, "end": "."}]},
+    {"type": "token_dispatch", "rules": [[5, CONST], ["<|r|>", CONST]], "exclude_tokens": [6]},
+]})
+
+
+def test_every_format_reads_from_dict_and_json_text_alike():
+    a = st.parse_structural_tag(EVERY_FORMAT)
+    b = st.parse_structural_tag(json.dumps(EVERY_FORMAT))
+    assert a == b == st.parse_structural_tag(st.to_json(a))
+    kinds = {type(e).__name__ for e in a.format.elements}
+    assert len(kinds) == 19          # with the sequence around them and the token in a tag: all 21
+    assert isinstance(a.format.elements[13].begin, st.TokenFormat)
+    tag = a.format.elements[12]
+    assert isinstance(tag, st.TagFormat) and tag.end == ["</a>", "</A>"] and tag.content == st.ConstStringFormat("ok")
+    assert a.format.elements[2].style == "json"       # defaults as in xgrammar
+
+
+class _Pydantic:
+    """Stands for a pydantic model (xgrammar's classes are ones): anything with model_dump."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def model_dump(self, mode: str = "python", by_alias: bool = False):
+        assert mode == "json" and by_alias
+        return self.data
+
+
+def test_pydantic_objects_are_read_through_model_dump():
+    inner = _Pydantic({"type": "tag", "begin": "<a>", "content": CONST, "end": "</a>"})
+    tag = st.parse_structural_tag({"type": "structural_tag", "format": {"type": "or", "elements": [inner, CONST]}})
+    assert tag.format.elements[0] == st.TagFormat("<a>", st.ConstStringFormat("ok"), "</a>")
+    assert st.parse_structural_tag(_Pydantic(EVERY_FORMAT)) == st.parse_structural_tag(EVERY_FORMAT)
+
+
+def test_xgrammar_objects_when_installed():
+    xst = pytest.importorskip("xgrammar.structural_tag", reason="xgrammar is a benchmark extra, not a test one")
+    obj = xst.StructuralTag(format=xst.TriggeredTagsFormat(triggers=["<tool_call>"], tags=[xst.TagFormat(
+        begin="<tool_call>", content=xst.JSONSchemaFormat(json_schema={"type": "object"}), end="</tool_call>")]))
+    tag = st.parse_structural_tag(obj)
+    assert isinstance(tag.format, st.TriggeredTagsFormat) and tag.format.tags[0].end == "</tool_call>"
+
+
+@pytest.mark.parametrize(("fmt", "pointer", "words"), [
+    ({"type": "sequence", "elements": [{"type": "const_string", "value": 3}]}, "/format/elements/0/value", "str"),
+    ({"type": "sequence", "elements": [{"type": "const_strin", "value": "a"}]}, "/format/elements/0/type", "const_strin"),
+    ({"type": "or", "elements": [{"type": "regex", "pattern": "a", "flags": 1}]}, "/format/elements/0", "flags"),
+    ({"type": "sequence", "elements": []}, "/format/elements", "at least one"),
+    ({"type": "repeat", "min": 3, "max": 1, "content": CONST}, "/format", "min"),
+    ({"type": "optional", "content": {"type": "repeat", "min": -1, "max": 1, "content": CONST}}, "/format/content", "min"),
+    ({"type": "triggered_tags", "triggers": ["<a"], "tags": [
+        {"type": "tag", "begin": "<b>", "content": CONST, "end": "</b>"}]}, "/format/tags/0/begin", "trigger"),
+    ({"type": "triggered_tags", "triggers": [], "tags": [
+        {"type": "tag", "begin": "<b>", "content": CONST, "end": "</b>"}]}, "/format/triggers", "trigger"),
+    ({"type": "triggered_tags", "triggers": ["<"], "tags": []}, "/format/tags", "tag"),
+    ({"type": "tag", "begin": "", "content": CONST, "end": "x"}, "/format/begin", "empty"),
+    ({"type": "tag", "begin": "<a>", "content": CONST, "end": []}, "/format/end", "empty"),
+    ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_chars": -2}, "end": "x"},
+     "/format/content/max_chars", "negative"),
+    ({"type": "dispatch", "rules": [["<a>", CONST], ["", CONST]]}, "/format/rules/1/0", "empty"),
+    ({"type": "dispatch", "rules": [["<a>", CONST], ["<a>", CONST]]}, "/format/rules", "twice"),
+    ({"type": "token_dispatch", "rules": [[-1, CONST]]}, "/format/rules/0/0", "token"),
+    ({"type": "any_tokens", "exclude_tokens": [""]}, "/format/exclude_tokens/0", "token"),
+    ({"type": "json_schema", "json_schema": {"type": "object"}, "style": "yaml"}, "/format/style", "yaml"),
+    ({"type": "json_schema", "json_schema": [1]}, "/format/json_schema", ""),
+    ({"type": "any_text", "excludes": ["a", ""]}, "/format/excludes/1", "empty"),
+])
+def test_bad_tags_say_where(fmt, pointer, words):
+    with pytest.raises(xg2.StructuralTagError) as exc:
+        st.parse_structural_tag(_tag(fmt))
+    assert exc.value.pointer == pointer, exc.value
+    assert words in str(exc.value)
+
+
+def test_not_a_structural_tag():
+    for bad in ({"type": "const_string", "value": "x"}, '{"type": "structural_tag", "format": ', 3, None):
+        with pytest.raises(xg2.StructuralTagError):
+            st.parse_structural_tag(bad)
+
+
+def test_deep_nesting_is_checked_without_recursion_limits():
+    fmt = CONST
+    for _ in range(200):
+        fmt = {"type": "optional", "content": fmt}
+    bad = {"type": "repeat", "min": 2, "max": 1, "content": CONST}
+    for _ in range(200):
+        bad = {"type": "optional", "content": bad}
+    assert st.parse_structural_tag(_tag(fmt))
+    with pytest.raises(xg2.StructuralTagError, match="min"):
+        st.parse_structural_tag(_tag(bad))
+
+
+def test_tool_registry_as_qwen_style_triggered_tags():
+    """Real tool sets: one tag per tool, `<tool_call>\\n{"name": <name>, "arguments": ...}` style."""
+    if not REGISTRY.exists():
+        pytest.skip(f"{REGISTRY} not found: the tool registry lives in ../shared beside the checkout")
+    tools = [json.loads(line)["function"] for line in REGISTRY.open()][:50]
+    fmt = {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": [
+        {"type": "tag", "begin": f'<tool_call>\n{{"name": "{t["name"]}", "arguments": ',
+         "content": {"type": "json_schema", "json_schema": t.get("parameters", {})}, "end": "}\n</tool_call>"}
+        for t in tools]}
+    tag = st.parse_structural_tag(_tag(fmt))
+    assert [t.content.json_schema for t in tag.format.tags] == [t.get("parameters", {}) for t in tools]

@@ -1,0 +1,289 @@
+"""Structural tags: xgrammar's JSON description of output that mixes free text, tags and formats.
+
+A structural tag is `{"type": "structural_tag", "format": <format>}`, where a format is one of the
+types below, told apart by its `"type"` member (xgrammar's names and members, so the same JSON
+serves either engine). This module reads one from a dict, a JSON text or pydantic objects with a
+`model_dump` (xgrammar's own classes among them) into typed, immutable values, and checks what the
+types alone cannot: counts, non-empty strings, tags that their triggers announce. Every problem
+raises `StructuralTagError` with the JSON pointer of the element at fault; nothing is silently
+dropped (unknown members are errors, since a misspelt option would otherwise loosen the output).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Union
+
+import msgspec
+
+from ..errors import StructuralTagError
+
+
+class _Format(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
+    pass
+
+
+class ConstStringFormat(_Format, tag="const_string"):
+    value: str
+
+
+class JSONSchemaFormat(_Format, tag="json_schema"):
+    json_schema: Union[bool, dict[str, Any]]  # noqa: UP007 (msgspec reads the annotation)
+    style: Literal["json", "qwen_xml", "minimax_xml", "minimax_m3_xml", "deepseek_xml", "glm_xml", "cohere_xml",
+                   "kimi_k3_xml", "deepseek_v4_1_xml"] = "json"
+    any_order: bool = False
+    max_whitespace_cnt: Union[int, None] = None  # noqa: UP007
+    excludes: list[str] = []
+
+
+class QwenXMLParameterFormat(_Format, tag="qwen_xml_parameter"):
+    json_schema: Union[bool, dict[str, Any]]  # noqa: UP007
+
+
+class GrammarFormat(_Format, tag="grammar"):
+    grammar: str
+
+
+class RegexFormat(_Format, tag="regex"):
+    pattern: str
+
+
+class AnyTextFormat(_Format, tag="any_text"):
+    excludes: list[str] = []
+    max_tokens: Union[int, None] = None  # noqa: UP007
+    max_chars: Union[int, None] = None  # noqa: UP007
+
+
+class SequenceFormat(_Format, tag="sequence"):
+    elements: list[Format]
+
+
+class OrFormat(_Format, tag="or"):
+    elements: list[Format]
+
+
+class OptionalFormat(_Format, tag="optional"):
+    content: Format
+
+
+class PlusFormat(_Format, tag="plus"):
+    content: Format
+
+
+class StarFormat(_Format, tag="star"):
+    content: Format
+
+
+class RepeatFormat(_Format, tag="repeat"):
+    min: int
+    max: int
+    content: Format
+
+
+class TokenFormat(_Format, tag="token"):
+    token: Union[int, str]  # noqa: UP007
+
+
+class TagFormat(_Format, tag="tag"):
+    begin: Union[str, TokenFormat]  # noqa: UP007
+    content: Format
+    end: Union[str, list[str], TokenFormat]  # noqa: UP007
+
+
+class TriggeredTagsFormat(_Format, tag="triggered_tags"):
+    triggers: list[str]
+    tags: list[TagFormat]
+    at_least_one: bool = False
+    stop_after_first: bool = False
+    excludes: list[str] = []
+
+
+class TagsWithSeparatorFormat(_Format, tag="tags_with_separator"):
+    tags: list[TagFormat]
+    separator: str
+    at_least_one: bool = False
+    stop_after_first: bool = False
+
+
+class DispatchFormat(_Format, tag="dispatch"):
+    rules: list[tuple[str, Format]]
+    loop: bool = True
+    excludes: list[str] = []
+
+
+class ExcludeTokenFormat(_Format, tag="exclude_token"):
+    exclude_tokens: list[Union[int, str]] = []  # noqa: UP007
+
+
+class AnyTokensFormat(_Format, tag="any_tokens"):
+    exclude_tokens: list[Union[int, str]] = []  # noqa: UP007
+    max_tokens: Union[int, None] = None  # noqa: UP007
+
+
+class TokenTriggeredTagsFormat(_Format, tag="token_triggered_tags"):
+    trigger_tokens: list[Union[int, str]]  # noqa: UP007
+    tags: list[TagFormat]
+    exclude_tokens: list[Union[int, str]] = []  # noqa: UP007
+    at_least_one: bool = False
+    stop_after_first: bool = False
+
+
+class TokenDispatchFormat(_Format, tag="token_dispatch"):
+    rules: list[tuple[Union[int, str], Format]]  # noqa: UP007
+    loop: bool = True
+    exclude_tokens: list[Union[int, str]] = []  # noqa: UP007
+
+
+Format = Union[  # noqa: UP007
+    ConstStringFormat, JSONSchemaFormat, QwenXMLParameterFormat, GrammarFormat, RegexFormat, AnyTextFormat, SequenceFormat, OrFormat, OptionalFormat, PlusFormat,
+    StarFormat, RepeatFormat, TokenFormat, TagFormat, TriggeredTagsFormat, TagsWithSeparatorFormat, DispatchFormat, ExcludeTokenFormat, AnyTokensFormat,
+    TokenTriggeredTagsFormat, TokenDispatchFormat,
+]
+
+
+class StructuralTag(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type",
+                    tag="structural_tag"):
+    format: Format
+
+
+def parse_structural_tag(tag: Any) -> StructuralTag:
+    """A structural tag from a dict, a JSON text (str or bytes) or pydantic objects, checked."""
+    if hasattr(tag, "model_dump"):
+        tag = tag.model_dump(mode="json", by_alias=True)
+    try:
+        if isinstance(tag, (str, bytes, bytearray)):
+            out = msgspec.json.decode(tag, type=StructuralTag)
+        else:
+            out = msgspec.convert(_plain(tag), type=StructuralTag)
+    except msgspec.ValidationError as e:
+        message, _, where = str(e).rpartition(" - at `")
+        if not message:
+            message, where = str(e), "$"
+        raise StructuralTagError(message, _pointer(where.rstrip("`"))) from None
+    except msgspec.DecodeError as e:
+        raise StructuralTagError(f"not valid JSON: {e}") from None
+    _check(out.format, "/format")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Pydantic objects nested in plain containers, as plain data (tuples as lists)."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", by_alias=True)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _pointer(path: str) -> str:
+    """msgspec's `$.format.elements[0].value` as the JSON pointer `/format/elements/0/value`."""
+    out = []
+    for part in path.removeprefix("$").replace("[", ".").replace("]", "").split("."):
+        if part:
+            out.append(part.replace("~", "~0").replace("/", "~1"))
+    return "/" + "/".join(out) if out else ""
+
+
+def _check(fmt: Format, at: str) -> None:
+    """What the types do not say, walked with an explicit stack (formats can nest deeply)."""
+    stack: list[tuple[Any, str]] = [(fmt, at)]
+    while stack:
+        f, at = stack.pop()
+        if isinstance(f, (SequenceFormat, OrFormat)):
+            if not f.elements:
+                raise StructuralTagError(f"'{_name(f)}' needs at least one element", at + "/elements")
+            stack.extend((e, f"{at}/elements/{i}") for i, e in enumerate(f.elements))
+        elif isinstance(f, (OptionalFormat, PlusFormat, StarFormat)):
+            stack.append((f.content, at + "/content"))
+        elif isinstance(f, RepeatFormat):
+            if f.min < 0 or f.max < f.min:
+                raise StructuralTagError(f"'repeat' needs 0 <= min <= max, got min {f.min} and max {f.max}", at)
+            stack.append((f.content, at + "/content"))
+        elif isinstance(f, TagFormat):
+            _check_tag(f, at)
+            stack.append((f.content, at + "/content"))
+        elif isinstance(f, (TriggeredTagsFormat, TagsWithSeparatorFormat, TokenTriggeredTagsFormat)):
+            if not f.tags:
+                raise StructuralTagError(f"'{_name(f)}' needs at least one tag", at + "/tags")
+            if isinstance(f, TriggeredTagsFormat):
+                _check_strings(f.triggers, at + "/triggers", "trigger", at_least_one=True)
+                _check_strings(f.excludes, at + "/excludes", "excluded string")
+            if isinstance(f, TokenTriggeredTagsFormat):
+                _check_tokens(f.trigger_tokens, at + "/trigger_tokens", at_least_one=True)
+                _check_tokens(f.exclude_tokens, at + "/exclude_tokens")
+            for i, t in enumerate(f.tags):
+                where = f"{at}/tags/{i}"
+                if isinstance(f, TriggeredTagsFormat) and not (isinstance(t.begin, str)
+                                                        and any(t.begin.startswith(s) for s in f.triggers)):
+                    raise StructuralTagError("a triggered tag must begin with one of the triggers", where + "/begin")
+                stack.append((t, where))
+        elif isinstance(f, (DispatchFormat, TokenDispatchFormat)):
+            if not f.rules:
+                raise StructuralTagError(f"'{_name(f)}' needs at least one rule", at + "/rules")
+            keys = [k for k, _ in f.rules]
+            if isinstance(f, DispatchFormat):
+                _check_strings(keys, at + "/rules", "dispatch tag", item=0)
+                _check_strings(f.excludes, at + "/excludes", "excluded string")
+            else:
+                _check_tokens(keys, at + "/rules", item=0)
+                _check_tokens(f.exclude_tokens, at + "/exclude_tokens")
+            if len(set(keys)) < len(keys):
+                raise StructuralTagError(f"'{_name(f)}' names a tag twice", at + "/rules")
+            stack.extend((r, f"{at}/rules/{i}/1") for i, (_, r) in enumerate(f.rules))
+        elif isinstance(f, AnyTextFormat):
+            _check_strings(f.excludes, at + "/excludes", "excluded string")
+            for name in ("max_tokens", "max_chars"):
+                if getattr(f, name) is not None and getattr(f, name) < 0:
+                    raise StructuralTagError(f"'{name}' must not be negative", f"{at}/{name}")
+        elif isinstance(f, AnyTokensFormat):
+            _check_tokens(f.exclude_tokens, at + "/exclude_tokens")
+            if f.max_tokens is not None and f.max_tokens < 0:
+                raise StructuralTagError("'max_tokens' must not be negative", at + "/max_tokens")
+        elif isinstance(f, ExcludeTokenFormat):
+            _check_tokens(f.exclude_tokens, at + "/exclude_tokens")
+        elif isinstance(f, TokenFormat):
+            _check_tokens([f.token], at + "/token", item=None)
+        elif isinstance(f, JSONSchemaFormat):
+            _check_strings(f.excludes, at + "/excludes", "excluded string")
+            if f.max_whitespace_cnt is not None and f.max_whitespace_cnt < 1:
+                raise StructuralTagError("'max_whitespace_cnt' must be at least 1", at + "/max_whitespace_cnt")
+
+
+def _check_tag(t: TagFormat, at: str) -> None:
+    if isinstance(t.begin, str) and not t.begin:
+        raise StructuralTagError("a tag's begin must not be empty", at + "/begin")
+    if isinstance(t.begin, TokenFormat):
+        _check_tokens([t.begin.token], at + "/begin/token", item=None)
+    if isinstance(t.end, list) and not t.end:
+        raise StructuralTagError("a tag's end list must not be empty", at + "/end")
+    if isinstance(t.end, TokenFormat):
+        _check_tokens([t.end.token], at + "/end/token", item=None)
+
+
+def _check_strings(values: list[str], at: str, what: str, at_least_one: bool = False, item: int | None = None) -> None:
+    if at_least_one and not values:
+        raise StructuralTagError(f"at least one {what} is needed", at)
+    for i, v in enumerate(values):
+        if not v:
+            raise StructuralTagError(f"a {what} must not be empty", f"{at}/{i}" + ("" if item is None else f"/{item}"))
+
+
+def _check_tokens(values: list, at: str, at_least_one: bool = False, item: int | None = -1) -> None:
+    """Token references: a token id (>= 0) or a token's text (non-empty)."""
+    if at_least_one and not values:
+        raise StructuralTagError("at least one token is needed", at)
+    for i, v in enumerate(values):
+        where = at if item is None else f"{at}/{i}" + ("" if item == -1 else f"/{item}")
+        if (isinstance(v, int) and v < 0) or (isinstance(v, str) and not v):
+            raise StructuralTagError("a token is a non-negative id or a non-empty token text", where)
+
+
+def _name(f: Any) -> str:
+    return type(f).__struct_config__.tag
+
+
+def to_json(tag: StructuralTag) -> str:
+    """The structural tag as JSON text (what `parse_structural_tag` reads back)."""
+    return json.dumps(msgspec.to_builtins(tag))
