@@ -146,3 +146,112 @@ def test_tool_registry_as_qwen_style_triggered_tags():
         for t in tools]}
     tag = st.parse_structural_tag(_tag(fmt))
     assert [t.content.json_schema for t in tag.format.tags] == [t.get("parameters", {}) for t in tools]
+
+
+# --- lowering to grammars ------------------------------------------------------------------------
+
+def _compile(info, fmt):
+    return xg2.GrammarCompiler(info).compile_structural_tag(_tag(fmt))
+
+
+def _accepts(compiled, text: str) -> bool:
+    m = xg2.GrammarMatcher(compiled)
+    return m.accept_string(text) and m.is_completed()
+
+
+CALL = {"type": "tag", "begin": "<call>", "end": ["</call>", "</CALL>"], "content": {
+    "type": "json_schema", "json_schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+ANSWER = {"type": "sequence", "elements": [
+    {"type": "const_string", "value": "A:"},
+    {"type": "or", "elements": [{"type": "regex", "pattern": "[0-9]{1,3}"}, CALL]},
+    {"type": "repeat", "min": 1, "max": 2, "content": {"type": "grammar", "grammar": 'root ::= "!" q\nq ::= "?"*'}},
+    {"type": "optional", "content": {"type": "star", "content": {"type": "const_string", "value": "."}}},
+    {"type": "plus", "content": {"type": "const_string", "value": ";"}}]}
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("A:12!;", True), ('A:<call>{"n": 5}</call>!??!...;;', True), ('A:<call>{"n":-1}</CALL>!;', True),
+    ("A:1234!;", False), ('A:<call>{"n": "5"}</call>!;', False), ('A:<call>{"n": 5}</Call>!;', False),
+    ("A:1!!!;", False), ("A:1!", False), ("A:1!.;", True), ("a:1!;", False)])
+def test_formats_lowered_to_a_grammar(small_info, text, ok):
+    assert _accepts(_compile(small_info, ANSWER), text) == ok
+
+
+def test_lowered_masks_equal_the_reference(small_info):
+    from test_masks import reference_mask, unpack
+
+    compiled = _compile(small_info, ANSWER)
+    m = xg2.GrammarMatcher(compiled)
+    bm = xg2.allocate_token_bitmask(1, small_info.vocab_size)
+    for ch in 'A:<call>{"n": 12}</call>!?!.;':
+        m.fill_next_token_bitmask(bm)
+        ref = reference_mask(m, small_info, range(small_info.vocab_size))
+        assert (unpack(bm, small_info.vocab_size) == ref).all(), ch
+        assert m.accept_string(ch)
+
+
+@pytest.mark.parametrize(("fmt", "pointer", "words"), [
+    ({"type": "sequence", "elements": [CONST, {"type": "any_text"}]}, "/format/elements/1", "any_text"),
+    ({"type": "triggered_tags", "triggers": ["<a"], "tags": [
+        {"type": "tag", "begin": "<a>", "content": CONST, "end": "</a>"}]}, "/format", "triggered_tags"),
+    ({"type": "json_schema", "json_schema": {"type": "object"}, "style": "qwen_xml"}, "/format", "qwen_xml"),
+    ({"type": "tag", "begin": {"type": "token", "token": 5}, "content": CONST, "end": "x"}, "/format", "token"),
+    ({"type": "or", "elements": [CONST, {"type": "json_schema", "json_schema": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "(?=x)"}}}}]}, "/format/elements/1/json_schema/properties/a/pattern",
+     "lookahead"),
+    ({"type": "optional", "content": {"type": "grammar", "grammar": "root ::= x"}}, "/format/content/grammar", "x"),
+    ({"type": "plus", "content": {"type": "regex", "pattern": "a(b"}}, "/format/content/pattern", "pattern"),
+])
+def test_what_is_not_lowered_says_where(small_info, fmt, pointer, words):
+    with pytest.raises(xg2.StructuralTagError) as exc:
+        _compile(small_info, fmt)
+    assert exc.value.pointer == pointer, exc.value
+    assert words in str(exc.value)
+
+
+def test_tool_calls_from_the_registry_validate(deepseek_info):
+    """An `or` of 8 real tools' call tags; random walks end in calls whose arguments validate."""
+    jsonschema = pytest.importorskip("jsonschema")
+    import random
+
+    import numpy as np
+
+    if not REGISTRY.exists():
+        pytest.skip(f"{REGISTRY} not found: the tool registry lives in ../shared beside the checkout")
+    tools = [json.loads(line)["function"] for line in REGISTRY.open()][:8]
+    fmt = {"type": "or", "elements": [
+        {"type": "tag", "begin": f'<tool_call>{{"name": "{t["name"]}", "arguments": ',
+         "content": {"type": "json_schema", "json_schema": t["parameters"]}, "end": "}</tool_call>"} for t in tools]}
+    compiled = xg2.GrammarCompiler(deepseek_info).compile_structural_tag(_tag(fmt))
+    by_name = {t["name"]: t["parameters"] for t in tools}
+    bm = xg2.allocate_token_bitmask(1, deepseek_info.vocab_size)
+    vocab = deepseek_info.decoded_vocab
+    is_stop = np.zeros(deepseek_info.vocab_size, bool)
+    is_stop[list(deepseek_info.stop_token_ids)] = True
+    closes = np.array([b[:1] in (b"}", b"]", b'"', b"<", b",") for b in vocab] +
+                      [False] * (deepseek_info.vocab_size - len(vocab)))
+    rng = random.Random(2)
+    done = 0
+    for _ in range(12):
+        m = xg2.GrammarMatcher(compiled)
+        out = b""
+        for _step in range(120):
+            m.fill_next_token_bitmask(bm)
+            allowed = np.unpackbits(np.asarray(bm)[0].view(np.uint8), bitorder="little")[:deepseek_info.vocab_size] > 0
+            if m.is_completed() and (allowed & is_stop).any():
+                break
+            # close structures more often than not, so that walks end within the step budget
+            pool = np.nonzero(allowed & ~is_stop & closes)[0]
+            if not len(pool) or rng.random() < 0.4:
+                pool = np.nonzero(allowed & ~is_stop)[0]
+            t = int(pool[rng.randrange(len(pool))])
+            assert m.accept_token(t)
+            out += vocab[t]
+        if not m.is_completed():
+            continue
+        text = out.decode()
+        assert text.startswith('<tool_call>{"name": "') and text.endswith("}</tool_call>")
+        call = json.loads(text[len("<tool_call>"):-len("</tool_call>")])
+        assert jsonschema.Draft202012Validator(by_name[call["name"]]).is_valid(call["arguments"]), text
+        done += 1
+    assert done >= 3

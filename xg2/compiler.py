@@ -462,6 +462,11 @@ class GrammarCompiler:
             self._evict()
         return module
 
+    def compile_structural_tag(self, structural_tag: Any) -> CompiledGrammar:
+        """A structural tag (xgrammar's JSON: dict, JSON text or pydantic objects), compiled."""
+        with _gc_paused():
+            return self._compile(Grammar.from_structural_tag(structural_tag))
+
     def compile_builtin_json_grammar(self) -> CompiledGrammar:
         return self._compile(Grammar.builtin_json_grammar())
 

@@ -16,7 +16,9 @@ from typing import Any, Literal, Union
 
 import msgspec
 
-from ..errors import StructuralTagError
+from ..errors import GrammarError, SchemaError, StructuralTagError
+from .ir import Choice, Expr, GrammarIR, Repeat, Rule, RuleRef, Seq
+from .ir import Literal as Text
 
 
 class _Format(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
@@ -287,3 +289,105 @@ def _name(f: Any) -> str:
 def to_json(tag: StructuralTag) -> str:
     """The structural tag as JSON text (what `parse_structural_tag` reads back)."""
     return json.dumps(msgspec.to_builtins(tag))
+
+
+#: Formats `structural_tag_to_ir` lowers so far; the others (free text, triggered tags, dispatch,
+#: token-level forms, XML argument styles) need the TagDispatch construct of issue 5.
+_LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, SequenceFormat, OrFormat,
+            OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat)
+
+
+def structural_tag_to_ir(tag: StructuralTag) -> GrammarIR:
+    """The grammar of a parsed structural tag. Embedded grammars (JSON Schemas, EBNF) keep their
+    rules under a prefix of their own; errors in them keep their place (JSON pointer within the
+    tag, then within the schema, or line and column within the EBNF text)."""
+    lowering = _Lowering()
+    root = lowering.lower(tag.format, "/format")
+    return GrammarIR([Rule("root", root), *lowering.rules], "root")
+
+
+class _Lowering:
+    def __init__(self) -> None:
+        self.rules: list[Rule] = []
+        self.n_embedded = 0
+
+    def lower(self, top: Format, at: str) -> Expr:
+        """Post-order over the formats with an explicit stack (they can nest deeply)."""
+        out: dict[int, Expr] = {}
+        stack: list[tuple[Any, str, bool]] = [(top, at, False)]
+        while stack:
+            f, where, done = stack.pop()
+            kids = _parts(f, where)
+            if not done:
+                if not isinstance(f, _LOWERED) or (isinstance(f, JSONSchemaFormat) and f.style != "json"):
+                    what = f"style '{f.style}' of 'json_schema'" if isinstance(f, JSONSchemaFormat) else f"'{_name(f)}'"
+                    raise StructuralTagError(f"{what} is not supported yet", where)
+                if isinstance(f, TagFormat) and (not isinstance(f.begin, str) or isinstance(f.end, TokenFormat)):
+                    raise StructuralTagError("token-level tag ends are not supported yet", where)
+                stack.append((f, where, True))
+                stack.extend((k, w, False) for k, w in kids)
+                continue
+            parts = [out[id(k)] for k, _ in kids]
+            out[id(f)] = self._one(f, where, parts)
+        return out[id(top)]
+
+    def _one(self, f: Any, at: str, parts: list[Expr]) -> Expr:
+        if isinstance(f, ConstStringFormat):
+            return Text(f.value)
+        if isinstance(f, (SequenceFormat, OrFormat)):
+            if len(parts) == 1:
+                return parts[0]
+            return Seq(tuple(parts)) if isinstance(f, SequenceFormat) else Choice(tuple(parts))
+        if isinstance(f, (OptionalFormat, PlusFormat, StarFormat, RepeatFormat)):
+            lo, hi = {OptionalFormat: (0, 1), PlusFormat: (1, None), StarFormat: (0, None)}.get(
+                type(f), (getattr(f, "min", 0), getattr(f, "max", 0)))
+            return Repeat(parts[0], lo, hi)
+        if isinstance(f, TagFormat):
+            ends = [f.end] if isinstance(f.end, str) else f.end
+            end = Text(ends[0]) if len(ends) == 1 else Choice(tuple(Text(e) for e in ends))
+            return Seq((Text(f.begin), parts[0], end))
+        if isinstance(f, JSONSchemaFormat):
+            from .json_schema import json_schema_to_ir
+
+            try:
+                ir = json_schema_to_ir(f.json_schema, any_order=f.any_order, max_whitespace_cnt=f.max_whitespace_cnt)
+            except SchemaError as e:
+                raise StructuralTagError(e.message, f"{at}/json_schema{e.pointer}") from None
+            if f.excludes:
+                raise StructuralTagError("'excludes' of 'json_schema' is not supported yet", at + "/excludes")
+            return self._embed(ir, "json")
+        if isinstance(f, GrammarFormat):
+            from .ebnf import parse_ebnf
+
+            try:
+                return self._embed(parse_ebnf(f.grammar), "ebnf")
+            except GrammarError as e:
+                raise StructuralTagError(f"in the grammar: {e}", at + "/grammar") from None
+        from .regex import regex_to_expr
+
+        try:
+            return regex_to_expr(f.pattern)
+        except GrammarError as e:
+            raise StructuralTagError(f"in the pattern: {e}", at + "/pattern") from None
+
+    def _embed(self, ir: GrammarIR, kind: str) -> Expr:
+        """The rules of a sub-grammar under a fresh prefix; a reference to its root."""
+        from .optimize import substitute
+
+        self.n_embedded += 1
+        prefix = f"{kind}{self.n_embedded}_"
+        renamed = {r.name: RuleRef(prefix + r.name) for r in ir.rules}
+        for r in ir.rules:
+            self.rules.append(Rule(prefix + r.name, substitute(r.body, renamed),
+                                   None if r.lookahead is None else substitute(r.lookahead, renamed),
+                                   None if r.follow is None else (prefix + r.follow[0], r.follow[1])))
+        return renamed[ir.root]
+
+
+def _parts(f: Any, at: str) -> list[tuple[Any, str]]:
+    """The sub-formats a format is made of, with their pointers (those `_Lowering` descends into)."""
+    if isinstance(f, (SequenceFormat, OrFormat)):
+        return [(e, f"{at}/elements/{i}") for i, e in enumerate(f.elements)]
+    if isinstance(f, (OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat)):
+        return [(f.content, at + "/content")]
+    return []
