@@ -190,8 +190,29 @@ def test_lowered_masks_equal_the_reference(small_info):
         assert m.accept_string(ch)
 
 
+def _ab(n: str) -> dict:
+    return {"type": "tag", "begin": f"<{n}>", "content": {"type": "const_string", "value": n}, "end": f"</{n}>"}
+
+
+@pytest.mark.parametrize(("at_least_one", "stop_after_first", "accepted"), [
+    (False, False, {"", "<a>a</a>", "<a>a</a>,<b>b</b>", "<a>a</a>,<a>a</a>,<b>b</b>"}),
+    (True, False, {"<a>a</a>", "<a>a</a>,<b>b</b>", "<a>a</a>,<a>a</a>,<b>b</b>"}),
+    (False, True, {"", "<a>a</a>"}),
+    (True, True, {"<a>a</a>"}),
+])
+def test_tags_with_separator(small_info, at_least_one, stop_after_first, accepted):
+    """The four combinations, as xgrammar 0.2.8 decides them on the same strings."""
+    compiled = _compile(small_info, {"type": "tags_with_separator", "tags": [_ab("a"), _ab("b")], "separator": ",",
+                                     "at_least_one": at_least_one, "stop_after_first": stop_after_first})
+    for text in ("", "<a>a</a>", "<a>a</a>,<b>b</b>", "<a>a</a>,", "<a>a</a><b>b</b>", "<a>a</a>,<a>a</a>,<b>b</b>"):
+        assert _accepts(compiled, text) == (text in accepted), text
+
+
 @pytest.mark.parametrize(("fmt", "pointer", "words"), [
     ({"type": "sequence", "elements": [CONST, {"type": "any_text"}]}, "/format/elements/1", "any_text"),
+    ({"type": "tags_with_separator", "separator": ",", "tags": [
+        _ab("a"), {"type": "tag", "begin": "<b>", "content": {"type": "any_text"}, "end": "</b>"}]},
+     "/format/tags/1/content", "any_text"),
     ({"type": "triggered_tags", "triggers": ["<a"], "tags": [
         {"type": "tag", "begin": "<a>", "content": CONST, "end": "</a>"}]}, "/format", "triggered_tags"),
     ({"type": "json_schema", "json_schema": {"type": "object"}, "style": "qwen_xml"}, "/format", "qwen_xml"),

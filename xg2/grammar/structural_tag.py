@@ -294,7 +294,7 @@ def to_json(tag: StructuralTag) -> str:
 #: Formats `structural_tag_to_ir` lowers so far; the others (free text, triggered tags, dispatch,
 #: token-level forms, XML argument styles) need the TagDispatch construct of issue 5.
 _LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, SequenceFormat, OrFormat,
-            OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat)
+            OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat, TagsWithSeparatorFormat)
 
 
 def structural_tag_to_ir(tag: StructuralTag) -> GrammarIR:
@@ -346,6 +346,13 @@ class _Lowering:
             ends = [f.end] if isinstance(f.end, str) else f.end
             end = Text(ends[0]) if len(ends) == 1 else Choice(tuple(Text(e) for e in ends))
             return Seq((Text(f.begin), parts[0], end))
+        if isinstance(f, TagsWithSeparatorFormat):
+            # tags joined by the separator: none or more, at least one, or at most one of them
+            one = parts[0] if len(parts) == 1 else Choice(tuple(parts))
+            if f.stop_after_first:
+                return one if f.at_least_one else Repeat(one, 0, 1)
+            many = Seq((one, Repeat(Seq((Text(f.separator), one)), 0, None)))
+            return many if f.at_least_one else Repeat(many, 0, 1)
         if isinstance(f, JSONSchemaFormat):
             from .json_schema import json_schema_to_ir
 
@@ -390,4 +397,6 @@ def _parts(f: Any, at: str) -> list[tuple[Any, str]]:
         return [(e, f"{at}/elements/{i}") for i, e in enumerate(f.elements)]
     if isinstance(f, (OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat)):
         return [(f.content, at + "/content")]
+    if isinstance(f, TagsWithSeparatorFormat):
+        return [(t, f"{at}/tags/{i}") for i, t in enumerate(f.tags)]
     return []
