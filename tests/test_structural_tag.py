@@ -208,11 +208,73 @@ def test_tags_with_separator(small_info, at_least_one, stop_after_first, accepte
         assert _accepts(compiled, text) == (text in accepted), text
 
 
+# --- free text ----------------------------------------------------------------------------------
+
+def _first_end(text: str, ends, excludes) -> bool:
+    """The oracle: `text` ends at the first occurrence of an end string and holds no excluded one
+    (without ends: holds no excluded string)."""
+    for i in range(1, len(text) + 1):
+        if any(text[:i].endswith(x) for x in excludes):
+            return False
+        if ends and any(text[:i].endswith(e) for e in ends):
+            return i == len(text)
+    return not ends
+
+
+@pytest.mark.parametrize(("ends", "excludes"), [
+    (("aab",), ()), (("ab", "ba"), ("bb",)), ((), ("aba",)), (("abab", "bab"), ("aa",)), (("a",), ("b",)),
+    (("ca",), ("cb",)), (("acb",), ("c",)), (("abcab",), ())])
+def test_text_until_against_the_oracle(ends, excludes):
+    """Every string of up to 8 characters over a, b, c (overlapping and nested strings)."""
+    import itertools
+
+    from xg2.grammar.fsm import rule_automaton
+    from xg2.grammar.text import text_until
+
+    text = text_until(ends, excludes)
+    fsm = rule_automaton(text, {}) if text is not None else None
+    for n in range(9):
+        for chars in itertools.product("abc", repeat=n):
+            s = "".join(chars)
+            assert (fsm is not None and fsm.accepts(s.encode())) == _first_end(s, ends, excludes), s
+
+
+THINK = {"type": "sequence", "elements": [
+    {"type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"},
+    {"type": "any_text", "excludes": ["<tool_call>"]}]}
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("<think>a</think>", True), ("<think></think>answer ü 中文", True), ("<think>x</thin</think>ok", True),
+    ("<think>a</think>b</think>", True), ("<think>a", False), ("<think>a</think><tool_call>", False),
+    ("<think>a</think>x<tool_cal", True), ("think>a</think>", False)])
+def test_free_text_in_and_after_a_tag(small_info, text, ok):
+    assert _accepts(_compile(small_info, THINK), text) == ok
+
+
+def test_free_text_masks_equal_the_reference(small_info, deepseek_info):
+    from test_masks import reference_mask, unpack
+
+    for info, steps in ((small_info, "<think>ab</thi</think>x<tool"), (deepseek_info, ["<think>", "ok", "</think>"])):
+        compiled = _compile(info, THINK)
+        m = xg2.GrammarMatcher(compiled)
+        bm = xg2.allocate_token_bitmask(1, info.vocab_size)
+        special = set(info.special_token_ids)
+        candidates = [t for t in range(info.vocab_size) if t not in special]
+        for piece in steps:
+            m.fill_next_token_bitmask(bm)
+            ref = reference_mask(m, info, candidates)
+            assert (unpack(bm, info.vocab_size) == ref).all(), piece
+            assert m.accept_string(piece)
+
+
 @pytest.mark.parametrize(("fmt", "pointer", "words"), [
-    ({"type": "sequence", "elements": [CONST, {"type": "any_text"}]}, "/format/elements/1", "any_text"),
-    ({"type": "tags_with_separator", "separator": ",", "tags": [
-        _ab("a"), {"type": "tag", "begin": "<b>", "content": {"type": "any_text"}, "end": "</b>"}]},
-     "/format/tags/1/content", "any_text"),
+    ({"type": "sequence", "elements": [{"type": "any_text"}, CONST]}, "/format/elements/0", "any_text"),
+    ({"type": "or", "elements": [CONST, {"type": "any_text"}]}, "/format/elements/1", "any_text"),
+    ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_chars": 5}, "end": "</a>"},
+     "/format/content/max_chars", "max_chars"),
+    ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "excludes": ["/"]}, "end": "</a>"},
+     "/format/content/excludes", "excluded"),
     ({"type": "triggered_tags", "triggers": ["<a"], "tags": [
         {"type": "tag", "begin": "<a>", "content": CONST, "end": "</a>"}]}, "/format", "triggered_tags"),
     ({"type": "json_schema", "json_schema": {"type": "object"}, "style": "qwen_xml"}, "/format", "qwen_xml"),

@@ -294,7 +294,7 @@ def to_json(tag: StructuralTag) -> str:
 #: Formats `structural_tag_to_ir` lowers so far; the others (free text, triggered tags, dispatch,
 #: token-level forms, XML argument styles) need the TagDispatch construct of issue 5.
 _LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, SequenceFormat, OrFormat,
-            OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat, TagsWithSeparatorFormat)
+            OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat, TagsWithSeparatorFormat, AnyTextFormat)
 
 
 def structural_tag_to_ir(tag: StructuralTag) -> GrammarIR:
@@ -315,6 +315,9 @@ class _Lowering:
         """Post-order over the formats with an explicit stack (they can nest deeply)."""
         out: dict[int, Expr] = {}
         stack: list[tuple[Any, str, bool]] = [(top, at, False)]
+        last = top         # free text outside a tag runs to the end of the output: it must come last
+        while isinstance(last, SequenceFormat):
+            last = last.elements[-1]
         while stack:
             f, where, done = stack.pop()
             kids = _parts(f, where)
@@ -322,6 +325,9 @@ class _Lowering:
                 if not isinstance(f, _LOWERED) or (isinstance(f, JSONSchemaFormat) and f.style != "json"):
                     what = f"style '{f.style}' of 'json_schema'" if isinstance(f, JSONSchemaFormat) else f"'{_name(f)}'"
                     raise StructuralTagError(f"{what} is not supported yet", where)
+                if isinstance(f, AnyTextFormat) and f is not last:
+                    raise StructuralTagError("'any_text' is supported as a tag's content or at the end of the "
+                                             "output, not yet elsewhere", where)
                 if isinstance(f, TagFormat) and (not isinstance(f.begin, str) or isinstance(f.end, TokenFormat)):
                     raise StructuralTagError("token-level tag ends are not supported yet", where)
                 stack.append((f, where, True))
@@ -344,8 +350,12 @@ class _Lowering:
             return Repeat(parts[0], lo, hi)
         if isinstance(f, TagFormat):
             ends = [f.end] if isinstance(f.end, str) else f.end
+            if isinstance(f.content, AnyTextFormat):      # text up to the first end string
+                return Seq((Text(f.begin), self._text(f.content, at + "/content", tuple(ends))))
             end = Text(ends[0]) if len(ends) == 1 else Choice(tuple(Text(e) for e in ends))
             return Seq((Text(f.begin), parts[0], end))
+        if isinstance(f, AnyTextFormat):
+            return self._text(f, at, ())
         if isinstance(f, TagsWithSeparatorFormat):
             # tags joined by the separator: none or more, at least one, or at most one of them
             one = parts[0] if len(parts) == 1 else Choice(tuple(parts))
@@ -377,6 +387,20 @@ class _Lowering:
         except GrammarError as e:
             raise StructuralTagError(f"in the pattern: {e}", at + "/pattern") from None
 
+    def _text(self, f: AnyTextFormat, at: str, ends: tuple[str, ...]) -> Expr:
+        from .text import text_until
+
+        for name in ("max_tokens", "max_chars"):
+            if getattr(f, name) is not None:
+                raise StructuralTagError(f"'{name}' of 'any_text' is not supported yet", f"{at}/{name}")
+        try:
+            text = text_until(ends, tuple(f.excludes))
+        except GrammarError as e:
+            raise StructuralTagError(str(e), at) from None
+        if text is None:
+            raise StructuralTagError("every end string of the tag contains an excluded string", at + "/excludes")
+        return text
+
     def _embed(self, ir: GrammarIR, kind: str) -> Expr:
         """The rules of a sub-grammar under a fresh prefix; a reference to its root."""
         from .optimize import substitute
@@ -395,6 +419,8 @@ def _parts(f: Any, at: str) -> list[tuple[Any, str]]:
     """The sub-formats a format is made of, with their pointers (those `_Lowering` descends into)."""
     if isinstance(f, (SequenceFormat, OrFormat)):
         return [(e, f"{at}/elements/{i}") for i, e in enumerate(f.elements)]
+    if isinstance(f, TagFormat) and isinstance(f.content, AnyTextFormat):
+        return []           # the tag lowers its free text together with its end strings
     if isinstance(f, (OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat)):
         return [(f.content, at + "/content")]
     if isinstance(f, TagsWithSeparatorFormat):

@@ -1,0 +1,124 @@
+"""Free text that stops at the first end string and never contains an excluded one.
+
+Structural tags wrap free text (`any_text`) in tags, `<think>` … `</think>`: the text runs until the
+first occurrence of an end string, which closes the tag, and must not contain the excluded strings.
+That language is regular: an Aho–Corasick automaton over the end and excluded strings reads the text,
+an excluded string kills it, an end string finishes it. It is written here as one IR expression
+(state elimination, deepest states first, so the expression stays close to the size of the strings),
+which the automaton builder turns back into one minimal automaton whose main state loops on every
+character that starts no string: the mask builder then accepts the tokens of ordinary text as
+whole trie subtrees.
+"""
+
+from __future__ import annotations
+
+from .ir import EPSILON, CharClass, Choice, Expr, Literal, Repeat, Seq
+
+#: Largest automaton written out (states: one per distinct prefix of the strings, plus two).
+MAX_TEXT_STATES = 512
+
+
+def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = ()) -> Expr | None:
+    """Text followed by one of `ends` (their first occurrence ends it), or, without ends, any text;
+    no excluded string occurs in either. None when the language is empty."""
+    from ..errors import GrammarLimitError
+
+    patterns = sorted(set(ends) | set(excludes))
+    if any(not p for p in patterns):
+        raise ValueError("end and excluded strings must not be empty")
+    goto, fail, depth = _aho_corasick(patterns)
+    if len(goto) + 2 > MAX_TEXT_STATES:
+        raise GrammarLimitError(f"free text with more than {MAX_TEXT_STATES} string prefixes")
+    out: list[set[str]] = [set() for _ in goto]
+    for p in patterns:
+        s = 0
+        for ch in p:
+            s = goto[s][ch]
+        out[s].add(p)
+    order = sorted(range(len(goto)), key=depth.__getitem__)
+    for s in order:                     # a state also matches what its fallback matches
+        if s:
+            out[s] |= out[fail[s]]
+    excluded, ending = set(excludes), set(ends)
+    dead = {s for s in range(len(goto)) if out[s] & excluded}
+    done = {s for s in range(len(goto)) if s not in dead and out[s] & ending}
+    alphabet = sorted({ch for p in patterns for ch in p})
+    n = len(goto)
+    start, final = n, n + 1
+    # edges[p][q]: the expression of the characters (or epsilon) leading from p to q
+    edges: dict[int, dict[int, Expr]] = {s: {} for s in range(n + 2)}
+    edges[start][0] = EPSILON
+    for s in range(n):
+        if s in dead:
+            continue
+        if s in done:
+            edges[s][final] = EPSILON       # the end string is read: the text is over
+            continue
+        if not ends:
+            edges[s][final] = EPSILON       # no end string: the text may stop anywhere
+        by_target: dict[int, list[str]] = {}
+        for ch in alphabet:
+            t = _step(goto, fail, s, ch)
+            if t not in dead:
+                by_target.setdefault(t, []).append(ch)
+        others = CharClass(tuple((ord(c), ord(c)) for c in alphabet), negated=True)
+        for t, chars in by_target.items():
+            _add(edges, s, t, Literal(chars[0]) if len(chars) == 1 else CharClass(tuple((ord(c), ord(c)) for c in chars)))
+        if 0 not in dead:
+            _add(edges, s, 0, others)
+    for q in sorted(range(n), key=lambda s: -depth[s]):      # deepest states first
+        loop = edges[q].pop(q, None)
+        star = Repeat(loop, 0, None) if loop is not None else None
+        ins = [(p, e.pop(q)) for p, e in edges.items() if q in e]
+        for p, into in ins:
+            for r, outof in edges[q].items():
+                _add(edges, p, r, _seq(into, star, outof))
+        edges[q] = {}
+    return edges[start].get(final)
+
+
+def _aho_corasick(patterns: list[str]) -> tuple[list[dict[str, int]], list[int], list[int]]:
+    goto: list[dict[str, int]] = [{}]
+    depth = [0]
+    for p in patterns:
+        s = 0
+        for ch in p:
+            if ch not in goto[s]:
+                goto.append({})
+                depth.append(depth[s] + 1)
+                goto[s][ch] = len(goto) - 1
+            s = goto[s][ch]
+    fail = [0] * len(goto)
+    queue = list(goto[0].values())
+    i = 0
+    while i < len(queue):
+        s = queue[i]
+        i += 1
+        for ch, t in goto[s].items():
+            queue.append(t)
+            f = fail[s]
+            while f and ch not in goto[f]:
+                f = fail[f]
+            fail[t] = goto[f][ch] if ch in goto[f] and goto[f][ch] != t else 0
+    return goto, fail, depth
+
+
+def _step(goto: list[dict[str, int]], fail: list[int], s: int, ch: str) -> int:
+    while s and ch not in goto[s]:
+        s = fail[s]
+    return goto[s].get(ch, 0)
+
+
+def _add(edges: dict[int, dict[int, Expr]], p: int, q: int, e: Expr) -> None:
+    old = edges[p].get(q)
+    if old is None:
+        edges[p][q] = e
+    else:
+        edges[p][q] = Choice((*(old.alts if isinstance(old, Choice) else (old,)), e))
+
+
+def _seq(*parts: Expr | None) -> Expr:
+    kept = [p for p in parts if p is not None and p != EPSILON]
+    if not kept:
+        return EPSILON
+    return kept[0] if len(kept) == 1 else Seq(tuple(kept))
