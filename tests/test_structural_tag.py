@@ -268,15 +268,57 @@ def test_free_text_masks_equal_the_reference(small_info, deepseek_info):
             assert m.accept_string(piece)
 
 
+def _fn(n: str) -> dict:
+    return {"type": "tag", "begin": f"<f={n}>", "content": {"type": "const_string", "value": n}, "end": "</f>"}
+
+
+TRIGGERED_TEXTS = ["", "hi", "<f=a>a</f>", "hi <f=a>a</f>", "hi <f=a>a</f> bye", "<f=a>a</f><f=b>b</f>",
+                   "x<f=a>a</f>y<f=b>b</f>z", "<f=c>c</f>", "x <f", "a<f=a>b</f>", "<f=a>a</f>y",
+                   "<f=a>a</f>y<f=b>b</f>", "<f=a>a</f>x <f"]
+
+
+@pytest.mark.parametrize(("at_least_one", "stop_after_first", "accepted"), [
+    (False, False, {"", "hi", "<f=a>a</f>", "hi <f=a>a</f>", "hi <f=a>a</f> bye", "<f=a>a</f><f=b>b</f>",
+                    "x<f=a>a</f>y<f=b>b</f>z", "x <f", "<f=a>a</f>y", "<f=a>a</f>y<f=b>b</f>", "<f=a>a</f>x <f"}),
+    (True, False, {"<f=a>a</f>", "<f=a>a</f><f=b>b</f>", "<f=a>a</f>y", "<f=a>a</f>y<f=b>b</f>", "<f=a>a</f>x <f"}),
+    (False, True, {"", "hi", "<f=a>a</f>", "hi <f=a>a</f>", "x <f"}),
+    (True, True, {"<f=a>a</f>"}),
+])
+def test_triggered_tags(small_info, at_least_one, stop_after_first, accepted):
+    """The four combinations, as xgrammar 0.2.8 decides them on the same strings."""
+    compiled = _compile(small_info, {"type": "triggered_tags", "triggers": ["<f="], "tags": [_fn("a"), _fn("b")],
+                                     "at_least_one": at_least_one, "stop_after_first": stop_after_first})
+    for text in TRIGGERED_TEXTS:
+        assert _accepts(compiled, text) == (text in accepted), text
+
+
+def test_triggered_tool_calls_mask_like_the_reference(small_info, deepseek_info):
+    from test_masks import reference_mask, unpack
+
+    fmt = {"type": "triggered_tags", "triggers": ["<tool_call>"], "excludes": ["<|im_end|>"], "tags": [
+        {"type": "tag", "begin": '<tool_call>{"name": "f", "arguments": ', "end": "}</tool_call>", "content": {
+            "type": "json_schema", "json_schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}},
+        {"type": "tag", "begin": "<tool_call>think:", "content": {"type": "any_text"}, "end": "</tool_call>"}]}
+    for info, pieces in ((small_info, ["I will ", "<", "tool_call>", "think:", "ab</tool", "_call>", "ok"]),
+                         (deepseek_info, ["Sure. ", "<tool_call>", '{"name": "f", "arguments": ', '{"x": 1}'])):
+        m = xg2.GrammarMatcher(_compile(info, fmt))
+        bm = xg2.allocate_token_bitmask(1, info.vocab_size)
+        special = set(info.special_token_ids)
+        candidates = [t for t in range(info.vocab_size) if t not in special]
+        for piece in pieces:
+            m.fill_next_token_bitmask(bm)
+            assert (unpack(bm, info.vocab_size) == reference_mask(m, info, candidates)).all(), piece
+            assert m.accept_string(piece), piece
+
+
 @pytest.mark.parametrize(("fmt", "pointer", "words"), [
+    ({"type": "triggered_tags", "triggers": ["<f", "<f="], "tags": [_fn("a")]}, "/format/triggers/1", "inside"),
     ({"type": "sequence", "elements": [{"type": "any_text"}, CONST]}, "/format/elements/0", "any_text"),
     ({"type": "or", "elements": [CONST, {"type": "any_text"}]}, "/format/elements/1", "any_text"),
     ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_chars": 5}, "end": "</a>"},
      "/format/content/max_chars", "max_chars"),
     ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "excludes": ["/"]}, "end": "</a>"},
      "/format/content/excludes", "excluded"),
-    ({"type": "triggered_tags", "triggers": ["<a"], "tags": [
-        {"type": "tag", "begin": "<a>", "content": CONST, "end": "</a>"}]}, "/format", "triggered_tags"),
     ({"type": "json_schema", "json_schema": {"type": "object"}, "style": "qwen_xml"}, "/format", "qwen_xml"),
     ({"type": "tag", "begin": {"type": "token", "token": 5}, "content": CONST, "end": "x"}, "/format", "token"),
     ({"type": "or", "elements": [CONST, {"type": "json_schema", "json_schema": {"type": "object", "properties": {

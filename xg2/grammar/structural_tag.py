@@ -294,7 +294,8 @@ def to_json(tag: StructuralTag) -> str:
 #: Formats `structural_tag_to_ir` lowers so far; the others (free text, triggered tags, dispatch,
 #: token-level forms, XML argument styles) need the TagDispatch construct of issue 5.
 _LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, SequenceFormat, OrFormat,
-            OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat, TagsWithSeparatorFormat, AnyTextFormat)
+            OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat, TagsWithSeparatorFormat, AnyTextFormat,
+            TriggeredTagsFormat)
 
 
 def structural_tag_to_ir(tag: StructuralTag) -> GrammarIR:
@@ -356,6 +357,8 @@ class _Lowering:
             return Seq((Text(f.begin), parts[0], end))
         if isinstance(f, AnyTextFormat):
             return self._text(f, at, ())
+        if isinstance(f, TriggeredTagsFormat):
+            return self._triggered(f, at, parts)
         if isinstance(f, TagsWithSeparatorFormat):
             # tags joined by the separator: none or more, at least one, or at most one of them
             one = parts[0] if len(parts) == 1 else Choice(tuple(parts))
@@ -386,6 +389,39 @@ class _Lowering:
             return regex_to_expr(f.pattern)
         except GrammarError as e:
             raise StructuralTagError(f"in the pattern: {e}", at + "/pattern") from None
+
+    def _triggered(self, f: TriggeredTagsFormat, at: str, tags: list[Expr]) -> Expr:
+        """Free text in which a trigger starts one of its tags (xgrammar's semantics, checked on
+        the same strings): text that reaches a trigger's first occurrence then the rest of a tag
+        that begins with it, again and again, then text with no trigger (`at_least_one`: a tag
+        first, no text before it; `stop_after_first`: nothing after the first tag)."""
+        from .text import text_until
+
+        for i, a in enumerate(f.triggers):
+            for j, b in enumerate(f.triggers):
+                if i != j and a in b:
+                    raise StructuralTagError("triggers inside one another are not supported yet", f"{at}/triggers/{j}")
+        excludes = tuple(f.excludes)
+        rests: dict[str, list[Expr]] = {}
+        for t, tag in zip(f.tags, tags):
+            trigger = next(x for x in f.triggers if t.begin.startswith(x))
+            assert isinstance(tag, Seq) and tag.items[0] == Text(t.begin)
+            rest = tag.items[1:] if t.begin == trigger else (Text(t.begin[len(trigger):]), *tag.items[1:])
+            rests.setdefault(trigger, []).append(rest[0] if len(rest) == 1 else Seq(tuple(rest)))
+        segments = []
+        for trigger, alts in rests.items():
+            head = text_until((trigger,), excludes + tuple(x for x in f.triggers if x != trigger))
+            if head is not None:
+                segments.append(Seq((head, alts[0] if len(alts) == 1 else Choice(tuple(alts)))))
+        tail = text_until((), excludes + tuple(f.triggers))
+        any_tag = tags[0] if len(tags) == 1 else Choice(tuple(tags))
+        if not segments:
+            raise StructuralTagError("no text reaches a trigger without an excluded string", at + "/excludes")
+        segment = segments[0] if len(segments) == 1 else Choice(tuple(segments))
+        if f.stop_after_first:
+            return any_tag if f.at_least_one else Choice((tail, segment))
+        loop = Seq((Repeat(segment, 0, None), tail))
+        return Seq((any_tag, loop)) if f.at_least_one else loop
 
     def _text(self, f: AnyTextFormat, at: str, ends: tuple[str, ...]) -> Expr:
         from .text import text_until
@@ -423,6 +459,6 @@ def _parts(f: Any, at: str) -> list[tuple[Any, str]]:
         return []           # the tag lowers its free text together with its end strings
     if isinstance(f, (OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat)):
         return [(f.content, at + "/content")]
-    if isinstance(f, TagsWithSeparatorFormat):
+    if isinstance(f, (TagsWithSeparatorFormat, TriggeredTagsFormat)):
         return [(t, f"{at}/tags/{i}") for i, t in enumerate(f.tags)]
     return []
