@@ -292,6 +292,19 @@ def test_triggered_tags(small_info, at_least_one, stop_after_first, accepted):
         assert _accepts(compiled, text) == (text in accepted), text
 
 
+@pytest.mark.parametrize(("loop", "accepted"), [
+    (True, {"", "hi", "<a>1", "hi<a>1", "hi<a>1 bye", "<a>1<b>x", "x<a>1y<b>xz", "x<a", "<a>1<a>2"}),
+    (False, {"", "hi", "<a>1", "hi<a>1", "x<a"}),
+])
+def test_dispatch(small_info, loop, accepted):
+    """Both loop settings, as xgrammar 0.2.8 decides them on the same strings."""
+    compiled = _compile(small_info, {"type": "dispatch", "loop": loop, "excludes": ["zz"], "rules": [
+        ["<a>", {"type": "regex", "pattern": "[0-9]"}], ["<b>", {"type": "const_string", "value": "x"}]]})
+    for text in ("", "hi", "<a>1", "hi<a>1", "hi<a>1 bye", "<a>1<b>x", "x<a>1y<b>xz", "<a>", "x<a", "<a>1<a>2", "zz",
+                 "<b>y"):
+        assert _accepts(compiled, text) == (text in accepted), text
+
+
 def test_triggered_tool_calls_mask_like_the_reference(small_info, deepseek_info):
     from test_masks import reference_mask, unpack
 
@@ -313,6 +326,7 @@ def test_triggered_tool_calls_mask_like_the_reference(small_info, deepseek_info)
 
 @pytest.mark.parametrize(("fmt", "pointer", "words"), [
     ({"type": "triggered_tags", "triggers": ["<f", "<f="], "tags": [_fn("a")]}, "/format/triggers/1", "inside"),
+    ({"type": "dispatch", "rules": [["<a>", CONST], ["x<a>", CONST]]}, "/format/rules/1/0", "inside"),
     ({"type": "sequence", "elements": [{"type": "any_text"}, CONST]}, "/format/elements/0", "any_text"),
     ({"type": "or", "elements": [CONST, {"type": "any_text"}]}, "/format/elements/1", "any_text"),
     ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_chars": 5}, "end": "</a>"},

@@ -295,7 +295,7 @@ def to_json(tag: StructuralTag) -> str:
 #: token-level forms, XML argument styles) need the TagDispatch construct of issue 5.
 _LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, SequenceFormat, OrFormat,
             OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat, TagsWithSeparatorFormat, AnyTextFormat,
-            TriggeredTagsFormat)
+            TriggeredTagsFormat, DispatchFormat)
 
 
 def structural_tag_to_ir(tag: StructuralTag) -> GrammarIR:
@@ -359,6 +359,11 @@ class _Lowering:
             return self._text(f, at, ())
         if isinstance(f, TriggeredTagsFormat):
             return self._triggered(f, at, parts)
+        if isinstance(f, DispatchFormat):
+            # text, a tag string, its format, and back to text (`loop`) or the end
+            keys = [k for k, _ in f.rules]
+            segment, tail = _dispatching({k: [p] for k, p in zip(keys, parts)}, keys, f.excludes, at, "rules")
+            return Seq((Repeat(segment, 0, None), tail)) if f.loop else Choice((tail, segment))
         if isinstance(f, TagsWithSeparatorFormat):
             # tags joined by the separator: none or more, at least one, or at most one of them
             one = parts[0] if len(parts) == 1 else Choice(tuple(parts))
@@ -395,29 +400,14 @@ class _Lowering:
         the same strings): text that reaches a trigger's first occurrence then the rest of a tag
         that begins with it, again and again, then text with no trigger (`at_least_one`: a tag
         first, no text before it; `stop_after_first`: nothing after the first tag)."""
-        from .text import text_until
-
-        for i, a in enumerate(f.triggers):
-            for j, b in enumerate(f.triggers):
-                if i != j and a in b:
-                    raise StructuralTagError("triggers inside one another are not supported yet", f"{at}/triggers/{j}")
-        excludes = tuple(f.excludes)
         rests: dict[str, list[Expr]] = {}
         for t, tag in zip(f.tags, tags):
             trigger = next(x for x in f.triggers if t.begin.startswith(x))
             assert isinstance(tag, Seq) and tag.items[0] == Text(t.begin)
             rest = tag.items[1:] if t.begin == trigger else (Text(t.begin[len(trigger):]), *tag.items[1:])
             rests.setdefault(trigger, []).append(rest[0] if len(rest) == 1 else Seq(tuple(rest)))
-        segments = []
-        for trigger, alts in rests.items():
-            head = text_until((trigger,), excludes + tuple(x for x in f.triggers if x != trigger))
-            if head is not None:
-                segments.append(Seq((head, alts[0] if len(alts) == 1 else Choice(tuple(alts)))))
-        tail = text_until((), excludes + tuple(f.triggers))
+        segment, tail = _dispatching(rests, f.triggers, f.excludes, at, "triggers")
         any_tag = tags[0] if len(tags) == 1 else Choice(tuple(tags))
-        if not segments:
-            raise StructuralTagError("no text reaches a trigger without an excluded string", at + "/excludes")
-        segment = segments[0] if len(segments) == 1 else Choice(tuple(segments))
         if f.stop_after_first:
             return any_tag if f.at_least_one else Choice((tail, segment))
         loop = Seq((Repeat(segment, 0, None), tail))
@@ -451,6 +441,28 @@ class _Lowering:
         return renamed[ir.root]
 
 
+def _dispatching(after: dict[str, list[Expr]], keys: list[str], excludes: list[str], at: str,
+                 what: str) -> tuple[Expr, Expr]:
+    """(free text up to the first occurrence of a key then what follows that key, free text with
+    no key): the two parts of TagDispatch's dispatching mode, for the keys in `after`."""
+    from .text import text_until
+
+    for i, a in enumerate(keys):
+        for j, b in enumerate(keys):
+            if i != j and a in b:
+                raise StructuralTagError(f"{what} inside one another are not supported yet",
+                                         f"{at}/{what}/{j}" + ("/0" if what == "rules" else ""))
+    segments = []
+    for key, alts in after.items():
+        head = text_until((key,), tuple(excludes) + tuple(k for k in keys if k != key))
+        if head is not None:
+            segments.append(Seq((head, alts[0] if len(alts) == 1 else Choice(tuple(alts)))))
+    if not segments:
+        raise StructuralTagError(f"no text reaches one of the {what} without an excluded string", at + "/excludes")
+    tail = text_until((), tuple(excludes) + tuple(keys))
+    return (segments[0] if len(segments) == 1 else Choice(tuple(segments))), tail
+
+
 def _parts(f: Any, at: str) -> list[tuple[Any, str]]:
     """The sub-formats a format is made of, with their pointers (those `_Lowering` descends into)."""
     if isinstance(f, (SequenceFormat, OrFormat)):
@@ -461,4 +473,6 @@ def _parts(f: Any, at: str) -> list[tuple[Any, str]]:
         return [(f.content, at + "/content")]
     if isinstance(f, (TagsWithSeparatorFormat, TriggeredTagsFormat)):
         return [(t, f"{at}/tags/{i}") for i, t in enumerate(f.tags)]
+    if isinstance(f, DispatchFormat):
+        return [(r, f"{at}/rules/{i}/1") for i, (_, r) in enumerate(f.rules)]
     return []
