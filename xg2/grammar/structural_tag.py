@@ -7,6 +7,9 @@ serves either engine). This module reads one from a dict, a JSON text or pydanti
 types alone cannot: counts, non-empty strings, tags that their triggers announce. Every problem
 raises `StructuralTagError` with the JSON pointer of the element at fault; nothing is silently
 dropped (unknown members are errors, since a misspelt option would otherwise loosen the output).
+`structural_tag_to_ir` then writes the tag as grammar rules: free text and the dispatching forms
+(`triggered_tags`, `dispatch`) become text automata up to the first trigger (see text.py), so the
+core runs them like any other rule and their masks are exact.
 """
 
 from __future__ import annotations
@@ -291,8 +294,8 @@ def to_json(tag: StructuralTag) -> str:
     return json.dumps(msgspec.to_builtins(tag))
 
 
-#: Formats `structural_tag_to_ir` lowers so far; the others (free text, triggered tags, dispatch,
-#: token-level forms, XML argument styles) need the TagDispatch construct of issue 5.
+#: Formats `structural_tag_to_ir` lowers so far; the token-level forms and the XML argument styles
+#: are not lowered yet (they raise StructuralTagError saying so).
 _LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, SequenceFormat, OrFormat,
             OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat, TagsWithSeparatorFormat, AnyTextFormat,
             TriggeredTagsFormat, DispatchFormat)
