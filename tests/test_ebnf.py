@@ -496,7 +496,50 @@ def test_dot_is_not_a_wildcard():
 
 
 def test_xgrammar_macros_are_reported_as_unsupported():
-    assert_error('root ::= TagDispatch(("<a>", b))\nb ::= "x"', 1, 10, "macro 'TagDispatch")
+    assert_error('root ::= Token(5)\nb ::= "x"', 1, 10, "macro 'Token")
+
+
+_DISPATCH_RULES = 'a_r ::= [0-9]\nb_r ::= "x"\n'
+_DISPATCH_TEXTS = ("", "hi", "<a>1", "hi<a>1", "hi<a>1 bye", "<a>1<b>x", "x<a>1y<b>xz", "<a>", "x<a", "<a>1<a>2", "zz",
+                   "<b>y")
+
+
+@pytest.mark.parametrize(("loop", "accepted"), [
+    ("true", {"", "hi", "<a>1", "hi<a>1", "hi<a>1 bye", "<a>1<b>x", "x<a>1y<b>xz", "x<a", "<a>1<a>2"}),
+    ("false", {"", "hi", "<a>1", "hi<a>1", "x<a"}),
+])
+def test_tag_dispatch(loop, accepted):
+    """xgrammar's TagDispatch, as xgrammar 0.2.8 decides these strings."""
+    ir = parse_ebnf(f'root ::= TagDispatch(("<a>", a_r), ("<b>", b_r), loop_after_dispatch={loop}, '
+                    f'excludes=("zz"))\n' + _DISPATCH_RULES)
+    for text in _DISPATCH_TEXTS:
+        assert matches(ir, text) == (text in accepted), text
+    assert parse_ebnf(print_ebnf(ir)) == ir
+
+
+def test_tag_dispatch_stop_strings():
+    ir = parse_ebnf('root ::= TagDispatch(("<a>", a_r), stop_eos=false, stop_str=("END", "STOP")) "."\n'
+                    + _DISPATCH_RULES)
+    for text, ok in [("hiEND.", True), ("hi<a>1 STOP.", True), ("hi.", False), ("END.", True), ("hiEND more.", False),
+                     ("<a>1<a>2END.", True), ("hi<a>END.", False)]:
+        assert matches(ir, text) == ok, text
+    both = parse_ebnf('root ::= TagDispatch(("<a>", a_r), stop_str=("END",))\n' + _DISPATCH_RULES)
+    assert matches(both, "hi") and matches(both, "hiEND") and not matches(both, "hiEND!")
+
+
+@pytest.mark.parametrize(("args", "column", "words"), [
+    ('("<a>", nope)', 30, "'nope' is not defined"),
+    ('("", a_r)', 23, "must not be empty"),
+    ('("<a>", a_r), ("<a>", a_r)', 37, "given twice"),
+    ('("<a>", a_r), loop=true', 36, "unknown or repeated"),
+    ('("<a>", a_r), stop_eos=maybe', 45, "true or false"),
+    ('("<a>", a_r), stop_eos=false', 10, "stop string"),
+    ('("<a>", a_r), ("x<a>", a_r)', 10, "inside one another"),
+    ('("<a>" a_r)', 29, "expected"),
+    ("", 10, "at least one"),
+])
+def test_tag_dispatch_errors(args, column, words):
+    assert_error(f"root ::= TagDispatch({args})\n" + _DISPATCH_RULES, 1, column, words)
 
 
 def test_duplicate_rule():

@@ -54,6 +54,11 @@ w ::= [^<>\x00-\x1f]{30}
 v ::= [^<>\x00-\x1f]{30}
 tail ::= [^<>\x00-\x1f]*
 ''',
+    "tag_dispatch": r'''
+root ::= TagDispatch(("<f=", call), ("<think>", think), stop_str=("<|end|>"), excludes=("<bad>"))
+call ::= [a-z]+ ">" [0-9]+ "</f>"
+think ::= [^<]* "</think>"
+''',
     "lookahead": r'''
 root ::= (word " ")* word "."
 word ::= [a-z]+ (= [ .])
@@ -77,6 +82,7 @@ SAMPLES = {
     "bounded_text": '"Hello, wörld \\"quoted\\" text that is long"' + ",short é.",
     "bounded_open": "<" + "the quick brown fox, 中文 ü" * 2 + ".>" + "a b c d e f g h" + ">",
     "chain_rule": "<" + "abc" * 11 + " xy>" + "ab" * 15 + ">",
+    "tag_dispatch": "Hi <f=add>12</f> and <think>hmm</think> done <f=x>3</f>!<|end|>",
     "lookahead": "ab cd ef.",
     "right_recursive": "(a (b c) (d (e)))",
     "json": '{"a": [1, -2.5e3, true], "b\\"": {"c": null}, "d": "ü"}',

@@ -325,8 +325,8 @@ def test_triggered_tool_calls_mask_like_the_reference(small_info, deepseek_info)
 
 
 @pytest.mark.parametrize(("fmt", "pointer", "words"), [
-    ({"type": "triggered_tags", "triggers": ["<f", "<f="], "tags": [_fn("a")]}, "/format/triggers/1", "inside"),
-    ({"type": "dispatch", "rules": [["<a>", CONST], ["x<a>", CONST]]}, "/format/rules/1/0", "inside"),
+    ({"type": "triggered_tags", "triggers": ["<f", "<f="], "tags": [_fn("a")]}, "/format/triggers", "inside"),
+    ({"type": "dispatch", "rules": [["<a>", CONST], ["x<a>", CONST]]}, "/format/rules", "inside"),
     ({"type": "sequence", "elements": [{"type": "any_text"}, CONST]}, "/format/elements/0", "any_text"),
     ({"type": "or", "elements": [CONST, {"type": "any_text"}]}, "/format/elements/1", "any_text"),
     ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_chars": 5}, "end": "</a>"},

@@ -88,6 +88,7 @@ _QUESTION = "'?'"
 _LBRACE = "'{'"
 _RBRACE = "'}'"
 _COMMA = "','"
+_EQUALS = "'='"
 _EOF = "end of input"
 
 _PUNCT = {
@@ -100,6 +101,7 @@ _PUNCT = {
     "{": _LBRACE,
     "}": _RBRACE,
     ",": _COMMA,
+    "=": _EQUALS,
 }
 
 # The common tokens in one pattern; strings with escapes, classes and errors are lexed by hand.
@@ -109,7 +111,7 @@ _TOKEN_RE = re.compile(
     | (?P<name>[A-Za-z_.\-][A-Za-z0-9_.\-]*)
     | (?P<str>"[^"\\\r\n\ud800-\udfff]*")
     | (?P<lookahead>\(=)
-    | (?P<punct>[()|*+?{},])
+    | (?P<punct>[()|*+?{},=])
     | (?P<int>[0-9]+)
     | (?P<assign>::=)
     """,
@@ -348,6 +350,15 @@ def _tokenize(src: _Source) -> list[_Token]:
             shown = repr(c) if c.isprintable() else f"U+{ord(c):04X}"
             raise src.error(f"unexpected character {shown}", pos)
     append(_Token(_EOF, n))
+    # '=' names an argument of TagDispatch and means nothing anywhere else.
+    depth = 0           # parentheses open inside a TagDispatch(...)
+    for i, tok in enumerate(toks):
+        if depth:
+            depth += (tok.kind in (_LPAREN, _LOOKAHEAD)) - (tok.kind == _RPAREN)
+        elif tok.kind == _LPAREN and i and toks[i - 1].kind == _NAME and toks[i - 1].value == "TagDispatch":
+            depth = 1
+        elif tok.kind == _EQUALS:
+            raise src.error("unexpected character '='", tok.off)
     # A name directly followed by '::=' starts a rule; it must be the first token on its line.
     for i, tok in enumerate(toks):
         if tok.kind != _ASSIGN:
@@ -472,6 +483,83 @@ class _Parser:
             )
         return int(digits or "0")
 
+    def _tag_dispatch(self) -> Expr:
+        """`TagDispatch(("tag", rule), ..., stop_eos=true, stop_str=("s", ...),
+        loop_after_dispatch=true, excludes=("s", ...))`, self.i at its name: free text in which
+        a tag's first occurrence is followed by its rule (see text.dispatching)."""
+        from .text import dispatching
+
+        src, toks = self.src, self.toks
+        start = toks[self.i].off
+        self.i += 2
+        after: dict[str, Expr | None] = {}
+        opts: dict[str, object] = {"stop_eos": True, "stop_str": (), "loop_after_dispatch": True, "excludes": ()}
+        seen: set[str] = set()
+
+        def take(kind: str, what: str) -> _Token:
+            tok = toks[self.i]
+            if tok.kind != kind:
+                raise src.error(f"expected {what} in TagDispatch, got {tok.kind}", tok.off)
+            self.i += 1
+            return tok
+
+        while toks[self.i].kind != _RPAREN:
+            tok = toks[self.i]
+            if tok.kind == _LPAREN:            # ("tag", rule)
+                self.i += 1
+                tag = take(_STRING, "a tag string")
+                take(_COMMA, "','")
+                rule = take(_NAME, "a rule name")
+                take(_RPAREN, "')'")
+                if not tag.value:
+                    raise src.error("a TagDispatch tag must not be empty", tag.off)
+                if tag.value in after:
+                    raise src.error(f"tag {tag.value!r} given twice", tag.off)
+                if rule.value not in self.rule_names:
+                    raise src.error(f"rule '{rule.value}' is not defined", rule.off)
+                after[str(tag.value)] = RuleRef(str(rule.value))
+            elif tok.kind == _NAME and toks[self.i + 1].kind == _EQUALS:
+                name = str(tok.value)
+                if name not in opts or name in seen:
+                    raise src.error(f"unknown or repeated TagDispatch argument '{name}'", tok.off)
+                seen.add(name)
+                self.i += 2
+                if name in ("stop_eos", "loop_after_dispatch"):
+                    value = take(_NAME, "true or false")
+                    if value.value not in ("true", "false"):
+                        raise src.error(f"'{name}' takes true or false", value.off)
+                    opts[name] = value.value == "true"
+                else:
+                    take(_LPAREN, "'('")
+                    strings = []
+                    while toks[self.i].kind != _RPAREN:
+                        s = take(_STRING, "a string")
+                        if not s.value:
+                            raise src.error(f"the strings of '{name}' must not be empty", s.off)
+                        strings.append(str(s.value))
+                        if toks[self.i].kind != _RPAREN:
+                            take(_COMMA, "','")
+                    self.i += 1
+                    opts[name] = tuple(strings)
+            else:
+                raise src.error(f"unexpected {tok.kind} in TagDispatch", tok.off)
+            if toks[self.i].kind != _RPAREN:
+                take(_COMMA, "','")
+        self.i += 1
+        if not after:
+            raise src.error("TagDispatch needs at least one (tag, rule) pair", start)
+        if not opts["stop_eos"] and not opts["stop_str"]:
+            raise src.error("TagDispatch needs stop_eos=true or a stop string to end", start)
+        try:
+            expr = dispatching(after, opts["excludes"], opts["stop_str"], opts["stop_eos"], opts["loop_after_dispatch"])
+        except ValueError as e:
+            raise src.error(str(e), start) from None
+        # In the form the parser gives its own text, so that printing and parsing again gives
+        # the same IR (parse_ebnf's promise).
+        text = f"tag_dispatch ::= {_print_expr(expr)}\n"
+        sub = _Source(text)
+        return _Parser(sub, _tokenize(sub), self.rule_names | {"tag_dispatch"}).parse_rule().body
+
     def parse_rule(self) -> Rule:
         """Parse one rule; self.i is at its name."""
         src, toks = self.src, self.toks
@@ -497,6 +585,10 @@ class _Parser:
                 self.i += 1
             elif kind == _NAME:
                 ref = str(tok.value)
+                if ref == "TagDispatch" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:
+                    top.items.append(self._tag_dispatch())
+                    top.quantifiable = True
+                    continue
                 if ref not in self.rule_names:
                     if ref in _XGRAMMAR_MACROS and toks[self.i + 1].kind == _LPAREN:
                         raise src.error(f"the xgrammar macro '{ref}(...)' is not supported", tok.off)

@@ -364,9 +364,7 @@ class _Lowering:
             return self._triggered(f, at, parts)
         if isinstance(f, DispatchFormat):
             # text, a tag string, its format, and back to text (`loop`) or the end
-            keys = [k for k, _ in f.rules]
-            segment, tail = _dispatching({k: [p] for k, p in zip(keys, parts)}, keys, f.excludes, at, "rules")
-            return Seq((Repeat(segment, 0, None), tail)) if f.loop else Choice((tail, segment))
+            return _dispatching({k: p for (k, _), p in zip(f.rules, parts)}, f.excludes, at + "/rules", loop=f.loop)
         if isinstance(f, TagsWithSeparatorFormat):
             # tags joined by the separator: none or more, at least one, or at most one of them
             one = parts[0] if len(parts) == 1 else Choice(tuple(parts))
@@ -409,12 +407,15 @@ class _Lowering:
             assert isinstance(tag, Seq) and tag.items[0] == Text(t.begin)
             rest = tag.items[1:] if t.begin == trigger else (Text(t.begin[len(trigger):]), *tag.items[1:])
             rests.setdefault(trigger, []).append(rest[0] if len(rest) == 1 else Seq(tuple(rest)))
-        segment, tail = _dispatching(rests, f.triggers, f.excludes, at, "triggers")
+        after: dict[str, Expr | None] = {t: None for t in f.triggers}
+        after.update((t, alts[0] if len(alts) == 1 else Choice(tuple(alts))) for t, alts in rests.items())
         any_tag = tags[0] if len(tags) == 1 else Choice(tuple(tags))
-        if f.stop_after_first:
-            return any_tag if f.at_least_one else Choice((tail, segment))
-        loop = Seq((Repeat(segment, 0, None), tail))
-        return Seq((any_tag, loop)) if f.at_least_one else loop
+        once = _dispatching(after, f.excludes, at + "/triggers", loop=not f.stop_after_first)
+        if f.at_least_one:
+            # a tag first, no text before it; then text and tags as usual (or nothing, with
+            # stop_after_first)
+            return any_tag if f.stop_after_first else Seq((any_tag, once))
+        return once
 
     def _text(self, f: AnyTextFormat, at: str, ends: tuple[str, ...]) -> Expr:
         from .text import text_until
@@ -444,26 +445,13 @@ class _Lowering:
         return renamed[ir.root]
 
 
-def _dispatching(after: dict[str, list[Expr]], keys: list[str], excludes: list[str], at: str,
-                 what: str) -> tuple[Expr, Expr]:
-    """(free text up to the first occurrence of a key then what follows that key, free text with
-    no key): the two parts of TagDispatch's dispatching mode, for the keys in `after`."""
-    from .text import text_until
+def _dispatching(after: dict[str, Expr], excludes: list[str], at: str, loop: bool) -> Expr:
+    from .text import dispatching
 
-    for i, a in enumerate(keys):
-        for j, b in enumerate(keys):
-            if i != j and a in b:
-                raise StructuralTagError(f"{what} inside one another are not supported yet",
-                                         f"{at}/{what}/{j}" + ("/0" if what == "rules" else ""))
-    segments = []
-    for key, alts in after.items():
-        head = text_until((key,), tuple(excludes) + tuple(k for k in keys if k != key))
-        if head is not None:
-            segments.append(Seq((head, alts[0] if len(alts) == 1 else Choice(tuple(alts)))))
-    if not segments:
-        raise StructuralTagError(f"no text reaches one of the {what} without an excluded string", at + "/excludes")
-    tail = text_until((), tuple(excludes) + tuple(keys))
-    return (segments[0] if len(segments) == 1 else Choice(tuple(segments))), tail
+    try:
+        return dispatching(after, tuple(excludes), loop=loop)
+    except ValueError as e:
+        raise StructuralTagError(str(e), at) from None
 
 
 def _parts(f: Any, at: str) -> list[tuple[Any, str]]:

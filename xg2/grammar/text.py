@@ -77,6 +77,41 @@ def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = ()) -> Expr | 
     return edges[start].get(final)
 
 
+def dispatching(after: dict[str, Expr | None], excludes: tuple[str, ...] = (), stops: tuple[str, ...] = (),
+                stop_at_end: bool = True, loop: bool = True) -> Expr:
+    """TagDispatch's language: free text in which the first occurrence of a key (of `after`) is
+    followed by that key's expression (a key mapped to None cannot occur), then free text again
+    (`loop`) or the end of it; free text
+    ends at the end of the output (`stop_at_end`) and/or after its first stop string (`stops`).
+    Free text never holds an excluded string. ValueError when keys lie inside one another (which
+    one would fire is not settled yet) or when no text can reach a key or an end."""
+    keys = tuple(after)
+    for a in keys:
+        for b in keys + stops:
+            if a != b and a in b or (b in stops and b in a):
+                raise ValueError(f"the strings {a!r} and {b!r} lie inside one another, which is not supported yet")
+    segments = []
+    for key, then in after.items():
+        if then is None:
+            continue
+        head = text_until((key,), excludes + tuple(k for k in keys if k != key) + stops)
+        if head is not None:
+            segments.append(Seq((head, then)))
+    ends = []
+    if stop_at_end:
+        ends.append(text_until((), excludes + keys + stops))
+    if stops:
+        ends.append(text_until(stops, excludes + keys))
+    ends = [e for e in ends if e is not None]
+    if not ends or (not segments and not ends):
+        raise ValueError("no text can reach a key or an end without an excluded string")
+    tail = ends[0] if len(ends) == 1 else Choice(tuple(ends))
+    if not segments:
+        return tail
+    segment = segments[0] if len(segments) == 1 else Choice(tuple(segments))
+    return Seq((Repeat(segment, 0, None), tail)) if loop else Choice((tail, segment))
+
+
 def _aho_corasick(patterns: list[str]) -> tuple[list[dict[str, int]], list[int], list[int]]:
     goto: list[dict[str, int]] = [{}]
     depth = [0]
