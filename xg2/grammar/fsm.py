@@ -424,17 +424,8 @@ MAX_WRITTEN = 1 << 16
 
 
 def _refs(e: Expr) -> tuple[str, ...]:
-    out: set[str] = set()
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, RuleRef):
-            out.add(x.name)
-        elif isinstance(x, (Seq, Choice)):
-            stack.extend(x.items if isinstance(x, Seq) else x.alts)
-        elif isinstance(x, Repeat):
-            stack.append(x.expr)
-    return tuple(sorted(out))
+    """The names a body calls, sorted."""
+    return _body_key(e)[1]
 
 
 def build_dfa(body: Expr, rule_index: dict[str, int]) -> RuleFSM:

@@ -199,9 +199,8 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
             canon[r], part = fsm.keys_memo[memo_key]
             return part
         canon[r] = _canon(fsm, key)
-        part = _serialize(fsm, key, canon[r])
+        part = _digest(_serialize(fsm, key, canon[r]))      # a digest: what the memo keeps
         if memo_key is not None:
-            part = _digest(part)    # the memo keeps a digest, not the serialisation
             _remember(fsm, memo_key, (None if canon[r] is None else tuple(canon[r]), part))
         return part
 

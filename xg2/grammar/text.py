@@ -84,11 +84,11 @@ def dispatching(after: dict[str, Expr | None], excludes: tuple[str, ...] = (), s
     (`loop`) or the end of it; free text
     ends at the end of the output (`stop_at_end`) and/or after its first stop string (`stops`).
     Free text never holds an excluded string. ValueError when keys lie inside one another (which
-    one would fire is not settled yet) or when no text can reach a key or an end."""
+    one would fire is not settled yet) or when no text can end."""
     keys = tuple(after)
     for a in keys:
         for b in keys + stops:
-            if a != b and a in b or (b in stops and b in a):
+            if (a != b and a in b) or (b in stops and b in a):
                 raise ValueError(f"the strings {a!r} and {b!r} lie inside one another, which is not supported yet")
     segments = []
     for key, then in after.items():
@@ -103,8 +103,8 @@ def dispatching(after: dict[str, Expr | None], excludes: tuple[str, ...] = (), s
     if stops:
         ends.append(text_until(stops, excludes + keys))
     ends = [e for e in ends if e is not None]
-    if not ends or (not segments and not ends):
-        raise ValueError("no text can reach a key or an end without an excluded string")
+    if not ends:
+        raise ValueError("no text can end without an excluded string")
     tail = ends[0] if len(ends) == 1 else Choice(tuple(ends))
     if not segments:
         return tail
