@@ -333,7 +333,11 @@ def test_triggered_tool_calls_mask_like_the_reference(small_info, deepseek_info)
      "/format/content/max_chars", "max_chars"),
     ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "excludes": ["/"]}, "end": "</a>"},
      "/format/content/excludes", "excluded"),
-    ({"type": "json_schema", "json_schema": {"type": "object"}, "style": "qwen_xml"}, "/format", "qwen_xml"),
+    ({"type": "json_schema", "json_schema": {"type": "object"}, "style": "kimi_k3_xml"}, "/format", "kimi_k3_xml"),
+    ({"type": "json_schema", "json_schema": {"type": "array"}, "style": "qwen_xml"}, "/format/json_schema/type",
+     "object"),
+    ({"type": "json_schema", "json_schema": {"type": "object", "additionalProperties": {"type": "integer"}},
+      "style": "glm_xml"}, "/format/json_schema/additionalProperties", "XML"),
     ({"type": "tag", "begin": {"type": "token", "token": 5}, "content": CONST, "end": "x"}, "/format", "token"),
     ({"type": "or", "elements": [CONST, {"type": "json_schema", "json_schema": {"type": "object", "properties": {
         "a": {"type": "string", "pattern": "(?=x)"}}}}]}, "/format/elements/1/json_schema/properties/a/pattern",
@@ -394,3 +398,58 @@ def test_tool_calls_from_the_registry_validate(deepseek_info):
         assert jsonschema.Draft202012Validator(by_name[call["name"]]).is_valid(call["arguments"]), text
         done += 1
     assert done >= 3
+
+
+# --- XML argument styles -------------------------------------------------------------------------
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]},
+    "opts": {"type": "object", "properties": {"a": {"type": "boolean"}}}, "tags": {"type": "array", "items": {"type": "string"}},
+    "code": {"type": "string", "pattern": "^[A-Z]{3}$"}}, "required": ["city", "days"]}
+
+
+def _xml(style: str, members: list[tuple[str, str]]) -> str:
+    """Arguments as each model's template writes them (string-only values raw, the rest JSON)."""
+    out = ""
+    for name, value in members:
+        raw = name in ("city", "unit", "code")
+        out += {"qwen_xml": f"<parameter={name}>\n{value}\n</parameter>\n",
+                "minimax_xml": f'<parameter name="{name}">{value}</parameter>\n',
+                "glm_xml": f"<arg_key>{name}</arg_key>\n<arg_value>{value}</arg_value>\n",
+                "deepseek_xml": f'<\uff5cDSML\uff5cparameter name="{name}" string="{str(raw).lower()}">{value}'
+                                "</\uff5cDSML\uff5cparameter>\n"}[style]
+    return out
+
+
+@pytest.mark.parametrize("style", ["qwen_xml", "minimax_xml", "glm_xml", "deepseek_xml"])
+@pytest.mark.parametrize(("members", "ok"), [
+    ([("city", "Paris"), ("days", "3")], True),
+    ([("city", "Paris, <b>not</b> a tag\nsecond line"), ("days", " -2 ")], True),
+    ([("city", "Paris"), ("days", "3"), ("unit", "c"), ("opts", '{"a": true}'), ("tags", '["x", "y"]'),
+      ("code", "CDG")], True),
+    ([("city", "Paris"), ("days", "3"), ("code", "CDGX")], False),          # pattern
+    ([("city", "Paris"), ("days", "3"), ("unit", "k")], False),             # enum
+    ([("city", "Paris"), ("days", "x")], False),                            # not an integer
+    ([("days", "3"), ("city", "Paris")], False),                            # out of order
+    ([("city", "Paris")], False),                                           # a required one missing
+    ([("city", "Paris"), ("days", "3"), ("where", "x")], False),            # not a listed argument
+    ([("city", "Paris"), ("days", "3"), ("opts", '{"a": 1}')], False),     # nested JSON checked
+])
+def test_xml_styles(small_info, style, members, ok):
+    fmt = {"type": "json_schema", "json_schema": WEATHER, "style": style}
+    assert _accepts(_compile(small_info, fmt), _xml(style, members)) == ok
+
+
+def test_qwen_xml_parameter_format_is_the_qwen_style(small_info):
+    compiled = _compile(small_info, {"type": "qwen_xml_parameter", "json_schema": WEATHER})
+    assert _accepts(compiled, "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n")
+    assert not _accepts(compiled, '{"city": "Paris", "days": 3}')
+
+
+def test_xml_arguments_of_an_open_schema(small_info):
+    for style, text in [("qwen_xml", "<parameter=any_name>\n[1, 2]\n</parameter>\n<parameter=b>x</parameter>"),
+                        ("deepseek_xml", ('<\uff5cDSML\uff5cparameter name="n" string="false">{"k": 1}'
+                                          "</\uff5cDSML\uff5cparameter>"))]:
+        assert _accepts(_compile(small_info, {"type": "json_schema", "json_schema": True, "style": style}), text)
+    bad = '<\uff5cDSML\uff5cparameter name="n" string="false">{"k": 1</\uff5cDSML\uff5cparameter>'
+    assert not _accepts(_compile(small_info, {"type": "json_schema", "json_schema": True, "style": "deepseek_xml"}), bad)

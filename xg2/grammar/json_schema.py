@@ -40,6 +40,7 @@ import functools
 import json
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import GrammarError, GrammarLimitError, SchemaError, SchemaWarning
@@ -49,7 +50,7 @@ from .ir import choice as _choice
 from .ir import seq as _seq
 from .json_string import json_string_body
 from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
-from .regex import regex_to_expr
+from .regex import ANY_CHAR, regex_to_expr
 from .regular import KeyDFA, intersect, to_rules
 from .regular import from_expr as regular_from_expr
 from .validator import Validator
@@ -97,6 +98,34 @@ ONE_OF_OVERLAP = ("oneOf whose branches may overlap (exactly-one cannot be enfor
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 
 NEVER = CharClass(())  # the empty language
+#: A string value with nothing constraining it, written raw (see `_Converter.raw_value`).
+RAW_TEXT = CharClass(((0, 0x10FFFF),), negated=True)
+
+
+@dataclass(frozen=True)
+class XMLStyle:
+    """How a model's XML tool-call format writes one top-level argument: `open` (its parts are
+    joined by optional whitespace; `{name}` is the argument's name, `{kind}` one of `kinds`, for a
+    raw text value or a JSON one), the value, then `close`. String-only values are raw text, every
+    other value is JSON; `pad`: a constrained raw value may sit between one newline each side, as
+    the model's template writes it and its parser strips."""
+
+    open: tuple[str, ...]
+    close: str
+    kinds: tuple[str, str] = ("", "")
+    pad: bool = False
+
+
+XML_STYLES = {
+    "qwen_xml": XMLStyle(("<parameter={name}>",), "</parameter>", pad=True),
+    "minimax_xml": XMLStyle(('<parameter name="{name}">',), "</parameter>"),
+    "glm_xml": XMLStyle(("<arg_key>{name}</arg_key>", "<arg_value>"), "</arg_value>"),
+    "deepseek_xml": XMLStyle(('<\uff5cDSML\uff5cparameter name="{name}" string="{kind}">',), "</\uff5cDSML\uff5cparameter>",
+                             ("true", "false")),
+}
+#: Argument names when the schema does not list them.
+XML_NAME = Seq((CharClass(((0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))),
+                Repeat(CharClass(((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))), 0, None)))
 EMPTY = Literal("")
 HEX = CharClass(((0x30, 0x39), (0x41, 0x46), (0x61, 0x66)))
 SHORT_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
@@ -149,7 +178,10 @@ def _type_of(v: Any) -> str:
 class _Converter:
     def __init__(self, root: Any, any_whitespace: bool, indent: int | str | None,
                  separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None,
-                 any_order: bool = False, lenient: bool = False):
+                 any_order: bool = False, lenient: bool = False, style: str = "json"):
+        if style != "json" and style not in XML_STYLES:
+            raise SchemaError(f"style {style!r} is not supported yet (supported: json, {', '.join(XML_STYLES)})", "")
+        self.xml = XML_STYLES.get(style)
         self.root = root
         self.any_order = any_order
         self.lenient = lenient
@@ -178,9 +210,12 @@ class _Converter:
 
     # layout -----------------------------------------------------------------------------------
     def dkey(self, d: int) -> int:
-        return d if self.depth_layout else 0
+        """The part of the depth that changes how a value is spelled (rules are shared across the rest)."""
+        return d if self.depth_layout else int(d == 0) if self.xml else 0
 
     def open(self, ch: str, d: int) -> Expr:
+        if self.xml and d == 0:     # the arguments of an XML style: members between whitespace
+            return self.ws
         if self.any_ws:
             return Seq((Literal(ch), self.ws))
         if self.indent is not None:
@@ -188,18 +223,24 @@ class _Converter:
         return Literal(ch)
 
     def close(self, ch: str, d: int) -> Expr:
+        if self.xml and d == 0:
+            return self.ws
         if self.any_ws:
             return Seq((self.ws, Literal(ch)))
         if self.indent is not None:
             return Literal("\n" + self.indent * d + ch)
         return Literal(ch)
 
-    def empty(self, pair: str) -> Expr:
+    def empty(self, pair: str, d: int) -> Expr:
+        if self.xml and d == 0:
+            return self.ws
         if self.any_ws:
             return Seq((Literal(pair[0]), self.ws, Literal(pair[1])))
         return Literal(pair)
 
     def sep(self, d: int) -> Expr:
+        if self.xml and d == 0:
+            return self.ws
         if self.any_ws:
             return Seq((self.ws, Literal(self.item_sep.strip(" \t\n\r")), self.ws))
         if self.indent is not None:
@@ -269,10 +310,16 @@ class _Converter:
         return self.cached(("string", lo, hi), f"string_{lo}_{hi}",
                            lambda: Seq((Literal('"'), Repeat(CHAR, lo, hi), Literal('"'))))
 
-    def string_value(self, schema: dict, ptr: str) -> Expr | None:
+    def string_value(self, schema: dict, ptr: str, raw: bool = False) -> Expr | None:
         """A string under minLength/maxLength/pattern/format. Pattern and format constrain the decoded
-        value (as regexes over characters), lowered to their JSON spelling; the length bounds are
-        folded into them where the structure allows it (see `_with_length`)."""
+        value (as regexes over characters), lowered to their JSON spelling (or, `raw`, left as they
+        are: RAW_TEXT when nothing constrains them); the length bounds are folded into them where
+        the structure allows it (see `_with_length`)."""
+        def plain(lo: int, hi: int | None) -> Expr:
+            if not raw:
+                return self.string(lo, hi)
+            return RAW_TEXT if (lo, hi) == (0, None) else Repeat(ANY_CHAR, lo, hi)
+
         lo = self.bound(schema, "minLength", ptr, 0)
         hi = self.bound(schema, "maxLength", ptr, None)
         if hi is not None and lo > hi:
@@ -295,37 +342,100 @@ class _Converter:
                 raise
             except GrammarError as exc:
                 return self.unsupported("pattern", _ptr(ptr, "pattern"), f"pattern {pattern!r}: {exc}",
-                                        fallback=self.string(lo, hi))
+                                        fallback=plain(lo, hi))
             if value is not None:
                 return self.unsupported("format", where, "format together with pattern cannot be enforced",
-                                        fallback=self.quoted(expr, lo, hi, ptr))
+                                        fallback=self.quoted(expr, lo, hi, ptr, raw))
             value, where = expr, _ptr(ptr, "pattern")
         if value is None:
-            return self.string(lo, hi)
-        return self.quoted(value, lo, hi, ptr)
+            return plain(lo, hi)
+        return self.quoted(value, lo, hi, ptr, raw)
 
-    def quoted(self, value: Expr, lo: int, hi: int | None, ptr: str) -> Expr | None:
+    def quoted(self, value: Expr, lo: int, hi: int | None, ptr: str, raw: bool = False) -> Expr | None:
         if lo > 0 or hi is not None:
             limited = _with_length(value, lo, hi)
             if limited is _CANNOT:
                 kw = "maxLength" if hi is not None else "minLength"
                 return self.unsupported(kw, _ptr(ptr, kw), f"{kw} together with pattern/format cannot be "
-                                        "enforced for this pattern", fallback=self.quoted(value, 0, None, ptr))
+                                        "enforced for this pattern", fallback=self.quoted(value, 0, None, ptr, raw))
             if limited is None:
                 return None
             value = limited
+        if raw:
+            return value
         body = json_string_body(value)
         return self.cached(("quoted", body), "string_value", lambda: Seq((Literal('"'), body, Literal('"'))))
 
+    # XML argument styles ------------------------------------------------------------------------
+    def opening(self, name: Expr, raw: bool) -> Expr:
+        parts: list[Expr] = []
+        for i, piece in enumerate(self.xml.open):
+            if i:
+                parts.append(self.ws)
+            before, _, after = piece.replace("{kind}", self.xml.kinds[not raw]).partition("{name}")
+            parts += [Literal(before), name, Literal(after)] if _ else [Literal(before)]
+        return _seq(*parts)
+
+    def xml_member(self, name: str, schema: Any, ptr: str) -> Expr | None:
+        """One listed argument: raw text when the schema allows only strings, else JSON."""
+        raw = self.raw_value(schema, ptr)
+        if raw is not False:
+            return None if raw is None else Seq((self.opening(Literal(name), True), raw))
+        value = self.lower(schema, ptr, 1)
+        if value is None:
+            return None
+        return Seq((self.opening(Literal(name), False), self.ws, value, self.ws, Literal(self.xml.close)))
+
+    def xml_any_arguments(self) -> Expr:
+        """Arguments the schema does not describe: any names, raw or (where the style marks the
+        kind) JSON values."""
+        from .text import text_until
+
+        raw = Seq((self.opening(XML_NAME, True), text_until((self.xml.close,))))
+        json_value = Seq((self.opening(XML_NAME, False), self.ws, self.any_value(1), self.ws, Literal(self.xml.close)))
+        member = raw if self.xml.kinds[0] == self.xml.kinds[1] else Choice((raw, json_value))
+        return Seq((Repeat(Seq((self.ws, member)), 0, None), self.ws))
+
+    def raw_value(self, schema: Any, ptr: str) -> Expr | None | bool:
+        """A string-only argument's raw value and the closing tag (None: no string is valid);
+        False when the schema allows other values."""
+        for _ in range(MAX_SCHEMA_DEPTH):
+            if not isinstance(schema, dict) or "$ref" not in schema:
+                break
+            schema = self.inline_ref(schema, ptr)
+        if not isinstance(schema, dict):
+            return False
+        values, _where = _listed_values(schema, ptr)
+        if values is not None:
+            if not all(isinstance(v, str) for v in values):
+                return False
+            checker = Validator(self.root, self.resolve)
+            value = _choice([Literal(v) for v in values if checker.valid(v, schema, ptr)])
+        elif self.types(schema, ptr) == ["string"] and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "not")):
+            value = self.string_value(schema, ptr, raw=True)
+            if value is RAW_TEXT:
+                from .text import text_until
+
+                return text_until((self.xml.close,))
+        else:
+            return False
+        if value is None:
+            return None
+        pad = Repeat(Literal("\n"), 0, 1) if self.xml.pad else EMPTY
+        return _seq(pad, value, pad, Literal(self.xml.close))
+
     def any_value(self, d: int) -> Expr | None:
+        if self.xml and d == 0:
+            return self.cached(("xml_any",), "xml_arguments", self.xml_any_arguments)
+
         def build():
             alts: list[Expr | None] = [Literal("null"), Literal("true"), Literal("false"),
                                        self.cached(("number",), "number", lambda: NUMBER), self.string()]
             if not self.too_deep(d):
                 member = Seq((self.string(), self.colon(), self.any_value(d + 1)))
-                alts.append(Choice((self.empty("{}"), Seq((self.open("{", d), member, Repeat(Seq((self.sep(d), member)), 0, None), self.close("}", d))))))
+                alts.append(Choice((self.empty("{}", d), Seq((self.open("{", d), member, Repeat(Seq((self.sep(d), member)), 0, None), self.close("}", d))))))
                 item = self.any_value(d + 1)
-                alts.append(Choice((self.empty("[]"), Seq((self.open("[", d), item, Repeat(Seq((self.sep(d), item)), 0, None), self.close("]", d))))))
+                alts.append(Choice((self.empty("[]", d), Seq((self.open("[", d), item, Repeat(Seq((self.sep(d), item)), 0, None), self.close("]", d))))))
             return _choice(alts)
         return self.cached(("any", self.dkey(d)), f"any_value_{self.dkey(d)}" if self.depth_layout else "any_value", build)
 
@@ -334,7 +444,7 @@ class _Converter:
         try:
             if isinstance(v, dict):
                 if not v:
-                    return self.empty("{}")
+                    return self.empty("{}", d)
                 if self.too_deep(d):
                     return None
                 parts: list[Expr | None] = [self.open("{", d)]
@@ -346,7 +456,7 @@ class _Converter:
                 return _seq(*parts)
             if isinstance(v, list):
                 if not v:
-                    return self.empty("[]")
+                    return self.empty("[]", d)
                 if self.too_deep(d):
                     return None
                 parts = [self.open("[", d)]
@@ -559,6 +669,8 @@ class _Converter:
         if not isinstance(schema, dict):
             raise SchemaError("a schema must be an object or a boolean", ptr)
         values, where = _listed_values(schema, ptr)
+        if values is not None and self.xml and d == 0:
+            raise SchemaError("const/enum arguments are not supported in an XML style", where)
         if values is not None:
             # The schema names its values: keep those valid under all of it (every keyword counts,
             # including the ones with no grammar form).
@@ -751,6 +863,10 @@ class _Converter:
 
     def typed(self, schema: dict, ptr: str, d: int) -> Expr | None:
         ts = self.types(schema, ptr)
+        if self.xml and d == 0:
+            if "object" not in ts:
+                raise SchemaError("the arguments of an XML style must be an object", _ptr(ptr, "type"))
+            ts = ["object"]
         alts: list[Expr | None] = []
         for t in dict.fromkeys(ts):
             if t == "null":
@@ -870,13 +986,16 @@ class _Converter:
                 own = addl if k not in claims else True
             for extra_schema in claims.get(k, ()):
                 own = _both(own, extra_schema)
-            value = self.lower(own, p, d + 1)
             req = k in required
-            if value is None:
+            if self.xml and d == 0:
+                member = self.add_rule(f"m_{k}", self.xml_member(k, own, p))
+            else:
+                value = self.lower(own, p, d + 1)
+                member = None if value is None else self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
+            if member is None:
                 if req:
                     return None
                 continue
-            member = self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
             entries.append((k, member, req))
         extra = None
         if "patternProperties" in schema or "propertyNames" in schema:
@@ -884,6 +1003,9 @@ class _Converter:
             if extra is _CANNOT:
                 return None
             addl_value = None
+        elif self.xml and d == 0 and addl is not False:
+            addl_value = self.unsupported("additionalProperties", addl_ptr, "additional arguments beside the listed "
+                                          "properties in an XML style")
         else:
             addl_value = self.lower(addl, addl_ptr, d + 1)
         if addl_value is not None:
@@ -1051,7 +1173,7 @@ class _Converter:
         if body is not None:
             out.append(_seq(self.open("{", d), body, self.close("}", d)))
         if not required and lo == 0 and present_ok(0):
-            out.append(self.empty("{}"))
+            out.append(self.empty("{}", d))
         return _choice(out)
 
     def pattern_languages(self, schema: dict, ptr: str) -> list[tuple[KeyDFA, Any, str]]:
@@ -1218,7 +1340,7 @@ class _Converter:
         if nonempty is not None and (cap is None or cap > 0):
             out.append(_seq(self.open("[", d), nonempty, self.close("]", d)))
         if lo == 0:
-            out.append(self.empty("[]"))
+            out.append(self.empty("[]", d))
         return _choice(out)
 
 
@@ -1395,15 +1517,17 @@ def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rul
 def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True, indent: int | None = None,
                       separators: tuple[str, str] | None = None, strict_mode: bool = True,
                       max_whitespace_cnt: int | None = None, any_order: bool = False,
-                      lenient: bool = False) -> GrammarIR:
-    """Lower a JSON Schema (a dict, a bool, or its JSON text) to grammar IR; see the module notes."""
+                      lenient: bool = False, style: str = "json") -> GrammarIR:
+    """Lower a JSON Schema (a dict, a bool, or its JSON text) to grammar IR; see the module notes.
+    `style` other than json: the top-level object written as a model's XML tool-call arguments
+    (XML_STYLES)."""
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
         except (ValueError, RecursionError) as exc:
             raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
     conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt, any_order,
-                      lenient)
+                      lenient, style)
     body = conv.lower(schema, "", 0)
     if body is None:
         raise SchemaError("the schema accepts no JSON value", "")

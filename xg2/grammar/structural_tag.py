@@ -298,7 +298,8 @@ def to_json(tag: StructuralTag) -> str:
 #: are not lowered yet (they raise StructuralTagError saying so).
 _LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, SequenceFormat, OrFormat,
             OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat, TagsWithSeparatorFormat, AnyTextFormat,
-            TriggeredTagsFormat, DispatchFormat)
+            TriggeredTagsFormat, DispatchFormat, QwenXMLParameterFormat)
+_STYLES = ("json", "qwen_xml", "minimax_xml", "glm_xml", "deepseek_xml")
 
 
 def structural_tag_to_ir(tag: StructuralTag) -> GrammarIR:
@@ -326,7 +327,7 @@ class _Lowering:
             f, where, done = stack.pop()
             kids = _parts(f, where)
             if not done:
-                if not isinstance(f, _LOWERED) or (isinstance(f, JSONSchemaFormat) and f.style != "json"):
+                if not isinstance(f, _LOWERED) or (isinstance(f, JSONSchemaFormat) and f.style not in _STYLES):
                     what = f"style '{f.style}' of 'json_schema'" if isinstance(f, JSONSchemaFormat) else f"'{_name(f)}'"
                     raise StructuralTagError(f"{what} is not supported yet", where)
                 if isinstance(f, AnyTextFormat) and f is not last:
@@ -372,14 +373,17 @@ class _Lowering:
                 return one if f.at_least_one else Repeat(one, 0, 1)
             many = Seq((one, Repeat(Seq((Text(f.separator), one)), 0, None)))
             return many if f.at_least_one else Repeat(many, 0, 1)
-        if isinstance(f, JSONSchemaFormat):
+        if isinstance(f, (JSONSchemaFormat, QwenXMLParameterFormat)):
             from .json_schema import json_schema_to_ir
 
+            plain = isinstance(f, QwenXMLParameterFormat)
             try:
-                ir = json_schema_to_ir(f.json_schema, any_order=f.any_order, max_whitespace_cnt=f.max_whitespace_cnt)
+                ir = json_schema_to_ir(f.json_schema, style="qwen_xml" if plain else f.style,
+                                       any_order=not plain and f.any_order,
+                                       max_whitespace_cnt=None if plain else f.max_whitespace_cnt)
             except SchemaError as e:
                 raise StructuralTagError(e.message, f"{at}/json_schema{e.pointer}") from None
-            if f.excludes:
+            if not plain and f.excludes:
                 raise StructuralTagError("'excludes' of 'json_schema' is not supported yet", at + "/excludes")
             return self._embed(ir, "json")
         if isinstance(f, GrammarFormat):
