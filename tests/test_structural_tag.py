@@ -98,7 +98,6 @@ def test_xgrammar_objects_when_installed():
     ({"type": "triggered_tags", "triggers": [], "tags": [
         {"type": "tag", "begin": "<b>", "content": CONST, "end": "</b>"}]}, "/format/triggers", "trigger"),
     ({"type": "triggered_tags", "triggers": ["<"], "tags": []}, "/format/tags", "tag"),
-    ({"type": "tag", "begin": "", "content": CONST, "end": "x"}, "/format/begin", "empty"),
     ({"type": "tag", "begin": "<a>", "content": CONST, "end": []}, "/format/end", "empty"),
     ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_chars": -2}, "end": "x"},
      "/format/content/max_chars", "negative"),

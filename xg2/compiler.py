@@ -250,6 +250,11 @@ def vocab_core(info: TokenizerInfo) -> Vocab:
             special = set(info.special_token_ids)
             stops = set(info.stop_token_ids)
             ordinary = [i for i, b in enumerate(decoded) if b and i not in special and i not in stops]
+            # Special tokens a grammar can name walk the parser as their character there; no
+            # other grammar allows them (see TokenizerInfo.named_special_tokens).
+            for i, ch in info.named_special_tokens.items():
+                decoded[i] = ch.encode("utf-8", "surrogatepass")
+                ordinary.append(i)
             ordinary.sort(key=decoded.__getitem__)
             try:
                 core = Vocab(list(decoded), info.vocab_size, ordinary, sorted(stops))
@@ -465,7 +470,7 @@ class GrammarCompiler:
     def compile_structural_tag(self, structural_tag: Any) -> CompiledGrammar:
         """A structural tag (xgrammar's JSON: dict, JSON text or pydantic objects), compiled."""
         with _gc_paused():
-            return self._compile(Grammar.from_structural_tag(structural_tag))
+            return self._compile(Grammar.from_structural_tag(structural_tag, self.tokenizer_info))
 
     def compile_builtin_json_grammar(self) -> CompiledGrammar:
         return self._compile(Grammar.builtin_json_grammar())

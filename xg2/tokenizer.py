@@ -39,6 +39,11 @@ from typing import Any
 
 from xg2.errors import TokenizerError
 
+#: Special tokens named in grammars are spelled there as one surrogate code point each, from here
+#: (see TokenizerInfo.named_special_tokens); the surrogate range bounds how many can be named.
+SPECIAL_CHAR_BASE = 0xD800
+MAX_NAMED_SPECIALS = 0x800
+
 __all__ = ["TokenizerInfo", "VocabType"]
 
 
@@ -306,6 +311,7 @@ class TokenizerInfo:
         "_add_prefix_space",
         "_decoded",
         "_fingerprint",
+        "_named",
         "_sorted",
         "_special_ids",
         "_stop_ids",
@@ -439,6 +445,7 @@ class TokenizerInfo:
         self._special_ids = special_list
         self._fingerprint: str | None = None
         self._sorted: tuple[list[int], list[bytes], list[int]] | None = None
+        self._named: dict[int, str] | None = None
 
     # -- properties (xgrammar's) ---------------------------------------------------------------
 
@@ -482,6 +489,32 @@ class TokenizerInfo:
         if not 0 <= token_id < self._vocab_size:
             raise TokenizerError(f"token id {token_id} out of range [0, {self._vocab_size})")
         return self._decoded[token_id] if token_id < len(self._decoded) else b""
+
+    @property
+    def named_special_tokens(self) -> dict[int, str]:
+        """The special tokens a grammar can name (token-level structural tags), each with the
+        character that stands for it inside grammars: a surrogate code point. UTF-8 text has no
+        surrogates and no character class matches one, so a grammar allows a special token exactly
+        where it names it. The first MAX_NAMED_SPECIALS special tokens with text, by id."""
+        if self._named is None:
+            ids = [i for i in self._special_ids if i < len(self._decoded) and self._decoded[i]]
+            self._named = {i: chr(SPECIAL_CHAR_BASE + k) for k, i in enumerate(ids[:MAX_NAMED_SPECIALS])}
+        return self._named
+
+    def find_token(self, token: int | str) -> int:
+        """The id of a token given by id or by its text (a special token first, when an ordinary
+        token has the same text)."""
+        if isinstance(token, str):
+            data = token.encode("utf-8")
+            ids = [i for i, b in enumerate(self._decoded) if b == data]
+            if not ids:
+                raise TokenizerError(f"no token has the text {token!r}")
+            special = set(self._special_ids) | set(self._stop_ids)
+            return next((i for i in ids if i in special), ids[0])
+        token = _check_int(token, "token id")
+        if not 0 <= token < self._vocab_size:
+            raise TokenizerError(f"token id {token} out of range [0, {self._vocab_size})")
+        return token
 
     @property
     def fingerprint(self) -> str:
@@ -598,6 +631,7 @@ class TokenizerInfo:
         self._special_ids = state["special"]
         self._fingerprint = None
         self._sorted = None
+        self._named = None
 
     # -- factories ------------------------------------------------------------------------------
 

@@ -223,6 +223,8 @@ def _check(fmt: Format, at: str) -> None:
                 if isinstance(f, TriggeredTagsFormat) and not (isinstance(t.begin, str)
                                                         and any(t.begin.startswith(s) for s in f.triggers)):
                     raise StructuralTagError("a triggered tag must begin with one of the triggers", where + "/begin")
+                if isinstance(f, TokenTriggeredTagsFormat) and not isinstance(t.begin, TokenFormat):
+                    raise StructuralTagError("a token-triggered tag must begin with a token", where + "/begin")
                 stack.append((t, where))
         elif isinstance(f, (DispatchFormat, TokenDispatchFormat)):
             if not f.rules:
@@ -257,8 +259,6 @@ def _check(fmt: Format, at: str) -> None:
 
 
 def _check_tag(t: TagFormat, at: str) -> None:
-    if isinstance(t.begin, str) and not t.begin:
-        raise StructuralTagError("a tag's begin must not be empty", at + "/begin")
     if isinstance(t.begin, TokenFormat):
         _check_tokens([t.begin.token], at + "/begin/token", item=None)
     if isinstance(t.end, list) and not t.end:
@@ -294,27 +294,71 @@ def to_json(tag: StructuralTag) -> str:
     return json.dumps(msgspec.to_builtins(tag))
 
 
-#: Formats `structural_tag_to_ir` lowers so far; the token-level forms and the XML argument styles
-#: are not lowered yet (they raise StructuralTagError saying so).
+#: Formats `structural_tag_to_ir` lowers; `exclude_token` (exactly one token) is not: a byte-level
+#: grammar does not see where one token ends.
 _LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, SequenceFormat, OrFormat,
             OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat, TagsWithSeparatorFormat, AnyTextFormat,
-            TriggeredTagsFormat, DispatchFormat, QwenXMLParameterFormat)
+            TriggeredTagsFormat, DispatchFormat, QwenXMLParameterFormat, TokenFormat, AnyTokensFormat,
+            TokenTriggeredTagsFormat, TokenDispatchFormat)
+_FREE = (AnyTextFormat, AnyTokensFormat)
 _STYLES = ("json", "qwen_xml", "minimax_xml", "glm_xml", "deepseek_xml")
 
 
-def structural_tag_to_ir(tag: StructuralTag) -> GrammarIR:
+def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None) -> GrammarIR:
     """The grammar of a parsed structural tag. Embedded grammars (JSON Schemas, EBNF) keep their
     rules under a prefix of their own; errors in them keep their place (JSON pointer within the
-    tag, then within the schema, or line and column within the EBNF text)."""
-    lowering = _Lowering()
+    tag, then within the schema, or line and column within the EBNF text).
+
+    The token-level forms need the vocabulary (`tokenizer_info`). A special token named there is
+    matched as that token only (TokenizerInfo.named_special_tokens); an ordinary token is matched
+    by its text, as the byte-level parser reads every ordinary token; a stop token cannot be named
+    (the output ends with it wherever the format can end)."""
+    lowering = _Lowering(tokenizer_info)
     root = lowering.lower(tag.format, "/format")
     return GrammarIR([Rule("root", root), *lowering.rules], "root")
 
 
 class _Lowering:
-    def __init__(self) -> None:
+    def __init__(self, info: Any = None) -> None:
         self.rules: list[Rule] = []
         self.n_embedded = 0
+        self.info = info
+
+    def token(self, token: int | str, at: str) -> str:
+        """The text standing for a named token in the grammar (see `structural_tag_to_ir`)."""
+        from ..errors import TokenizerError
+
+        if self.info is None:
+            raise StructuralTagError("a token-level format needs the vocabulary: compile the tag with "
+                                     "GrammarCompiler.compile_structural_tag", at)
+        try:
+            i = self.info.find_token(token)
+        except TokenizerError as e:
+            raise StructuralTagError(str(e), at) from None
+        if i in self.info.stop_token_ids:
+            raise StructuralTagError(f"token {i} is a stop token: the output ends with it wherever the format "
+                                     "can end, so it is not named in the format", at)
+        named = self.info.named_special_tokens.get(i)
+        if named is not None:
+            return named
+        if i in self.info.special_token_ids:
+            raise StructuralTagError(f"special token {i} cannot be named (it has no text, or lies beyond the "
+                                     "first 2048 special tokens)", at)
+        try:
+            return self.info.token_bytes(i).decode("utf-8")
+        except UnicodeDecodeError:
+            raise StructuralTagError(f"token {i} is not whole UTF-8 text", at) from None
+
+    def free_tokens(self, excluded: list, at: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Free tokens but `excluded`: (the special tokens' characters free text may hold, the
+        texts of excluded ordinary tokens, which it must not)."""
+        out = {self.token(t, f"{at}/{i}") for i, t in enumerate(excluded)}
+        named = self.info.named_special_tokens if self.info is not None else {}
+        specials = set(named.values())
+        return (tuple(sorted(specials - out)), tuple(sorted(out - specials)))
+
+    def text_of(self, x: str | TokenFormat, at: str) -> str:
+        return x if isinstance(x, str) else self.token(x.token, at + "/token")
 
     def lower(self, top: Format, at: str) -> Expr:
         """Post-order over the formats with an explicit stack (they can nest deeply)."""
@@ -327,14 +371,15 @@ class _Lowering:
             f, where, done = stack.pop()
             kids = _parts(f, where)
             if not done:
+                if isinstance(f, ExcludeTokenFormat):
+                    raise StructuralTagError("'exclude_token' (exactly one token) is not supported: the byte-level "
+                                             "parser does not see where one token ends", where)
                 if not isinstance(f, _LOWERED) or (isinstance(f, JSONSchemaFormat) and f.style not in _STYLES):
                     what = f"style '{f.style}' of 'json_schema'" if isinstance(f, JSONSchemaFormat) else f"'{_name(f)}'"
                     raise StructuralTagError(f"{what} is not supported yet", where)
-                if isinstance(f, AnyTextFormat) and f is not last:
-                    raise StructuralTagError("'any_text' is supported as a tag's content or at the end of the "
+                if isinstance(f, _FREE) and f is not last:
+                    raise StructuralTagError(f"'{_name(f)}' is supported as a tag's content or at the end of the "
                                              "output, not yet elsewhere", where)
-                if isinstance(f, TagFormat) and (not isinstance(f.begin, str) or isinstance(f.end, TokenFormat)):
-                    raise StructuralTagError("token-level tag ends are not supported yet", where)
                 stack.append((f, where, True))
                 stack.extend((k, w, False) for k, w in kids)
                 continue
@@ -353,19 +398,27 @@ class _Lowering:
             lo, hi = {OptionalFormat: (0, 1), PlusFormat: (1, None), StarFormat: (0, None)}.get(
                 type(f), (getattr(f, "min", 0), getattr(f, "max", 0)))
             return Repeat(parts[0], lo, hi)
+        if isinstance(f, TokenFormat):
+            return Text(self.token(f.token, at + "/token"))
         if isinstance(f, TagFormat):
-            ends = [f.end] if isinstance(f.end, str) else f.end
-            if isinstance(f.content, AnyTextFormat):      # text up to the first end string
-                return Seq((Text(f.begin), self._text(f.content, at + "/content", tuple(ends))))
+            begin = Text(self.text_of(f.begin, at + "/begin"))
+            ends = [self.text_of(f.end, at + "/end")] if isinstance(f.end, (str, TokenFormat)) else f.end
+            if isinstance(f.content, _FREE):      # text up to the first end string
+                return Seq((begin, self._text(f.content, at + "/content", tuple(ends))))
             end = Text(ends[0]) if len(ends) == 1 else Choice(tuple(Text(e) for e in ends))
-            return Seq((Text(f.begin), parts[0], end))
-        if isinstance(f, AnyTextFormat):
+            return Seq((begin, parts[0], end))
+        if isinstance(f, _FREE):
             return self._text(f, at, ())
-        if isinstance(f, TriggeredTagsFormat):
+        if isinstance(f, (TriggeredTagsFormat, TokenTriggeredTagsFormat)):
             return self._triggered(f, at, parts)
-        if isinstance(f, DispatchFormat):
+        if isinstance(f, (DispatchFormat, TokenDispatchFormat)):
             # text, a tag string, its format, and back to text (`loop`) or the end
-            return _dispatching({k: p for (k, _), p in zip(f.rules, parts)}, f.excludes, at + "/rules", loop=f.loop)
+            if isinstance(f, DispatchFormat):
+                keys, excludes, tokens = [k for k, _ in f.rules], f.excludes, ()
+            else:
+                keys = [self.token(k, f"{at}/rules/{i}/0") for i, (k, _) in enumerate(f.rules)]
+                tokens, excludes = self.free_tokens(f.exclude_tokens, at + "/exclude_tokens")
+            return _dispatching(dict(zip(keys, parts)), excludes, at + "/rules", loop=f.loop, tokens=tokens)
         if isinstance(f, TagsWithSeparatorFormat):
             # tags joined by the separator: none or more, at least one, or at most one of them
             one = parts[0] if len(parts) == 1 else Choice(tuple(parts))
@@ -400,35 +453,47 @@ class _Lowering:
         except GrammarError as e:
             raise StructuralTagError(f"in the pattern: {e}", at + "/pattern") from None
 
-    def _triggered(self, f: TriggeredTagsFormat, at: str, tags: list[Expr]) -> Expr:
+    def _triggered(self, f: TriggeredTagsFormat | TokenTriggeredTagsFormat, at: str, tags: list[Expr]) -> Expr:
         """Free text in which a trigger starts one of its tags (xgrammar's semantics, checked on
         the same strings): text that reaches a trigger's first occurrence then the rest of a tag
         that begins with it, again and again, then text with no trigger (`at_least_one`: a tag
-        first, no text before it; `stop_after_first`: nothing after the first tag)."""
+        first, no text before it; `stop_after_first`: nothing after the first tag). Trigger tokens
+        are triggers spelled as their tokens."""
+        if isinstance(f, TriggeredTagsFormat):
+            triggers, excludes, tokens = f.triggers, f.excludes, ()
+        else:
+            triggers = [self.token(t, f"{at}/trigger_tokens/{i}") for i, t in enumerate(f.trigger_tokens)]
+            tokens, excludes = self.free_tokens(f.exclude_tokens, at + "/exclude_tokens")
         rests: dict[str, list[Expr]] = {}
-        for t, tag in zip(f.tags, tags):
-            trigger = next(x for x in f.triggers if t.begin.startswith(x))
-            assert isinstance(tag, Seq) and tag.items[0] == Text(t.begin)
-            rest = tag.items[1:] if t.begin == trigger else (Text(t.begin[len(trigger):]), *tag.items[1:])
+        for i, (t, tag) in enumerate(zip(f.tags, tags)):
+            begin = tag.items[0].text
+            trigger = next((x for x in triggers if begin.startswith(x)), None)
+            if trigger is None or (isinstance(f, TokenTriggeredTagsFormat) and begin != trigger):
+                raise StructuralTagError("a triggered tag must begin with one of the triggers", f"{at}/tags/{i}/begin")
+            rest = tag.items[1:] if begin == trigger else (Text(begin[len(trigger):]), *tag.items[1:])
             rests.setdefault(trigger, []).append(rest[0] if len(rest) == 1 else Seq(tuple(rest)))
-        after: dict[str, Expr | None] = {t: None for t in f.triggers}
+        after: dict[str, Expr | None] = {t: None for t in triggers}
         after.update((t, alts[0] if len(alts) == 1 else Choice(tuple(alts))) for t, alts in rests.items())
         any_tag = tags[0] if len(tags) == 1 else Choice(tuple(tags))
-        once = _dispatching(after, f.excludes, at + "/triggers", loop=not f.stop_after_first)
+        once = _dispatching(after, excludes, at + "/triggers", loop=not f.stop_after_first, tokens=tokens)
         if f.at_least_one:
             # a tag first, no text before it; then text and tags as usual (or nothing, with
             # stop_after_first)
             return any_tag if f.stop_after_first else Seq((any_tag, once))
         return once
 
-    def _text(self, f: AnyTextFormat, at: str, ends: tuple[str, ...]) -> Expr:
+    def _text(self, f: AnyTextFormat | AnyTokensFormat, at: str, ends: tuple[str, ...]) -> Expr:
         from .text import text_until
 
         for name in ("max_tokens", "max_chars"):
-            if getattr(f, name) is not None:
-                raise StructuralTagError(f"'{name}' of 'any_text' is not supported yet", f"{at}/{name}")
+            if getattr(f, name, None) is not None:
+                raise StructuralTagError(f"'{name}' of '{_name(f)}' is not supported yet", f"{at}/{name}")
+        if isinstance(f, AnyTextFormat):
+            excludes, tokens = tuple(f.excludes), ()
+        else:
+            tokens, excludes = self.free_tokens(f.exclude_tokens, at + "/exclude_tokens")
         try:
-            text = text_until(ends, tuple(f.excludes))
+            text = text_until(ends, excludes, tokens)
         except GrammarError as e:
             raise StructuralTagError(str(e), at) from None
         if text is None:
@@ -449,11 +514,11 @@ class _Lowering:
         return renamed[ir.root]
 
 
-def _dispatching(after: dict[str, Expr], excludes: list[str], at: str, loop: bool) -> Expr:
+def _dispatching(after: dict[str, Expr], excludes: Any, at: str, loop: bool, tokens: tuple[str, ...]) -> Expr:
     from .text import dispatching
 
     try:
-        return dispatching(after, tuple(excludes), loop=loop)
+        return dispatching(after, tuple(excludes), loop=loop, tokens=tokens)
     except ValueError as e:
         raise StructuralTagError(str(e), at) from None
 
@@ -462,12 +527,12 @@ def _parts(f: Any, at: str) -> list[tuple[Any, str]]:
     """The sub-formats a format is made of, with their pointers (those `_Lowering` descends into)."""
     if isinstance(f, (SequenceFormat, OrFormat)):
         return [(e, f"{at}/elements/{i}") for i, e in enumerate(f.elements)]
-    if isinstance(f, TagFormat) and isinstance(f.content, AnyTextFormat):
+    if isinstance(f, TagFormat) and isinstance(f.content, _FREE):
         return []           # the tag lowers its free text together with its end strings
     if isinstance(f, (OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat)):
         return [(f.content, at + "/content")]
-    if isinstance(f, (TagsWithSeparatorFormat, TriggeredTagsFormat)):
+    if isinstance(f, (TagsWithSeparatorFormat, TriggeredTagsFormat, TokenTriggeredTagsFormat)):
         return [(t, f"{at}/tags/{i}") for i, t in enumerate(f.tags)]
-    if isinstance(f, DispatchFormat):
+    if isinstance(f, (DispatchFormat, TokenDispatchFormat)):
         return [(r, f"{at}/rules/{i}/1") for i, (_, r) in enumerate(f.rules)]
     return []

@@ -18,9 +18,11 @@ from .ir import EPSILON, CharClass, Choice, Expr, Literal, Repeat, Seq
 MAX_TEXT_STATES = 512
 
 
-def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = ()) -> Expr | None:
+def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = (), tokens: tuple[str, ...] = ()) -> Expr | None:
     """Text followed by one of `ends` (their first occurrence ends it), or, without ends, any text;
-    no excluded string occurs in either. None when the language is empty."""
+    no excluded string occurs in either. `tokens`: the characters of special tokens the text may
+    also hold (see TokenizerInfo.named_special_tokens; those in the strings are read as part of
+    them). None when the language is empty."""
     from ..errors import GrammarLimitError
 
     patterns = sorted(set(ends) | set(excludes))
@@ -43,6 +45,10 @@ def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = ()) -> Expr | 
     dead = {s for s in range(len(goto)) if out[s] & excluded}
     done = {s for s in range(len(goto)) if s not in dead and out[s] & ending}
     alphabet = sorted({ch for p in patterns for ch in p})
+    others: Expr = CharClass(tuple((ord(c), ord(c)) for c in alphabet), negated=True)
+    free_tokens = sorted(set(tokens) - set(alphabet))
+    if free_tokens:
+        others = Choice((others, _chars(free_tokens)))
     n = len(goto)
     start, final = n, n + 1
     # edges[p][q]: the expression of the characters (or epsilon) leading from p to q
@@ -61,9 +67,8 @@ def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = ()) -> Expr | 
             t = _step(goto, fail, s, ch)
             if t not in dead:
                 by_target.setdefault(t, []).append(ch)
-        others = CharClass(tuple((ord(c), ord(c)) for c in alphabet), negated=True)
         for t, chars in by_target.items():
-            _add(edges, s, t, Literal(chars[0]) if len(chars) == 1 else CharClass(tuple((ord(c), ord(c)) for c in chars)))
+            _add(edges, s, t, _chars(chars))
         if 0 not in dead:
             _add(edges, s, 0, others)
     for q in sorted(range(n), key=lambda s: -depth[s]):      # deepest states first
@@ -78,12 +83,13 @@ def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = ()) -> Expr | 
 
 
 def dispatching(after: dict[str, Expr | None], excludes: tuple[str, ...] = (), stops: tuple[str, ...] = (),
-                stop_at_end: bool = True, loop: bool = True) -> Expr:
+                stop_at_end: bool = True, loop: bool = True, tokens: tuple[str, ...] = ()) -> Expr:
     """TagDispatch's language: free text in which the first occurrence of a key (of `after`) is
     followed by that key's expression (a key mapped to None cannot occur), then free text again
     (`loop`) or the end of it; free text
     ends at the end of the output (`stop_at_end`) and/or after its first stop string (`stops`).
-    Free text never holds an excluded string. ValueError when keys lie inside one another (which
+    Free text never holds an excluded string; it may hold the special tokens `tokens` (as in
+    `text_until`). ValueError when keys lie inside one another (which
     one would fire is not settled yet) or when no text can end."""
     keys = tuple(after)
     for a in keys:
@@ -94,14 +100,14 @@ def dispatching(after: dict[str, Expr | None], excludes: tuple[str, ...] = (), s
     for key, then in after.items():
         if then is None:
             continue
-        head = text_until((key,), excludes + tuple(k for k in keys if k != key) + stops)
+        head = text_until((key,), excludes + tuple(k for k in keys if k != key) + stops, tokens)
         if head is not None:
             segments.append(Seq((head, then)))
     ends = []
     if stop_at_end:
-        ends.append(text_until((), excludes + keys + stops))
+        ends.append(text_until((), excludes + keys + stops, tokens))
     if stops:
-        ends.append(text_until(stops, excludes + keys))
+        ends.append(text_until(stops, excludes + keys, tokens))
     ends = [e for e in ends if e is not None]
     if not ends:
         raise ValueError("no text can end without an excluded string")
@@ -142,6 +148,17 @@ def _step(goto: list[dict[str, int]], fail: list[int], s: int, ch: str) -> int:
     while s and ch not in goto[s]:
         s = fail[s]
     return goto[s].get(ch, 0)
+
+
+def _chars(chars: list[str]) -> Expr:
+    """One of the characters; surrogates (special tokens) as literals, since no class matches one."""
+    plain = [c for c in chars if not 0xD800 <= ord(c) <= 0xDFFF]
+    alts: list[Expr] = [Literal(c) for c in chars if 0xD800 <= ord(c) <= 0xDFFF]
+    if len(plain) == 1:
+        alts.insert(0, Literal(plain[0]))
+    elif plain:
+        alts.insert(0, CharClass(tuple((ord(c), ord(c)) for c in plain)))
+    return alts[0] if len(alts) == 1 else Choice(tuple(alts))
 
 
 def _add(edges: dict[int, dict[int, Expr]], p: int, q: int, e: Expr) -> None:
