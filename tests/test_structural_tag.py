@@ -337,7 +337,10 @@ def test_triggered_tool_calls_mask_like_the_reference(small_info, deepseek_info)
      "object"),
     ({"type": "json_schema", "json_schema": {"type": "object", "additionalProperties": {"type": "integer"}},
       "style": "glm_xml"}, "/format/json_schema/additionalProperties", "XML"),
-    ({"type": "tag", "begin": {"type": "token", "token": 5}, "content": CONST, "end": "x"}, "/format", "token"),
+    ({"type": "sequence", "elements": [CONST, {"type": "exclude_token", "exclude_tokens": [3]}]}, "/format/elements/1",
+     "one token"),
+    ({"type": "tag", "begin": {"type": "token", "token": 10**6}, "content": CONST, "end": "x"}, "/format/begin/token",
+     "out of range"),
     ({"type": "or", "elements": [CONST, {"type": "json_schema", "json_schema": {"type": "object", "properties": {
         "a": {"type": "string", "pattern": "(?=x)"}}}}]}, "/format/elements/1/json_schema/properties/a/pattern",
      "lookahead"),

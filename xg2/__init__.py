@@ -7,6 +7,7 @@ from .compiler import CompiledGrammar, GrammarCompiler
 from .errors import (
     GrammarError,
     GrammarLimitError,
+    ModelFormatError,
     RegexError,
     SchemaError,
     SchemaWarning,
@@ -15,6 +16,8 @@ from .errors import (
     XG2Error,
 )
 from .grammar.grammar import Grammar
+from .grammar.model_formats import get_model_structural_tag, register_model_structural_tag
+from .grammar.structural_tag import StructuralTag
 from .kernels import (
     allocate_token_bitmask,
     apply_token_bitmask_inplace,
@@ -31,9 +34,11 @@ __all__ = [
     "GrammarError",
     "GrammarLimitError",
     "GrammarMatcher",
+    "ModelFormatError",
     "RegexError",
     "SchemaError",
     "SchemaWarning",
+    "StructuralTag",
     "StructuralTagError",
     "TokenizerError",
     "TokenizerInfo",
@@ -42,6 +47,8 @@ __all__ = [
     "allocate_token_bitmask",
     "apply_token_bitmask_inplace",
     "get_bitmask_shape",
+    "get_model_structural_tag",
+    "register_model_structural_tag",
     "reset_token_bitmask",
 ]
 

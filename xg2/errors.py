@@ -52,5 +52,15 @@ class StructuralTagError(XG2Error, ValueError):
         super().__init__(f"{message} (at {pointer or '/'})")
 
 
+class ModelFormatError(XG2Error, ValueError):
+    """A model tool-call format request (tools, tool choice, options) is invalid; `pointer` is the
+    JSON pointer of the bad argument (e.g. ``/tools/2/function/name``, ``/tool_choice``)."""
+
+    def __init__(self, message: str, pointer: str = ""):
+        self.message = message
+        self.pointer = pointer
+        super().__init__(f"{message} (at {pointer or '/'})")
+
+
 class SchemaWarning(UserWarning):
     """In lenient mode, a JSON Schema keyword that could not be enforced and was relaxed instead."""

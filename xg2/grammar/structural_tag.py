@@ -364,9 +364,7 @@ class _Lowering:
         """Post-order over the formats with an explicit stack (they can nest deeply)."""
         out: dict[int, Expr] = {}
         stack: list[tuple[Any, str, bool]] = [(top, at, False)]
-        last = top         # free text outside a tag runs to the end of the output: it must come last
-        while isinstance(last, SequenceFormat):
-            last = last.elements[-1]
+        at_end = _at_end(top)   # free text outside a tag runs to the end of the output: it must come last
         while stack:
             f, where, done = stack.pop()
             kids = _parts(f, where)
@@ -377,7 +375,7 @@ class _Lowering:
                 if not isinstance(f, _LOWERED) or (isinstance(f, JSONSchemaFormat) and f.style not in _STYLES):
                     what = f"style '{f.style}' of 'json_schema'" if isinstance(f, JSONSchemaFormat) else f"'{_name(f)}'"
                     raise StructuralTagError(f"{what} is not supported yet", where)
-                if isinstance(f, _FREE) and f is not last:
+                if isinstance(f, _FREE) and id(f) not in at_end:
                     raise StructuralTagError(f"'{_name(f)}' is supported as a tag's content or at the end of the "
                                              "output, not yet elsewhere", where)
                 stack.append((f, where, True))
@@ -521,6 +519,23 @@ def _dispatching(after: dict[str, Expr], excludes: Any, at: str, loop: bool, tok
         return dispatching(after, tuple(excludes), loop=loop, tokens=tokens)
     except ValueError as e:
         raise StructuralTagError(str(e), at) from None
+
+
+def _at_end(top: Format) -> set[int]:
+    """The formats nothing can follow: the top one, and within one of them the last element of a
+    sequence, the alternatives of an `or`, the content of an `optional`."""
+    out: set[int] = set()
+    stack = [top]
+    while stack:
+        f = stack.pop()
+        out.add(id(f))
+        if isinstance(f, SequenceFormat):
+            stack.append(f.elements[-1])
+        elif isinstance(f, OrFormat):
+            stack.extend(f.elements)
+        elif isinstance(f, OptionalFormat):
+            stack.append(f.content)
+    return out
 
 
 def _parts(f: Any, at: str) -> list[tuple[Any, str]]:

@@ -25,6 +25,7 @@ def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = (), tokens: tu
     them). None when the language is empty."""
     from ..errors import GrammarLimitError
 
+    excludes = tuple(set(excludes) - set(ends))     # an end string ends the text before it could hold one
     patterns = sorted(set(ends) | set(excludes))
     if any(not p for p in patterns):
         raise ValueError("end and excluded strings must not be empty")

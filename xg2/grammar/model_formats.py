@@ -1,0 +1,337 @@
+"""Model tool-call formats: the structural tag under which a model's output follows its own chat
+template — an optional reasoning block, free text, and tool calls whose arguments follow each tool's
+schema — so that the model's own tool-call parser reads what was generated.
+
+A format is data (design rule): a builder turns a normalised request (`ToolCallRequest`) into a
+structural tag. Most models share one shape, free text in which a trigger opens a call, and are
+described by a `CallSyntax`; harmony (gpt-oss), whose output is a series of channel messages, has a
+builder of its own. `register_model_structural_tag` adds builders; `get_model_structural_tag`
+normalises OpenAI-style tools and tool choice and calls one.
+
+Harmony's markers are special tokens of gpt-oss's vocabulary and are named as tokens
+(`{"type": "token", ...}`): its structural tag compiles only for a vocabulary holding them, and the
+model must emit each token itself, never its text spelled out. Its stop tokens (`<|call|>`,
+`<|return|>`) are left to the serving stack: the output ends where the format can end. The other
+formats' markers are text (in DeepSeek's and Qwen's vocabularies they are ordinary added tokens,
+which match their text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import ModelFormatError
+from .structural_tag import StructuralTag, parse_structural_tag
+
+Reasoning = Literal["enabled", "disabled", "auto"]
+Mode = Literal["none", "auto", "required", "forced"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call: `name` as it appears in the output, `parameters` the JSON Schema
+    of its arguments (True: any JSON), `builtin` the provider's tool type for a builtin tool."""
+
+    name: str
+    parameters: Any = True
+    builtin: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallRequest:
+    """What a format builder is given: the tools left after the tool choice, whether the model
+    must call one (`required`; `forced`: exactly one call of the single tool), the reasoning mode,
+    and the options for every argument schema."""
+
+    tools: tuple[Tool, ...]
+    mode: Mode
+    reasoning: Reasoning
+    parallel_tool_calls: bool = True
+    any_order: bool = False
+    max_whitespace_cnt: int | None = None
+    exclude_special_tokens: bool = True
+
+    def arguments(self, tool: Tool, style: str = "json") -> dict:
+        fmt: dict[str, Any] = {"type": "json_schema", "json_schema": tool.parameters, "style": style}
+        if self.any_order:
+            fmt["any_order"] = True
+        if self.max_whitespace_cnt is not None:
+            fmt["max_whitespace_cnt"] = self.max_whitespace_cnt
+        return fmt
+
+
+Builder = Callable[[ToolCallRequest], dict]
+_REGISTRY: dict[str, Builder] = {}
+
+
+def register_model_structural_tag(name: str) -> Callable[[Builder], Builder]:
+    """Register a builder (a function of a `ToolCallRequest` returning a structural tag's format,
+    as a dict) under `name`, for `get_model_structural_tag(name, ...)`."""
+    if not isinstance(name, str) or not name:
+        raise ModelFormatError("a model format name must be a non-empty string", "/model")
+
+    def register(fn: Builder) -> Builder:
+        _REGISTRY[name] = fn
+        return fn
+    return register
+
+
+def model_formats() -> list[str]:
+    """The registered model format names."""
+    return sorted(_REGISTRY)
+
+
+def get_model_structural_tag(model: str, tools: list | None = None, tool_choice: Any = "auto",
+                             reasoning: bool | Reasoning = "enabled", parallel_tool_calls: bool = True, *,
+                             force_reasoning: bool = False, any_order: bool = False, exclude_special_tokens: bool = True,
+                             max_whitespace_cnt: int | None = None) -> StructuralTag:
+    """The structural tag of a model's output format for an OpenAI-style request.
+
+    `tools`: function tools ``{"type": "function", "function": {"name", "parameters", ...}}`` and
+    builtin tools ``{"type": <builtin type>, "name"?: ..., "parameters"?: ...}``. `tool_choice`:
+    ``"none"``, ``"auto"``, ``"required"``, a named function ``{"type": "function", "function":
+    {"name": ...}}``, a builtin tool by type ``{"type": <builtin type>}``, or ``{"type":
+    "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": [...]}}``.
+    `reasoning`: ``"enabled"`` (the output opens with a reasoning block; its opening tag may
+    already be in the prompt), ``"auto"`` (a block or none) or ``"disabled"`` (none; booleans are
+    read as enabled/disabled); models without reasoning ignore it. `parallel_tool_calls=False`
+    allows one call at most. `force_reasoning` is accepted for xgrammar's signature and changes
+    nothing. Invalid requests raise ModelFormatError with the pointer of the bad argument."""
+    del force_reasoning
+    builder = _REGISTRY.get(model)
+    if builder is None:
+        raise ModelFormatError(f"unknown model format {model!r}; registered: {', '.join(model_formats())}", "/model")
+    all_tools = _tools(tools)
+    mode, chosen = _choice(tool_choice, all_tools)
+    if isinstance(reasoning, bool):
+        reasoning = "enabled" if reasoning else "disabled"
+    if reasoning not in ("enabled", "disabled", "auto"):
+        raise ModelFormatError(f"reasoning must be 'enabled', 'disabled' or 'auto', got {reasoning!r}", "/reasoning")
+    if max_whitespace_cnt is not None and (not isinstance(max_whitespace_cnt, int) or max_whitespace_cnt < 1):
+        raise ModelFormatError("max_whitespace_cnt must be a positive integer", "/max_whitespace_cnt")
+    request = ToolCallRequest(chosen, mode, reasoning, bool(parallel_tool_calls), bool(any_order),
+                              max_whitespace_cnt, bool(exclude_special_tokens))
+    return parse_structural_tag({"type": "structural_tag", "format": builder(request)})
+
+
+def _tools(tools: Any) -> tuple[Tool, ...]:
+    if tools is None:
+        return ()
+    if not isinstance(tools, (list, tuple)):
+        raise ModelFormatError("tools must be a list", "/tools")
+    out: list[Tool] = []
+    for i, t in enumerate(tools):
+        t = _plain(t)
+        at = f"/tools/{i}"
+        if not isinstance(t, dict) or not isinstance(t.get("type"), str):
+            raise ModelFormatError("a tool is an object with a 'type'", at)
+        if t["type"] == "function":
+            fn = t.get("function")
+            if not isinstance(fn, dict):
+                raise ModelFormatError("a function tool needs a 'function' object", at + "/function")
+            name, params, where = fn.get("name"), fn.get("parameters"), at + "/function"
+            builtin = None
+        else:
+            name, params, where, builtin = t.get("name", t["type"]), t.get("parameters"), at, t["type"]
+        if not isinstance(name, str) or not name:
+            raise ModelFormatError("a tool needs a non-empty string name", where + "/name")
+        if params is None:
+            params = True
+        elif not isinstance(params, (dict, bool)):
+            raise ModelFormatError("parameters must be a JSON Schema (an object or a boolean)", where + "/parameters")
+        if any(x.name == name for x in out):
+            raise ModelFormatError(f"two tools are named {name!r}", where + "/name")
+        out.append(Tool(name, params, builtin))
+    return tuple(out)
+
+
+def _choice(choice: Any, tools: tuple[Tool, ...]) -> tuple[Mode, tuple[Tool, ...]]:
+    """(mode, the tools the model may call)."""
+    choice = _plain(choice)
+    if choice is None:
+        choice = "auto"
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise ModelFormatError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {choice!r}",
+                                   "/tool_choice")
+        if choice == "required" and not tools:
+            raise ModelFormatError("tool_choice 'required' with no tools", "/tool_choice")
+        return ("none" if choice == "none" or not tools else choice), tools
+    if not isinstance(choice, dict) or not isinstance(choice.get("type"), str):
+        raise ModelFormatError("tool_choice must be a string or an object with a 'type'", "/tool_choice")
+    if choice["type"] == "allowed_tools":
+        spec = choice.get("allowed_tools", choice)
+        mode, refs = spec.get("mode", "auto"), spec.get("tools")
+        if mode not in ("auto", "required"):
+            raise ModelFormatError("allowed_tools mode must be 'auto' or 'required'", "/tool_choice/allowed_tools/mode")
+        if not isinstance(refs, list):
+            raise ModelFormatError("allowed_tools needs a list of tools", "/tool_choice/allowed_tools/tools")
+        kept = [_find(r, tools, f"/tool_choice/allowed_tools/tools/{i}") for i, r in enumerate(refs)]
+        allowed = tuple(t for t in tools if t in kept)
+        if not allowed:
+            return "none", ()
+        return mode, allowed
+    return "forced", (_find(choice, tools, "/tool_choice"),)
+
+
+def _find(ref: Any, tools: tuple[Tool, ...], at: str) -> Tool:
+    """The tool a reference names: a function by name, a builtin tool by type (or name)."""
+    ref = _plain(ref)
+    if not isinstance(ref, dict) or not isinstance(ref.get("type"), str):
+        raise ModelFormatError("a tool reference is an object with a 'type'", at)
+    if ref["type"] == "function":
+        name = ref["function"].get("name") if isinstance(ref.get("function"), dict) else ref.get("name")
+        found = [t for t in tools if t.builtin is None and t.name == name]
+    else:
+        name = ref.get("name", ref["type"])
+        found = [t for t in tools if t.builtin == ref["type"] and (t.name == name or "name" not in ref)]
+    if len(found) != 1:
+        raise ModelFormatError(f"no tool {name!r} among the tools" if not found else
+                               f"{len(found)} builtin tools of type {ref['type']!r}; name one", at)
+    return found[0]
+
+
+def _plain(x: Any) -> Any:
+    return x.model_dump(exclude_none=True) if hasattr(x, "model_dump") else x
+
+
+# --- shared shape: free text in which a trigger opens a tool call -------------------------------
+
+def _token(text: str) -> dict:
+    return {"type": "token", "token": text}
+
+
+def _const(text: str) -> dict:
+    return {"type": "const_string", "value": text}
+
+
+@dataclass(frozen=True)
+class CallSyntax:
+    """How a model writes its reasoning and tool calls.
+
+    A call is `begin` (with the tool's name for `{name}`), the arguments in `style` (after the
+    formats of `before_arguments`), then `end`. `section`: the (opening, closing) markers around all
+    calls of a turn, calls inside separated by `separator`; without a section, calls sit in free
+    text and `trigger` (a prefix of every `begin`) opens one. `think`: the reasoning block's
+    opening and closing tags (None: the model does not reason). `markers`: strings free text never
+    holds (with exclude_special_tokens)."""
+
+    begin: str
+    end: str
+    trigger: str = ""
+    style: str = "json"
+    before_arguments: tuple[dict, ...] = ()
+    section: tuple[str, str] | None = None
+    separator: str = ""
+    think: tuple[str, str] | None = ("<think>", "</think>")
+    markers: tuple[str, ...] = ()
+
+    def call(self, tool: Tool, req: ToolCallRequest) -> dict:
+        content = [*self.before_arguments, req.arguments(tool, self.style)]
+        return {"type": "tag", "begin": self.begin.replace("{name}", tool.name),
+                "content": content[0] if len(content) == 1 else {"type": "sequence", "elements": content},
+                "end": self.end}
+
+    def build(self, req: ToolCallRequest) -> dict:
+        excludes = [m for m in (*(self.think or ()), *self.markers) if req.exclude_special_tokens]
+        parts = []
+        if self.think is not None and req.reasoning != "disabled":
+            opening, closing = self.think
+            block = {"type": "sequence", "elements": [
+                {"type": "optional", "content": _const(opening)},        # the prompt may hold it
+                {"type": "tag", "begin": "", "content": {"type": "any_text", "excludes": [opening, closing]},
+                 "end": closing},
+                {"type": "regex", "pattern": r"\s*"}]}
+            parts.append(block if req.reasoning == "enabled" else {"type": "optional", "content": block})
+        parts.append({"type": "any_text", "excludes": excludes} if req.mode == "none" else self.calls(req, excludes))
+        return parts[0] if len(parts) == 1 else {"type": "sequence", "elements": parts}
+
+    def calls(self, req: ToolCallRequest, excludes: list[str]) -> dict:
+        """Free text and calls: at least one with `required` (no text before it), exactly one when
+        forced; one at most without parallel calls; one section at most."""
+        one_only = req.mode == "forced" or not req.parallel_tool_calls
+        tags = [self.call(t, req) for t in req.tools]
+        trigger = self.trigger
+        if self.section is not None:
+            trigger, closing = self.section
+            inner = {"type": "tags_with_separator", "tags": tags, "separator": self.separator,
+                     "at_least_one": True, "stop_after_first": one_only}
+            tags = [{"type": "tag", "begin": trigger, "content": inner, "end": closing}]
+        if req.mode == "forced":
+            return tags[0]
+        return {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "excludes": excludes,
+                "at_least_one": req.mode == "required", "stop_after_first": one_only or self.section is not None}
+
+
+def _register_syntax(name: str, syntax: CallSyntax) -> None:
+    register_model_structural_tag(name)(syntax.build)
+
+
+#: Llama 3.1–3.3 JSON tool calling: `{"name": ..., "parameters": {...}}` (no reasoning).
+_register_syntax("llama", CallSyntax(begin='{"name": "{name}", "parameters": ', end="}", trigger='{"name": ',
+                                     think=None))
+#: Qwen 3 (and QwQ / Qwen 2.5 style Hermes calls): `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`.
+_register_syntax("qwen_3", CallSyntax(begin='<tool_call>\n{"name": "{name}", "arguments": ', end="}\n</tool_call>",
+                                      trigger="<tool_call>", markers=("</tool_call>",)))
+#: Qwen3-Coder (and Qwen 3.5): XML parameters, `<function=name>` then `<parameter=p>\nvalue\n</parameter>`.
+_register_syntax("qwen_3_coder", CallSyntax(begin="<tool_call>\n<function={name}>\n", end="</function>\n</tool_call>",
+                                            trigger="<tool_call>", style="qwen_xml",
+                                            markers=("</tool_call>", "<function=", "</function>")))
+_DS_MARKERS = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "<｜tool▁sep｜>")
+#: DeepSeek-R1: calls in a section, each `function<｜tool▁sep｜>name` and a fenced JSON block.
+_register_syntax("deepseek_r1", CallSyntax(
+    begin="<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n", end="\n```<｜tool▁call▁end｜>",
+    section=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"), separator="\n", markers=_DS_MARKERS))
+#: DeepSeek-V3.1: calls in a section, each `name<｜tool▁sep｜>{JSON}`.
+_register_syntax("deepseek_v3_1", CallSyntax(
+    begin="<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>", end="<｜tool▁call▁end｜>",
+    section=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"), markers=_DS_MARKERS))
+_KIMI = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+         "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+#: Kimi K2: calls in a section, each `functions.name:index<|tool_call_argument_begin|>{JSON}`.
+_register_syntax("kimi", CallSyntax(
+    begin="<|tool_call_begin|>functions.{name}:", end="<|tool_call_end|>",
+    before_arguments=({"type": "regex", "pattern": r"\d+"}, _const("<|tool_call_argument_begin|>")),
+    section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"), markers=_KIMI[1:]))
+
+
+# --- harmony (gpt-oss): channel messages ---------------------------------------------------------
+
+@register_model_structural_tag("harmony")
+def harmony(req: ToolCallRequest) -> dict:
+    """The messages after the prompt's `<|start|>assistant`: a reasoning message on the analysis
+    channel (per `reasoning`), then the final answer, or a call: the recipient
+    (`functions.<name>`, or a builtin tool's name) in the header or after the commentary channel,
+    an optional `<|constrain|>json`, the JSON arguments. The answer and the call run to the end of
+    the output (`<|return|>` and `<|call|>` are stop tokens); other messages end with `<|end|>`."""
+    start, channel, message, end = (_token(t) for t in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>"))
+    message_text = {"type": "tag", "begin": message, "content": {"type": "any_text"}, "end": end}
+    elements: list[dict] = []
+    if req.reasoning != "disabled":
+        analysis = {"type": "sequence", "elements": [channel, _const("analysis"), message_text, start, _const("assistant")]}
+        elements.append(analysis if req.reasoning == "enabled" else {"type": "optional", "content": analysis})
+    answer = {"type": "sequence", "elements": [channel, _const("final"), message, {"type": "any_text"}]}
+    calls = []
+    for tool in req.tools:
+        recipient = tool.name if tool.builtin else f"functions.{tool.name}"
+        header = {"type": "or", "elements": [
+            {"type": "sequence", "elements": [channel, _const(f"commentary to={recipient}")]},
+            {"type": "sequence", "elements": [_const(f" to={recipient}"), channel, _const("commentary")]}]}
+        constrain = {"type": "optional", "content": {"type": "sequence", "elements": [
+            _const(" "), {"type": "optional", "content": _token("<|constrain|>")}, _const("json")]}}
+        calls.append({"type": "sequence", "elements": [header, constrain, message, req.arguments(tool)]})
+    if req.mode == "none":
+        last = [answer]
+    elif req.mode == "auto":
+        last = [answer, *calls]
+    else:
+        last = calls
+    if req.tools and req.mode != "none":
+        # preambles to the user on the commentary channel may come before a call
+        preamble = {"type": "sequence", "elements": [channel, _const("commentary"), message_text, start,
+                                                     _const("assistant")]}
+        elements.append({"type": "star", "content": preamble})
+    elements.append(last[0] if len(last) == 1 else {"type": "or", "elements": last})
+    return elements[0] if len(elements) == 1 else {"type": "sequence", "elements": elements}
