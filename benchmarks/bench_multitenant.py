@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.append(str(HERE.parent))
 
-from engines import DEFAULT_TOKENIZER, load_vocab, make_engine, percentile
+from engines import DEFAULT_TOKENIZER, Engine, load_vocab, make_engine, percentile
 
 REGISTRY = HERE.parent.parent / "shared" / "data" / "tools" / "registry.jsonl"
 STRUCTURAL = frozenset(b'"]},')
@@ -60,10 +60,31 @@ def _rebase(node: Any, prefix: str) -> Any:
     return node
 
 
-def make_requests(n: int, per_request: int, seed: int) -> tuple[list[dict], list[list[int]]]:
-    tools = [json.loads(line)["function"] for line in REGISTRY.open(encoding="utf-8")]
+def load_tools() -> list[dict]:
+    """The registry's tools (each its OpenAI `function` object), in file order, key order kept."""
+    return [json.loads(line)["function"] for line in REGISTRY.open(encoding="utf-8")]
+
+
+def sample_tools(n: int, per_request: int, seed: int, n_tools: int) -> list[list[int]]:
+    """For each of `n` requests, `per_request` distinct tool indices drawn uniformly (seeded)."""
     rng = random.Random(seed)
-    picks = [rng.sample(range(len(tools)), per_request) for _ in range(n)]
+    return [rng.sample(range(n_tools), per_request) for _ in range(n)]
+
+
+def make_engine_and_compiler(name: str, vocab) -> tuple[Engine, Any]:
+    """The engine for a configuration name (an `XG2_CONFIGS` key, `llguidance[-lenient]`,
+    `xgrammar`) and the one compiler all its requests share (None for llguidance, which has none)."""
+    if name in XG2_CONFIGS:
+        engine = make_engine("xg2", vocab)
+        engine.compiler_options = XG2_CONFIGS[name]
+        return engine, engine.module.GrammarCompiler(engine.info, max_threads=1, **XG2_CONFIGS[name])
+    engine = make_engine(name, vocab)
+    return engine, engine.json_compiler()
+
+
+def make_requests(n: int, per_request: int, seed: int) -> tuple[list[dict], list[list[int]]]:
+    tools = load_tools()
+    picks = sample_tools(n, per_request, seed, len(tools))
     schemas = []
     for pick in picks:
         branches = []
@@ -78,14 +99,8 @@ def make_requests(n: int, per_request: int, seed: int) -> tuple[list[dict], list
 
 def run_engine(name: str, vocab, schemas: list[dict], picks: list[list[int]], steps: int, seed: int,
                token_bytes: list[bytes], stops: set[int]) -> dict:
-    base = name if name in ("llguidance", "xgrammar") else "xg2"
-    engine = make_engine(base, vocab)
-    compiler = None
-    if base == "xg2":
-        engine.compiler_options = XG2_CONFIGS[name]
-        compiler = engine.module.GrammarCompiler(engine.info, max_threads=1, **XG2_CONFIGS[name])
-    elif base == "xgrammar":
-        compiler = engine.json_compiler()
+    base = "xg2" if name in XG2_CONFIGS else name
+    engine, compiler = make_engine_and_compiler(name, vocab)
     tb = token_bytes
     bitmask = engine.new_bitmask()
     import numpy as np

@@ -8,6 +8,7 @@ an `LLMatcher`, whose copies serve as new matchers).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -28,7 +29,7 @@ ALL_ENGINES = ("xg2", "xgrammar", "llguidance")
 #: Engines that can also run in lenient mode ("<engine>-lenient": keywords they cannot enforce are
 #: relaxed with a warning instead of failing the compile; xgrammar always behaves that way).
 LENIENT_ENGINES = ("xg2", "llguidance")
-KNOWN_ENGINES = ALL_ENGINES + tuple(f"{e}-lenient" for e in LENIENT_ENGINES)
+KNOWN_ENGINES = ALL_ENGINES + tuple(f"{e}-lenient" for e in LENIENT_ENGINES) + ("llguidance-noforce",)
 
 
 class EngineUnavailable(RuntimeError):
@@ -101,6 +102,15 @@ class Engine:
     def compile_json_schema(self, schema: Any, compiler: Any = None, **options: Any) -> Any:
         raise NotImplementedError
 
+    def structural_tag_input(self, tag: Any) -> Any:
+        """What the engine is given for a structural tag in xgrammar's JSON form (a dict): the tag
+        itself, or the engine's own grammar for it (our conversion, done outside any timing)."""
+        return tag
+
+    def compile_structural_tag(self, tag: Any, compiler: Any = None) -> Any:
+        """A structural tag (a dict in xgrammar's form, or what `structural_tag_input` made of one)."""
+        raise NotImplementedError
+
     def json_compiler(self) -> Any:
         """A compiler object to reuse for several schemas (None when the engine has none)."""
         return None
@@ -147,6 +157,12 @@ class _XGrammarLike(Engine):
     def compile_json_schema(self, schema: Any, compiler: Any = None, **options: Any) -> Any:
         compiler = compiler if compiler is not None else self.json_compiler()
         return compiler.compile_json_schema(schema, **{**self.json_options, **options})
+
+    def compile_structural_tag(self, tag: Any, compiler: Any = None) -> Any:
+        # `json_options` do not apply: the JSON Schemas inside a tag are compiled with the
+        # structural tag's own settings (any whitespace, strict mode, not lenient).
+        compiler = compiler if compiler is not None else self.json_compiler()
+        return compiler.compile_structural_tag(tag)
 
     def new_matcher(self, handle: Any) -> Any:
         return self.module.GrammarMatcher(handle)
@@ -214,6 +230,10 @@ class LLGuidanceEngine(Engine):
     #: `additionalProperties` as the schema says (allowed when absent), `lenient: false` (an
     #: unimplemented keyword is an error, as in xg2), `coerce_one_of: false`.
     json_options: ClassVar[dict[str, Any]] = {}
+    #: Grammar options (`%llguidance {...}`) for the Lark grammars we write (EBNF twins, structural
+    #: tags). `llguidance-noforce` sets `no_forcing`: where the grammar forces a string, every
+    #: tokenization of it is allowed (by default only the canonical one, as forced tokens).
+    lark_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, vocab: Vocab, vocab_size: int | None) -> None:
         try:
@@ -243,12 +263,49 @@ class LLGuidanceEngine(Engine):
             raise RuntimeError(matcher.get_error())
         return matcher  # prototype; new matchers are deep copies
 
+    def _from_lark(self, lark: str) -> str:
+        head = f"%llguidance {json.dumps(self.lark_options)}\n" if self.lark_options else ""
+        return self.llg.LLMatcher.grammar_from_lark(head + lark)
+
     def compile(self, ebnf: str) -> Any:
-        return self._matcher(self.llg.LLMatcher.grammar_from_lark(self.lark_for(ebnf)))
+        return self._matcher(self._from_lark(self.lark_for(ebnf)))
 
     def compile_json_schema(self, schema: Any, compiler: Any = None, **options: Any) -> Any:
         opts = {**self.json_options, **options}
         return self._matcher(self.llg.LLMatcher.grammar_from_json_schema(schema, defaults=opts or None))
+
+    def structural_tag_input(self, tag: Any) -> str:
+        """The llguidance grammar for a structural tag in xgrammar's JSON form: Lark text from
+        `llguidance.StructTag.to_grammar` (`assume_special=False`: the triggers are plain text, as
+        in xgrammar), one `StructTag` per tag, its JSON Schema written out as xgrammar's strict mode
+        reads it (`strict_schema`) and given `json_options` as its top-level `x-guidance`.
+
+        Only the form llguidance can express is converted: `triggered_tags` whose tags have string
+        begin/end and `json_schema` content (style `json`), without `at_least_one`,
+        `stop_after_first` or `excludes`; anything else raises NotImplementedError."""
+        fmt = tag.get("format", {}) if isinstance(tag, dict) and tag.get("type") == "structural_tag" else {}
+        keys = set(fmt) - {"type", "triggers", "tags", "at_least_one", "stop_after_first", "excludes"}
+        if (fmt.get("type") != "triggered_tags" or keys or fmt.get("at_least_one") or fmt.get("stop_after_first")
+                or fmt.get("excludes")):
+            raise NotImplementedError("llguidance: only plain triggered_tags structural tags are converted")
+        tags = []
+        for t in fmt["tags"]:
+            content = t.get("content", {})
+            if (not isinstance(t.get("begin"), str) or not isinstance(t.get("end"), str)
+                    or content.get("type") != "json_schema" or set(content) - {"type", "json_schema", "style"}
+                    or content.get("style", "json") != "json"):
+                raise NotImplementedError("llguidance: a tag must be string begin/end around a json_schema")
+            trigger = next((x for x in fmt["triggers"] if t["begin"].startswith(x)), None)
+            if trigger is None:
+                raise ValueError(f"tag begin {t['begin']!r} starts with no trigger")
+            schema = strict_schema(content["json_schema"])
+            if self.json_options:
+                schema = {"x-guidance": dict(self.json_options), **(schema if isinstance(schema, dict) else {})}
+            tags.append(self.llg.StructTag(trigger=trigger, begin=t["begin"], grammar=schema, end=t["end"]))
+        return self._from_lark(self.llg.StructTag.to_grammar(tags, assume_special=False))
+
+    def compile_structural_tag(self, tag: Any, compiler: Any = None) -> Any:
+        return self._matcher(tag if isinstance(tag, str) else self.structural_tag_input(tag))
 
     def new_matcher(self, handle: Any) -> Any:
         return handle.deep_copy()
@@ -271,8 +328,49 @@ class LLGuidanceEngine(Engine):
         return bool(matcher.consume_token(eos_id)) and not matcher.is_error() and bool(matcher.is_stopped())
 
 
+#: Keywords whose value is one subschema, a list of subschemas, or a map of names to subschemas.
+_SUBSCHEMA = ("additionalProperties", "items", "additionalItems", "contains", "propertyNames", "not", "if", "then",
+              "else", "unevaluatedItems", "unevaluatedProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def strict_schema(schema: Any) -> Any:
+    """`schema` with what xg2's (and xgrammar's) strict mode assume written out, for an engine
+    without that mode: `additionalProperties: false` on every object schema (one with `properties`,
+    `required` or an object type) that says nothing about further members, and no items past
+    `prefixItems` (or a draft-4 `items` list) unless `items`/`additionalItems` allow them.
+    Annotations and values (`enum`, `const`, `default`, ...) are kept as they are."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in _SUBSCHEMA_MAPS and isinstance(v, dict):
+            out[k] = {name: strict_schema(sub) for name, sub in v.items()}
+        elif k in _SUBSCHEMA_LISTS and isinstance(v, list):
+            out[k] = [strict_schema(sub) for sub in v]
+        elif k in _SUBSCHEMA and isinstance(v, dict):
+            out[k] = strict_schema(v)
+        else:
+            out[k] = v
+    t = schema.get("type")
+    objectish = t == "object" or (isinstance(t, list) and "object" in t) or "properties" in schema or "required" in schema
+    if objectish and "additionalProperties" not in schema and "unevaluatedProperties" not in schema:
+        out["additionalProperties"] = False
+    if "prefixItems" in schema and "items" not in schema:
+        out["items"] = False
+    elif isinstance(schema.get("items"), list) and "additionalItems" not in schema:
+        out["additionalItems"] = False
+    return out
+
+
 def make_engine(name: str, vocab: Vocab, vocab_size: int | None = None) -> Engine:
     """One engine by name; `vocab_size` fixes the bitmask width (default: what the engine derives)."""
+    if name == "llguidance-noforce":
+        engine = make_engine("llguidance", vocab, vocab_size)
+        engine.name = name
+        engine.lark_options = {**engine.lark_options, "no_forcing": True}
+        return engine
     base, lenient, _ = name.partition("-lenient")
     if lenient and base in LENIENT_ENGINES and not _:
         engine = make_engine(base, vocab, vocab_size)
