@@ -62,3 +62,35 @@ def deepseek_tokenizer():
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(shared_file("deepseek_v3_tokenizer.json")))
+
+
+#: gpt-oss's special tokens after the o200k ranks (the o200k_harmony encoding), the ones its chat
+#: format uses; `<|return|>` and `<|call|>` end a generation.
+HARMONY_SPECIALS = {"<|startoftext|>": 199998, "<|endoftext|>": 199999, "<|return|>": 200002,
+                    "<|constrain|>": 200003, "<|channel|>": 200005, "<|start|>": 200006, "<|end|>": 200007,
+                    "<|message|>": 200008, "<|call|>": 200012}
+#: o200k's pre-tokenizer split (words with their leading punctuation, 1-3 digit runs, punctuation
+#: runs, newlines, spaces).
+O200K_SPLIT = "|".join([
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"])
+
+
+@pytest.fixture(scope="session")
+def harmony_info():
+    """gpt-oss's vocabulary: o200k plus its special tokens, `<|return|>` and `<|call|>` as stops."""
+    import xg2
+
+    return xg2.TokenizerInfo.from_tiktoken(str(shared_file("o200k_base.tiktoken")), special_tokens=HARMONY_SPECIALS,
+                                           stop_token_ids=[200002, 200012])
+
+
+@pytest.fixture(scope="session")
+def harmony_encoding():
+    """gpt-oss's tokenizer (tiktoken), special tokens included."""
+    tiktoken = pytest.importorskip("tiktoken")
+    from tiktoken.load import load_tiktoken_bpe
+
+    ranks = load_tiktoken_bpe(str(shared_file("o200k_base.tiktoken")))
+    return tiktoken.Encoding("o200k_harmony", pat_str=O200K_SPLIT, mergeable_ranks=ranks, special_tokens=HARMONY_SPECIALS)

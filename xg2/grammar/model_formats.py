@@ -245,7 +245,10 @@ class CallSyntax:
                  "end": closing},
                 {"type": "regex", "pattern": r"\s*"}]}
             parts.append(block if req.reasoning == "enabled" else {"type": "optional", "content": block})
-        parts.append({"type": "any_text", "excludes": excludes} if req.mode == "none" else self.calls(req, excludes))
+        if req.mode == "none":      # no call, nor the start of one
+            parts.append({"type": "any_text", "excludes": [*excludes, self.section[0] if self.section else self.trigger]})
+        else:
+            parts.append(self.calls(req, excludes))
         return parts[0] if len(parts) == 1 else {"type": "sequence", "elements": parts}
 
     def calls(self, req: ToolCallRequest, excludes: list[str]) -> dict:

@@ -1,0 +1,403 @@
+"""Model tool-call formats (get_model_structural_tag): requests read as OpenAI's; for every format,
+calls written as the model's chat template writes them, for real tool sets (BFCL's parallel
+calls with their ground-truth arguments, tools from the registry), are accepted token by token on
+the model's vocabulary, and the same calls broken (wrong tool name, bad arguments, text inside a
+call, a second call when parallel calls are off) are rejected; masks equal the reference checker;
+random walks' calls parse and validate against the tool's schema. An independent corpus written
+from the chat templates (tests/data/model_outputs.json) is checked the same way."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import SHARED
+from test_masks import reference_mask, unpack
+
+import xg2
+
+BFCL = SHARED / "data" / "bfcl"
+REGISTRY = SHARED / "data" / "tools" / "registry.jsonl"
+CORPUS = Path(__file__).parent / "data" / "model_outputs.json"
+MODELS = ["llama", "qwen_3", "qwen_3_coder", "deepseek_r1", "deepseek_v3_1", "kimi", "harmony"]
+DS = {k: f"<\uff5c{k.replace(' ', chr(0x2581))}\uff5c>" for k in
+      ("tool calls begin", "tool calls end", "tool call begin", "tool call end", "tool sep")}
+
+
+# --- real tool sets ------------------------------------------------------------------------------
+
+def _bfcl_schema(node):
+    """BFCL's parameter dialect (dict, float, tuple, any) as JSON Schema."""
+    if isinstance(node, list):
+        return [_bfcl_schema(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _bfcl_schema(v) for k, v in node.items()}
+    kind = out.get("type")
+    if kind == "any":
+        out.pop("type")
+    elif isinstance(kind, str):
+        out["type"] = {"dict": "object", "float": "number", "tuple": "array"}.get(kind, kind)
+    return out
+
+
+@lru_cache(maxsize=1)
+def bfcl_parallel_cases() -> list[tuple[list[dict], list[tuple[str, dict]]]]:
+    """(tools, ground-truth calls) of BFCL's parallel_multiple set, first acceptable value of each
+    argument, in the schema's property order; cases whose arguments do not validate are left out."""
+    jsonschema = pytest.importorskip("jsonschema")
+    questions = [json.loads(x) for x in (BFCL / "BFCL_v3_parallel_multiple.json").open(encoding="utf-8")]
+    answers = {a["id"]: a["ground_truth"] for a in
+               (json.loads(x) for x in (BFCL / "possible_answer" / "BFCL_v3_parallel_multiple.json").open(encoding="utf-8"))}
+    out = []
+    for q in questions:
+        tools = [{"type": "function", "function": {**f, "parameters": _bfcl_schema(f["parameters"])}} for f in q["function"]]
+        params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+        calls = []
+        for call in answers[q["id"]]:
+            (name, options), = call.items()
+            order = list(params[name].get("properties", {}))
+            args = {k: v[0] for k, v in sorted(options.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
+                    if v and v[0] != ""}
+            calls.append((name, args))
+        if all(jsonschema.Draft202012Validator(params[n]).is_valid(a) for n, a in calls) and len(calls) > 1:
+            out.append((tools, calls))
+    return out
+
+
+# --- calls written as each model's template writes them ------------------------------------------
+
+def _json(value) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render(model: str, calls: list[tuple[str, dict]], reasoning: str = "The user asks for this; I will call the tool.",
+           text: str = "") -> str:
+    """The model's output: reasoning (if any), text, then the calls as its chat template writes them."""
+    if model == "harmony":
+        (name, args), = calls
+        head = f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant" if reasoning else ""
+        return head + f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{_json(args)}"
+    think = ""
+    if reasoning and model in ("qwen_3", "qwen_3_coder"):
+        think = f"<think>\n{reasoning}\n</think>\n\n"
+    elif reasoning and model != "llama":
+        think = f"{reasoning}\n</think>\n\n"      # DeepSeek / Kimi: the prompt opens the block
+    if model == "llama":
+        body = "; ".join(_json({"name": n, "parameters": a}) for n, a in calls)
+    elif model == "qwen_3":
+        body = "\n".join(f"<tool_call>\n{_json({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls)
+    elif model == "qwen_3_coder":
+        body = "\n".join("<tool_call>\n<function=" + n + ">\n" + "".join(
+            f"<parameter={k}>\n{v if isinstance(v, str) else _json(v)}\n</parameter>\n" for k, v in a.items())
+            + "</function>\n</tool_call>" for n, a in calls)
+    elif model == "deepseek_r1":
+        body = DS["tool calls begin"] + "\n".join(
+            f"{DS['tool call begin']}function{DS['tool sep']}{n}\n```json\n{_json(a)}\n```{DS['tool call end']}"
+            for n, a in calls) + DS["tool calls end"]
+    elif model == "deepseek_v3_1":
+        body = DS["tool calls begin"] + "".join(f"{DS['tool call begin']}{n}{DS['tool sep']}{_json(a)}{DS['tool call end']}"
+                                                for n, a in calls) + DS["tool calls end"]
+    else:
+        body = "<|tool_calls_section_begin|>" + "".join(
+            f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>{_json(a)}<|tool_call_end|>"
+            for i, (n, a) in enumerate(calls)) + "<|tool_calls_section_end|>"
+    return think + text + body
+
+
+class Formats:
+    """Compiled model formats per vocabulary, and the model's own tokenization of its output."""
+
+    def __init__(self, deepseek_info, deepseek_tokenizer, harmony_info, harmony_encoding):
+        self.compilers = {"deepseek": xg2.GrammarCompiler(deepseek_info), "harmony": xg2.GrammarCompiler(harmony_info)}
+        self.deepseek_tokenizer = deepseek_tokenizer
+        self.harmony_encoding = harmony_encoding
+        self.infos = {"deepseek": deepseek_info, "harmony": harmony_info}
+        self.cache: dict[str, xg2.CompiledGrammar] = {}
+
+    def vocab(self, model: str) -> str:
+        return "harmony" if model == "harmony" else "deepseek"
+
+    def compiled(self, model: str, tools: list[dict], **options) -> xg2.CompiledGrammar:
+        key = json.dumps([model, tools, options], sort_keys=True)
+        if key not in self.cache:
+            tag = xg2.get_model_structural_tag(model, tools, **options)
+            self.cache[key] = self.compilers[self.vocab(model)].compile_structural_tag(tag)
+        return self.cache[key]
+
+    def encode(self, model: str, text: str) -> list[int]:
+        if model == "harmony":
+            return self.harmony_encoding.encode(text, allowed_special="all")
+        return self.deepseek_tokenizer.encode(text, add_special_tokens=False).ids
+
+    def accepts(self, model: str, tools: list[dict], text: str, check_masks: bool = True, **options) -> bool:
+        """Token by token on the model's vocabulary; each token's mask bit agrees with acceptance."""
+        matcher = xg2.GrammarMatcher(self.compiled(model, tools, **options))
+        info = self.infos[self.vocab(model)]
+        bitmask = xg2.allocate_token_bitmask(1, info.vocab_size)
+        for t in self.encode(model, text):
+            if check_masks:
+                matcher.fill_next_token_bitmask(bitmask)
+                allowed = bool(int(bitmask[0, t // 32]) >> (t % 32) & 1)
+            ok = matcher.accept_token(t)
+            if check_masks:
+                assert allowed == ok, (model, t, text)
+            if not ok:
+                return False
+        return matcher.is_completed()
+
+
+@pytest.fixture(scope="module")
+def formats(deepseek_info, deepseek_tokenizer, harmony_info, harmony_encoding):
+    return Formats(deepseek_info, deepseek_tokenizer, harmony_info, harmony_encoding)
+
+
+# --- the request ---------------------------------------------------------------------------------
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+    "required": ["city"]}}}
+SEARCH = {"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
+BROWSER = {"type": "web_search_preview", "name": "browser.search",
+           "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}
+
+
+@pytest.mark.parametrize(("kwargs", "pointer", "words"), [
+    ({"model": "nope"}, "/model", "unknown"),
+    ({"tools": {"a": 1}}, "/tools", "list"),
+    ({"tools": [{"type": "function"}]}, "/tools/0/function", "function"),
+    ({"tools": [{"type": "function", "function": {"name": ""}}]}, "/tools/0/function/name", "name"),
+    ({"tools": [WEATHER, WEATHER]}, "/tools/1/function/name", "two tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}, "/tools/0/function/parameters",
+     "JSON Schema"),
+    ({"tool_choice": "sometimes"}, "/tool_choice", "tool_choice"),
+    ({"tool_choice": "required", "tools": []}, "/tool_choice", "no tools"),
+    ({"tool_choice": {"type": "function", "function": {"name": "fly"}}}, "/tool_choice", "fly"),
+    ({"tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "always", "tools": []}}},
+     "/tool_choice/allowed_tools/mode", "mode"),
+    ({"tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": "function",
+      "function": {"name": "fly"}}]}}}, "/tool_choice/allowed_tools/tools/0", "fly"),
+    ({"reasoning": "maybe"}, "/reasoning", "reasoning"),
+    ({"max_whitespace_cnt": 0}, "/max_whitespace_cnt", "positive"),
+])
+def test_bad_requests_say_where(kwargs, pointer, words):
+    args = {"model": "qwen_3", "tools": [WEATHER, SEARCH], **kwargs}
+    with pytest.raises(xg2.ModelFormatError) as exc:
+        xg2.get_model_structural_tag(**args)
+    assert exc.value.pointer == pointer and words in str(exc.value), exc.value
+
+
+def test_register_a_format(small_info):
+    @xg2.register_model_structural_tag("bracket_calls")
+    def bracket_calls(req):
+        return {"type": "triggered_tags", "triggers": ["[["], "tags": [
+            {"type": "tag", "begin": f"[[{t.name}:", "content": req.arguments(t), "end": "]]"} for t in req.tools]}
+
+    tag = xg2.get_model_structural_tag("bracket_calls", [WEATHER])
+    compiled = xg2.GrammarCompiler(small_info).compile_structural_tag(tag)
+    for text, ok in [('See [[get_weather:{"city": "Oslo"}]] ok', True), ('[[get_weather:{"town": "Oslo"}]]', False)]:
+        m = xg2.GrammarMatcher(compiled)
+        assert (m.accept_string(text) and m.is_completed()) == ok
+
+
+def test_tool_choice_and_reasoning_modes(formats):
+    q = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    s = '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>'
+    think = "<think>\nok\n</think>\n\n"
+    cases = [  # (options, text, accepted)
+        ({}, think + "Hello.", True),
+        ({}, "ok\n</think>\n\n" + q, True),                     # the prompt opened the block
+        ({}, "Hello.", False),                                 # reasoning enabled: the block is needed
+        ({"reasoning": "auto"}, "Hello.", True),
+        ({"reasoning": "auto"}, think + q, True),
+        ({"reasoning": "disabled"}, think + "Hello.", False),
+        ({"reasoning": "disabled"}, "Hello. " + q + "\n" + s, True),
+        ({"tool_choice": "none"}, think + q, False),
+        ({"tool_choice": "none"}, think + "No tools needed.", True),
+        ({"tool_choice": "required"}, think + "Let me look. " + q, False),   # no text before the call
+        ({"tool_choice": "required"}, think + q + "\n" + s, True),
+        ({"tool_choice": "required"}, think + "I cannot.", False),
+        ({"parallel_tool_calls": False}, think + q + "\n" + s, False),
+        ({"parallel_tool_calls": False}, think + "Checking. " + q, True),
+        ({"tool_choice": {"type": "function", "function": {"name": "search"}}}, think + q, False),
+        ({"tool_choice": {"type": "function", "function": {"name": "search"}}}, think + s, True),
+        ({"tool_choice": {"type": "function", "function": {"name": "search"}}}, think + s + "\n" + s, False),
+        ({"tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+            {"type": "function", "function": {"name": "search"}}]}}}, think + q, False),
+        ({"tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+            {"type": "function", "function": {"name": "search"}}]}}}, think + s, True),
+    ]
+    for options, text, ok in cases:
+        assert formats.accepts("qwen_3", [WEATHER, SEARCH], text, **options) == ok, (options, text)
+
+
+def test_harmony_channels_and_builtin_tools(formats):
+    tools = [WEATHER, BROWSER]
+    analysis = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+    call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}'
+    cases = [
+        ({}, analysis + call + "<|call|>", True),
+        ({}, analysis + '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Oslo"}'
+         .replace("<|start|>assistant", "", 1), True),                             # recipient in the header
+        ({}, analysis + "<|channel|>final<|message|>It is sunny.<|return|>", True),
+        ({}, call, False),                                                           # reasoning enabled
+        ({"reasoning": "disabled"}, "<|channel|>final<|message|>Hi!", True),
+        ({"reasoning": "disabled"}, analysis + "<|channel|>final<|message|>Hi!", False),
+        ({"reasoning": "auto"}, call, True),
+        ({}, analysis + '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "oslo"}', True),
+        ({"tool_choice": {"type": "web_search_preview"}}, analysis + call, False),
+        ({"tool_choice": {"type": "web_search_preview"}},
+         analysis + '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "oslo"}', True),
+        ({"tool_choice": "required"}, analysis + "<|channel|>final<|message|>Hi!", False),
+        ({"tool_choice": "required"}, analysis + "<|channel|>commentary<|message|>Checking now.<|end|><|start|>assistant"
+         + call, True),                                                             # a preamble, then the call
+        ({"tool_choice": "none"}, analysis + call, False),
+        ({}, analysis + call.replace('"Oslo"', "7"), False),
+        ({}, analysis + call.replace("get_weather", "get_wether"), False),
+        ({}, analysis + call + "<|start|>assistant" + call, False),                  # a call ends the turn
+    ]
+    for options, text, ok in cases:
+        assert formats.accepts("harmony", tools, text, **options) == ok, (options, text)
+
+
+def test_harmony_markers_are_tokens_not_text(formats, harmony_info):
+    """The model must emit `<|channel|>` as its special token; the same text in plain tokens is not it."""
+    compiled = formats.compiled("harmony", [WEATHER], reasoning="disabled")
+    spelled = xg2.GrammarMatcher(compiled)
+    assert not spelled.accept_string("<|channel|>final<|message|>Hi")
+    assert formats.accepts("harmony", [WEATHER], "<|channel|>final<|message|>Hi", reasoning="disabled")
+    with pytest.raises(xg2.StructuralTagError, match="no token has the text"):
+        xg2.GrammarCompiler(formats.infos["deepseek"]).compile_structural_tag(
+            xg2.get_model_structural_tag("harmony", [WEATHER]))
+
+
+# --- every format on BFCL's parallel calls --------------------------------------------------------
+
+def _broken(model: str, tools: list[dict], calls: list[tuple[str, dict]]) -> list[tuple[str, str, dict]]:
+    """Malformed variants of a correct output: (what is wrong, the text, request options)."""
+    (name, args), rest = calls[0], calls[1:]
+    schema = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == name)
+    out = [("wrong tool name", render(model, [(name + "_v2", args), *rest]), {}),
+           ("undeclared argument", render(model, [(name, {**args, "zz_unknown": 1}), *rest]), {})]
+    required = [k for k in schema.get("required", []) if k in args]
+    if required:
+        missing = {k: v for k, v in args.items() if k != required[0]}
+        out.append(("required argument missing", render(model, [(name, missing), *rest]), {}))
+    wrong = next((k for k, v in args.items() if isinstance(v, (int, float)) and not isinstance(v, bool)), None)
+    if wrong is not None:
+        out.append(("number as an object", render(model, [(name, {**args, wrong: {"v": args[wrong]}}), *rest]), {}))
+    good = render(model, calls if model != "harmony" else calls[:1])
+    if model != "harmony":
+        out.append(("a second call with parallel calls off", good, {"parallel_tool_calls": False}))
+        out.append(("no call with tool_choice none", good, {"tool_choice": "none"}))
+    opener = {"qwen_3": "<tool_call>\n", "qwen_3_coder": f"<function={name}>\n", "llama": '{"name": ',
+              "deepseek_r1": DS["tool sep"], "deepseek_v3_1": DS["tool sep"], "kimi": "<|tool_call_argument_begin|>",
+              "harmony": "<|message|>{"}[model]
+    cut = good.rindex(opener) + len(opener) if model == "harmony" else good.index(opener) + len(opener)
+    out.append(("text inside a call", good[:cut] + "Sure, " + good[cut:], {}))
+    out.append(("an unclosed call", good[:-3], {}))
+    return out
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_bfcl_parallel_calls(formats, model):
+    cases = bfcl_parallel_cases()
+    assert len(cases) > 50
+    rng = random.Random(model)
+    for tools, calls in rng.sample(cases, 6):
+        calls = calls[:1] if model == "harmony" else calls          # gpt-oss makes one call per turn
+        text = render(model, calls)
+        assert formats.accepts(model, tools, text), (model, text)
+        for what, bad, options in _broken(model, tools, calls):
+            assert not formats.accepts(model, tools, bad, **options), (model, what, bad)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_masks_equal_the_reference(formats, model):
+    """Every token's mask bit against trying it, at each step of a real output with two tools."""
+    tools, calls = bfcl_parallel_cases()[3]
+    text = render(model, calls[:1], reasoning="Short.")
+    vocab = formats.vocab(model)
+    info = formats.infos[vocab]
+    matcher = xg2.GrammarMatcher(formats.compiled(model, tools))
+    bitmask = xg2.allocate_token_bitmask(1, info.vocab_size)
+    ids = formats.encode(model, text)
+    rng = random.Random(7)
+    steps = set(rng.sample(range(len(ids)), min(6, len(ids)))) | {0, len(ids) - 1}
+    candidates = range(info.vocab_size)
+    for step, t in enumerate(ids):
+        if step in steps:
+            matcher.fill_next_token_bitmask(bitmask)
+            got = unpack(bitmask, info.vocab_size)
+            ref = reference_mask(matcher, info, candidates)
+            diff = np.nonzero(got != ref)[0]
+            assert diff.size == 0, (model, step, [(int(i), info.decoded_vocab[i]) for i in diff[:5]])
+        assert matcher.accept_token(t), (model, step)
+
+
+# --- random walks ---------------------------------------------------------------------------------
+
+TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
+
+
+def test_random_walk_calls_parse_and_validate(formats, deepseek_info):
+    """Seeded walks through allowed tokens with registry tools, a call required: every call that
+    closes is read by a Qwen-style parser and its arguments validate against the tool's schema."""
+    jsonschema = pytest.importorskip("jsonschema")
+    registry = [json.loads(line) for line in REGISTRY.open(encoding="utf-8")]
+    rng = random.Random(11)
+    vocab = deepseek_info.decoded_vocab
+    structural = np.zeros(deepseek_info.vocab_size, dtype=bool)
+    structural[[i for i, b in enumerate(vocab) if b and set(b) & set(b'"]},\n<>/') and len(b) <= 3]] = True
+    structural[deepseek_info.stop_token_ids] = False
+    bitmask = xg2.allocate_token_bitmask(1, deepseek_info.vocab_size)
+    closed = 0
+    for walk in range(8):
+        tools = [{"type": "function", "function": {k: v for k, v in t["function"].items() if k != "description"}}
+                 for t in rng.sample(registry, 3)]
+        schemas = {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools}
+        matcher = xg2.GrammarMatcher(formats.compiled("qwen_3", tools, reasoning="disabled", tool_choice="required"))
+        out = b""
+        for _ in range(400):
+            matcher.fill_next_token_bitmask(bitmask)
+            mask = unpack(bitmask, deepseek_info.vocab_size)
+            mask[deepseek_info.stop_token_ids] = False
+            pick = np.nonzero(mask & structural)[0] if rng.random() < 0.6 else []
+            if not len(pick):
+                pick = np.nonzero(mask)[0]
+            if not len(pick):
+                break
+            t = int(pick[rng.randrange(len(pick))])
+            assert matcher.accept_token(t)
+            out += vocab[t]
+            if out.endswith(b"</tool_call>"):
+                break
+        text = out.decode("utf-8", "replace")
+        for body in TOOL_CALL.findall(text):
+            call = json.loads(body)
+            assert set(call) == {"name", "arguments"} and call["name"] in schemas, text
+            jsonschema.validate(call["arguments"], copy.deepcopy(schemas[call["name"]]))
+            closed += 1
+    assert closed >= 6, f"only {closed} walks closed a call to check"
+
+
+# --- the independent corpus -----------------------------------------------------------------------
+
+def _corpus() -> list[dict]:
+    if not CORPUS.exists():
+        return []
+    data = json.loads(CORPUS.read_text(encoding="utf-8"))
+    return [dict(c, tools=data["tools"]) for c in data["cases"]]
+
+
+@pytest.mark.parametrize("case", _corpus(), ids=lambda c: f"{c['model']}-{c['id']}")
+def test_corpus_written_from_the_chat_templates(formats, case):
+    ok = formats.accepts(case["model"], case["tools"], case["text"], **case.get("options", {}))
+    assert ok == case["valid"], case["why"]
