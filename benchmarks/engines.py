@@ -29,7 +29,7 @@ ALL_ENGINES = ("xg2", "xgrammar", "llguidance")
 #: Engines that can also run in lenient mode ("<engine>-lenient": keywords they cannot enforce are
 #: relaxed with a warning instead of failing the compile; xgrammar always behaves that way).
 LENIENT_ENGINES = ("xg2", "llguidance")
-KNOWN_ENGINES = ALL_ENGINES + tuple(f"{e}-lenient" for e in LENIENT_ENGINES) + ("llguidance-noforce",)
+KNOWN_ENGINES = ALL_ENGINES + tuple(f"{e}-lenient" for e in LENIENT_ENGINES)
 
 
 class EngineUnavailable(RuntimeError):
