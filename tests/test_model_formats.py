@@ -83,7 +83,7 @@ def render(model: str, calls: list[tuple[str, dict]], reasoning: str = "The user
     if model == "harmony":
         (name, args), = calls
         head = f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant" if reasoning else ""
-        return head + f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{_json(args)}"
+        return head + f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{_json(args)}<|call|>"
     think = ""
     if reasoning and model in ("qwen_3", "qwen_3_coder"):
         think = f"<think>\n{reasoning}\n</think>\n\n"
@@ -150,7 +150,9 @@ class Formats:
                 assert allowed == ok, (model, t, text)
             if not ok:
                 return False
-        return matcher.is_completed()
+        # gpt-oss's turn ends with a stop token in its output (`<|call|>`, `<|return|>`); for the
+        # others the end of the text stands for the end-of-turn token.
+        return matcher.is_terminated() if model == "harmony" else matcher.is_completed()
 
 
 @pytest.fixture(scope="module")
@@ -241,27 +243,28 @@ def test_tool_choice_and_reasoning_modes(formats):
 def test_harmony_channels_and_builtin_tools(formats):
     tools = [WEATHER, BROWSER]
     analysis = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
-    call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}'
+    call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>'
+    search = '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "oslo"}<|call|>'
     cases = [
-        ({}, analysis + call + "<|call|>", True),
-        ({}, analysis + '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Oslo"}'
-         .replace("<|start|>assistant", "", 1), True),                             # recipient in the header
+        ({}, analysis + call, True),
+        ({}, analysis[:-len("<|start|>assistant")] + "<|start|>assistant to=functions.get_weather<|channel|>commentary json"
+         '<|message|>{"city": "Oslo"}<|call|>', True),                              # recipient in the header
         ({}, analysis + "<|channel|>final<|message|>It is sunny.<|return|>", True),
+        ({}, analysis + "<|channel|>final<|message|>It is sunny.", False),           # the turn has not ended
         ({}, call, False),                                                           # reasoning enabled
-        ({"reasoning": "disabled"}, "<|channel|>final<|message|>Hi!", True),
-        ({"reasoning": "disabled"}, analysis + "<|channel|>final<|message|>Hi!", False),
+        ({"reasoning": "disabled"}, "<|channel|>final<|message|>Hi!<|return|>", True),
+        ({"reasoning": "disabled"}, analysis + "<|channel|>final<|message|>Hi!<|return|>", False),
         ({"reasoning": "auto"}, call, True),
-        ({}, analysis + '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "oslo"}', True),
+        ({}, analysis + search, True),
         ({"tool_choice": {"type": "web_search_preview"}}, analysis + call, False),
-        ({"tool_choice": {"type": "web_search_preview"}},
-         analysis + '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "oslo"}', True),
-        ({"tool_choice": "required"}, analysis + "<|channel|>final<|message|>Hi!", False),
+        ({"tool_choice": {"type": "web_search_preview"}}, analysis + search, True),
+        ({"tool_choice": "required"}, analysis + "<|channel|>final<|message|>Hi!<|return|>", False),
         ({"tool_choice": "required"}, analysis + "<|channel|>commentary<|message|>Checking now.<|end|><|start|>assistant"
          + call, True),                                                             # a preamble, then the call
         ({"tool_choice": "none"}, analysis + call, False),
         ({}, analysis + call.replace('"Oslo"', "7"), False),
         ({}, analysis + call.replace("get_weather", "get_wether"), False),
-        ({}, analysis + call + "<|start|>assistant" + call, False),                  # a call ends the turn
+        ({}, analysis + call[:-len("<|call|>")] + "<|start|>assistant" + call, False),  # a call ends the turn
     ]
     for options, text, ok in cases:
         assert formats.accepts("harmony", tools, text, **options) == ok, (options, text)
@@ -272,7 +275,7 @@ def test_harmony_markers_are_tokens_not_text(formats, harmony_info):
     compiled = formats.compiled("harmony", [WEATHER], reasoning="disabled")
     spelled = xg2.GrammarMatcher(compiled)
     assert not spelled.accept_string("<|channel|>final<|message|>Hi")
-    assert formats.accepts("harmony", [WEATHER], "<|channel|>final<|message|>Hi", reasoning="disabled")
+    assert formats.accepts("harmony", [WEATHER], "<|channel|>final<|message|>Hi<|return|>", reasoning="disabled")
     with pytest.raises(xg2.StructuralTagError, match="no token has the text"):
         xg2.GrammarCompiler(formats.infos["deepseek"]).compile_structural_tag(
             xg2.get_model_structural_tag("harmony", [WEATHER]))
@@ -299,10 +302,10 @@ def _broken(model: str, tools: list[dict], calls: list[tuple[str, dict]]) -> lis
         out.append(("no call with tool_choice none", good, {"tool_choice": "none"}))
     opener = {"qwen_3": "<tool_call>\n", "qwen_3_coder": f"<function={name}>\n", "llama": '{"name": ',
               "deepseek_r1": DS["tool sep"], "deepseek_v3_1": DS["tool sep"], "kimi": "<|tool_call_argument_begin|>",
-              "harmony": "<|message|>{"}[model]
+              "harmony": "json<|message|>"}[model]
     cut = good.rindex(opener) + len(opener) if model == "harmony" else good.index(opener) + len(opener)
     out.append(("text inside a call", good[:cut] + "Sure, " + good[cut:], {}))
-    out.append(("an unclosed call", good[:-3], {}))
+    out.append(("an unclosed call", good[:-len("<|call|>") - 3] if model == "harmony" else good[:-3], {}))
     return out
 
 

@@ -49,6 +49,7 @@ from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleR
 from .ir import choice as _choice
 from .ir import seq as _seq
 from .json_string import json_string_body
+from .optimize import map_leaves
 from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
 from .regex import ANY_CHAR, regex_to_expr
 from .regular import KeyDFA, intersect, to_rules
@@ -421,6 +422,10 @@ class _Converter:
             return False
         if value is None:
             return None
+        if values is None:
+            # A constrained raw value must not run over its closing tag (nor take the next
+            # arguments with it): its characters exclude "<", as only literal text spells one.
+            value = map_leaves(value, _without_lt)
         pad = Repeat(Literal("\n"), 0, 1) if self.xml.pad else EMPTY
         return _seq(pad, value, pad, Literal(self.xml.close))
 
@@ -1362,6 +1367,14 @@ def _presence_sets(subs: list) -> list[tuple[str, ...]] | None:
 @functools.lru_cache(maxsize=1024)
 def _key_dfa(e: Expr) -> KeyDFA:
     return regular_from_expr(e)
+
+
+def _without_lt(e: Expr) -> Expr:
+    if not isinstance(e, CharClass):
+        return e
+    if e.negated:
+        return CharClass((*e.ranges, (0x3C, 0x3C)), negated=True)
+    return CharClass(tuple((lo, hi) for a, b in e.ranges for lo, hi in ((a, min(b, 0x3B)), (max(a, 0x3D), b)) if lo <= hi))
 
 
 def _listed_values(schema: dict, ptr: str) -> tuple[list | None, str]:

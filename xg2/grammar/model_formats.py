@@ -252,20 +252,28 @@ class CallSyntax:
         return parts[0] if len(parts) == 1 else {"type": "sequence", "elements": parts}
 
     def calls(self, req: ToolCallRequest, excludes: list[str]) -> dict:
-        """Free text and calls: at least one with `required` (no text before it), exactly one when
-        forced; one at most without parallel calls; one section at most."""
+        """Free text, then the calls and nothing after them (the turn ends): at least one with
+        `required` (no text before it), exactly one when forced, one at most without parallel
+        calls; calls are joined by `separator`, inside a section when the model has one."""
         one_only = req.mode == "forced" or not req.parallel_tool_calls
         tags = [self.call(t, req) for t in req.tools]
-        trigger = self.trigger
         if self.section is not None:
-            trigger, closing = self.section
+            opening, closing = self.section
             inner = {"type": "tags_with_separator", "tags": tags, "separator": self.separator,
                      "at_least_one": True, "stop_after_first": one_only}
-            tags = [{"type": "tag", "begin": trigger, "content": inner, "end": closing}]
+            tags = [{"type": "tag", "begin": opening, "content": inner, "end": closing}]
+            trigger, one_only = opening, True
+        else:
+            trigger = self.trigger
         if req.mode == "forced":
             return tags[0]
-        return {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "excludes": excludes,
-                "at_least_one": req.mode == "required", "stop_after_first": one_only or self.section is not None}
+        first = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "excludes": excludes,
+                 "at_least_one": req.mode == "required", "stop_after_first": True}
+        if one_only:
+            return first
+        more = {"type": "sequence", "elements": [_const(self.separator), tags[0] if len(tags) == 1 else
+                                                 {"type": "or", "elements": tags}]}
+        return {"type": "sequence", "elements": [first, {"type": "star", "content": more}]}
 
 
 def _register_syntax(name: str, syntax: CallSyntax) -> None:
@@ -274,13 +282,13 @@ def _register_syntax(name: str, syntax: CallSyntax) -> None:
 
 #: Llama 3.1–3.3 JSON tool calling: `{"name": ..., "parameters": {...}}` (no reasoning).
 _register_syntax("llama", CallSyntax(begin='{"name": "{name}", "parameters": ', end="}", trigger='{"name": ',
-                                     think=None))
+                                     separator="; ", think=None))
 #: Qwen 3 (and QwQ / Qwen 2.5 style Hermes calls): `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`.
 _register_syntax("qwen_3", CallSyntax(begin='<tool_call>\n{"name": "{name}", "arguments": ', end="}\n</tool_call>",
-                                      trigger="<tool_call>", markers=("</tool_call>",)))
+                                      trigger="<tool_call>", separator="\n", markers=("</tool_call>",)))
 #: Qwen3-Coder (and Qwen 3.5): XML parameters, `<function=name>` then `<parameter=p>\nvalue\n</parameter>`.
 _register_syntax("qwen_3_coder", CallSyntax(begin="<tool_call>\n<function={name}>\n", end="</function>\n</tool_call>",
-                                            trigger="<tool_call>", style="qwen_xml",
+                                            trigger="<tool_call>", style="qwen_xml", separator="\n",
                                             markers=("</tool_call>", "<function=", "</function>")))
 _DS_MARKERS = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "<｜tool▁sep｜>")
 #: DeepSeek-R1: calls in a section, each `function<｜tool▁sep｜>name` and a fenced JSON block.

@@ -8,6 +8,7 @@ inlined text, so fewer tokens are left uncertain.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
@@ -125,7 +126,13 @@ def _class_width(c: CharClass) -> int:
 
 
 def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
-    """Replace references to rules in `bodies` by their bodies (post-order, no recursion)."""
+    """Replace references to rules in `bodies` by their bodies."""
+    return map_leaves(e, lambda x: bodies.get(x.name, x) if isinstance(x, RuleRef) else x)
+
+
+def map_leaves(e: Expr, leaf: Callable[[Expr], Expr]) -> Expr:
+    """`e` with every leaf (literal, class, rule reference) x replaced by leaf(x) (post-order, no
+    recursion)."""
     out: dict[int, Expr] = {}
     stack: list[tuple[Expr, bool]] = [(e, False)]
     while stack:
@@ -135,9 +142,7 @@ def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
             stack.extend((c, False) for c in _children(x))
             continue
         # Untouched subtrees are kept as they are (no copy, and memos keyed by them still hit).
-        if isinstance(x, RuleRef):
-            out[id(x)] = bodies.get(x.name, x)
-        elif isinstance(x, (Seq, Choice)):
+        if isinstance(x, (Seq, Choice)):
             kids = x.items if isinstance(x, Seq) else x.alts
             new = tuple(out[id(c)] for c in kids)
             if any(a is not b for a, b in zip(new, kids)):
@@ -148,7 +153,7 @@ def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
             inner = out[id(x.expr)]
             out[id(x)] = x if inner is x.expr else Repeat(inner, x.min, x.max)
         else:
-            out[id(x)] = x
+            out[id(x)] = leaf(x)
     return out[id(e)]
 
 
