@@ -347,7 +347,7 @@ def test_masks_equal_the_reference(formats, model):
 
 # --- random walks ---------------------------------------------------------------------------------
 
-TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
+TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 
 
 def test_random_walk_calls_parse_and_validate(formats, deepseek_info):

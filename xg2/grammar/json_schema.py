@@ -49,8 +49,8 @@ from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleR
 from .ir import choice as _choice
 from .ir import seq as _seq
 from .json_string import json_string_body
-from .optimize import map_leaves
 from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
+from .optimize import map_leaves
 from .regex import ANY_CHAR, regex_to_expr
 from .regular import KeyDFA, intersect, to_rules
 from .regular import from_expr as regular_from_expr
