@@ -404,3 +404,32 @@ def _corpus() -> list[dict]:
 def test_corpus_written_from_the_chat_templates(formats, case):
     ok = formats.accepts(case["model"], case["tools"], case["text"], **case.get("options", {}))
     assert ok == case["valid"], case["why"]
+
+
+def test_linked_frames_mask_like_whole_grammars(deepseek_info, deepseek_tokenizer):
+    """With the entry pool on, a tag's schemas are modules linked into its frame (lowered once per
+    compiler, reused by every later tag); without it the tag is one grammar. Both give the same
+    mask at every token, over requests that share tools in new combinations."""
+    linked = xg2.GrammarCompiler(deepseek_info)
+    whole = xg2.GrammarCompiler(deepseek_info, cross_grammar_cache=False)
+    cases = bfcl_parallel_cases()[:6]
+    pooled_tools = [t for tools, _calls in cases for t in tools]
+    requests = [(tools, calls) for tools, calls in cases]
+    requests += [(pooled_tools[i::3] + tools, calls) for i, (tools, calls) in enumerate(cases[:3])]   # reused modules
+    a = xg2.allocate_token_bitmask(1, deepseek_info.vocab_size)
+    b = xg2.allocate_token_bitmask(1, deepseek_info.vocab_size)
+    for model in ("qwen_3", "qwen_3_coder", "deepseek_v3_1"):
+        for tools, calls in requests:
+            names = set()
+            tools = [t for t in tools if not (t["function"]["name"] in names or names.add(t["function"]["name"]))]
+            tag = xg2.get_model_structural_tag(model, tools)
+            framed = linked.compile_structural_tag(tag)
+            assert framed._lowered.fsms is None        # linked from modules, not lowered whole
+            m1 = xg2.GrammarMatcher(framed)
+            m2 = xg2.GrammarMatcher(whole.compile_structural_tag(tag))
+            for t in deepseek_tokenizer.encode(render(model, calls), add_special_tokens=False).ids:
+                m1.fill_next_token_bitmask(a)
+                m2.fill_next_token_bitmask(b)
+                assert np.array_equal(a.numpy(), b.numpy()), (model, t)
+                assert m1.accept_token(t) and m2.accept_token(t)
+            assert m1.is_completed() and m2.is_completed()

@@ -25,7 +25,7 @@ from .grammar.hashing import GrammarKeys, grammar_keys
 from .grammar.ir import GrammarIR
 from .grammar.optimize import inline_small_rules
 from .grammar.repetition import compress_repetitions
-from .linking import Module, link
+from .linking import Module, link, link_frame
 from .tokenizer import TokenizerInfo
 
 
@@ -111,12 +111,14 @@ def _gc_paused():
                 gc.enable()
 
 
-def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None = None) -> LoweredGrammar:
+def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None = None,
+          keep: frozenset[str] = frozenset()) -> LoweredGrammar:
     """Lower IR to per-rule automata and flatten them (CSR) for the core; `compress=False` keeps
     every repetition unrolled (the reference the compressed form must match). A rule's declared
     follow (`Rule.follow`) replaces its callers as the mask builder's certain context when it
-    covers `max_token_bytes` elements: then no token can read past what the declaration promises."""
-    ir = inline_small_rules(compress_repetitions(ir) if compress else ir)
+    covers `max_token_bytes` elements: then no token can read past what the declaration promises.
+    Rules in `keep` stay rules (not inlined), e.g. the stubs a frame links modules in for."""
+    ir = inline_small_rules(compress_repetitions(ir) if compress else ir, keep)
     names = [r.name for r in ir.rules]
     index = {n: i for i, n in enumerate(names)}
     fsms = [rule_automaton(r.body, index) for r in ir.rules]
@@ -427,7 +429,7 @@ class GrammarCompiler:
             if text in first:
                 continue            # a branch written twice: one module
             first[text] = i
-            module = self._module(opts, text, branch, options)
+            module = self._module((opts, text), lambda branch=branch: Grammar.from_json_schema(branch, **options))
             if module is None:
                 return None
             said += [(m.replace(" (at /)", f" (at /anyOf/{i})").replace(" (at /", f" (at /anyOf/{i}/"), c)
@@ -443,8 +445,8 @@ class GrammarCompiler:
         compiled._warnings = said
         return self._finish(key, compiled, t0)
 
-    def _module(self, opts: tuple, text: bytes, branch: dict, options: dict[str, Any]) -> Module | None:
-        key = (opts, text)
+    def _module(self, key: tuple, build: Callable[[], Grammar], keep_fsms: bool = False) -> Module | None:
+        """The module of a sub-grammar, lowered once per key (None if it cannot be one)."""
         with self._lock:
             module = self._modules.pop(key, None)
             if module is not None:
@@ -453,24 +455,67 @@ class GrammarCompiler:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                lowered = lower(Grammar.from_json_schema(branch, **options).ir, compress=self.repetition_compression,
-                              max_token_bytes=self._vocab.max_depth)
+                lowered = lower(build().ir, compress=self.repetition_compression, max_token_bytes=self._vocab.max_depth)
         except XG2Error:
             return None     # the whole schema is compiled next, which reports it with its full pointer
         module = Module(lowered, [(str(w.message), w.category) for w in caught])
         if not module.linkable:
             return None
         module.keys  # noqa: B018 - computed once here, outside any request that reuses the module
-        lowered.fsms = None     # linking needs the tables and keys only; the automata stay memoised
+        if not keep_fsms:
+            lowered.fsms = None     # linking needs the tables and keys only; the automata stay memoised
         with self._lock:
             self._keep(self._modules, key, module, module.nbytes)
             self._evict()
         return module
 
     def compile_structural_tag(self, structural_tag: Any) -> CompiledGrammar:
-        """A structural tag (xgrammar's JSON: dict, JSON text or pydantic objects), compiled."""
+        """A structural tag (xgrammar's JSON: dict, JSON text or pydantic objects), compiled. With
+        the entry pool on, its JSON Schemas are modules lowered once per compiler and linked into
+        the tag's frame (linking.link_frame)."""
+        from .grammar.structural_tag import parse_structural_tag
+
         with _gc_paused():
-            return self._compile(Grammar.from_structural_tag(structural_tag, self.tokenizer_info))
+            tag = parse_structural_tag(structural_tag)
+            if self._pool is not None:
+                compiled = self._compile_framed(tag)
+                if compiled is not None:
+                    return compiled
+            return self._compile(Grammar.from_structural_tag(tag, self.tokenizer_info))
+
+    def _compile_framed(self, tag: Any) -> CompiledGrammar | None:
+        """The tag's frame (its schemas as stubs) with the schemas' modules linked in; None when
+        there is nothing to link or a schema cannot be a module (the whole tag is compiled next,
+        which reports an error with its full pointer)."""
+        from .grammar.json_schema import json_schema_to_ir
+        from .grammar.structural_tag import structural_tag_to_ir, to_json
+
+        t0 = time.perf_counter()
+        key = ("structural_tag", to_json(tag))
+        hit = self._cached(key)
+        if hit is not None:
+            return hit
+        stubs: dict[str, tuple[bytes, tuple]] = {}
+        ir = structural_tag_to_ir(tag, self.tokenizer_info, stubs)
+        if not stubs:
+            return None
+        modules = {}
+        for name, (text, (schema, style, any_order, max_ws)) in stubs.items():
+            module = self._module(("structural_tag", text), lambda s=schema, st=style, a=any_order, w=max_ws: Grammar(
+                json_schema_to_ir(s, style=st, any_order=a, max_whitespace_cnt=w)), keep_fsms=True)
+            if module is None or module.lowered.fsms is None or module.lowered.arrays["rule_nullable"][module.lowered.root]:
+                return None
+            modules[name] = module
+        frame = lower(ir, compress=self.repetition_compression, max_token_bytes=self._vocab.max_depth,
+                      keep=frozenset(stubs))
+        index = {n: i for i, n in enumerate(frame.rule_names)}
+        lowered = link_frame(frame, {index[n]: m for n, m in modules.items()})
+        with self._lock:
+            trie = self._class_tries.get(byte_classes(lowered.arrays))
+        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())
+        compiled = CompiledGrammar(lambda: Grammar.from_structural_tag(tag, self.tokenizer_info), self.tokenizer_info,
+                                   lowered, core)
+        return self._finish(key, compiled, t0)
 
     def compile_builtin_json_grammar(self) -> CompiledGrammar:
         return self._compile(Grammar.builtin_json_grammar())

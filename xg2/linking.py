@@ -17,7 +17,7 @@ import numpy as np
 
 from ._ext.core import link_tables
 from .grammar.fsm import RuleFSM
-from .grammar.hashing import GrammarKeys, choice_key, context_key, grammar_keys, node_digests
+from .grammar.hashing import GrammarKeys, choice_key, context_key, grammar_keys, node_digests, retired_key
 
 #: The root of a linked grammar: node 0 calls every module (added by `link`) and goes to node 1,
 #: which is final and reads nothing.
@@ -26,6 +26,8 @@ _END = RuleFSM([[], []], [[], []], {1})
 #: linked root, after which nothing follows).
 ROOT_CTX = context_key(True, [])
 MODULE_CTX = context_key(False, [(node_digests(_END, [])[1], ROOT_CTX)])
+#: Contexts a module keeps its keys for (frames call it in ever other ones).
+MAX_CONTEXTS = 4
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Module:
     _keys: GrammarKeys | None = None
     _tables: dict[str, np.ndarray] | None = None
     _nbytes: int | None = None
+    _under: dict = field(default_factory=dict)      # root context -> keys (see keys_under)
 
     @property
     def keys(self) -> GrammarKeys:
@@ -44,6 +47,18 @@ class Module:
             low = self.lowered
             self._keys = grammar_keys(low.fsms, low.root, root_ctx=MODULE_CTX, follows=low.follows)
         return self._keys
+
+    def keys_under(self, root_ctx: bytes) -> GrammarKeys:
+        """Its keys when its root is called in the context keyed `root_ctx` (in a frame)."""
+        memo = self._under
+        keys = memo.get(root_ctx)
+        if keys is None:
+            low = self.lowered
+            keys = grammar_keys(low.fsms, low.root, root_ctx=root_ctx, follows=low.follows)
+            if len(memo) >= MAX_CONTEXTS:
+                memo.pop(next(iter(memo)))
+            memo[root_ctx] = keys
+        return keys
 
     @property
     def linkable(self) -> bool:
@@ -92,3 +107,77 @@ def link(modules: list[Module]):
                        [None] + [c for mk in module_keys for c in mk.canon])
     names = ["root"] + [n for m in modules for n in m.lowered.rule_names]
     return LoweredGrammar(names, None, 0, arrays, keys)
+
+
+def link_frame(frame, stubs: dict[int, Module]):
+    """The LoweredGrammar of a frame (a lowered grammar whose stub rules stand for modules) with
+    every call of a stub going to its module's root instead: the frame's tables first, the modules'
+    after them, moved. A module root takes over its stub's callers (context items and resume
+    nodes) and is keyed under the stub's context in the frame, its inner rules after it."""
+    from .compiler import LoweredGrammar
+
+    fa = frame.arrays
+    root_keys = {s: m.keys.rule[m.lowered.root] for s, m in stubs.items()}
+    fkeys = grammar_keys(frame.fsms, frame.root, follows=frame.follows, fixed=root_keys)
+    n_rules, n_nodes = len(fa["rule_start"]), len(fa["node_rule"])
+    counts = np.diff(fa["ctx_start"])
+    remap = np.arange(n_rules, dtype=np.int32)
+    rule_base, node_base = n_rules, n_nodes
+    be_base, re_base = int(fa["be_start"][-1]), int(fa["re_start"][-1])
+    cols = {k: [fa[k][:n]] for k, n in (("node_rule", n_nodes), ("node_final", n_nodes), ("node_pure", n_nodes),
+                                        ("be_start", n_nodes), ("re_start", n_nodes), ("be_lo", be_base),
+                                        ("be_hi", be_base), ("be_target", be_base), ("re_target", re_base),
+                                        ("rule_start", n_rules), ("rule_nullable", n_rules), ("rule_follow", n_rules))}
+    resume = [fa["ctx_resume"].reshape(n_rules, -1)]
+    item_parts = [np.delete(fa["ctx_item"], np.concatenate([np.arange(fa["ctx_start"][s], fa["ctx_start"][s + 1])
+                                                            for s in stubs] or [np.zeros(0, np.int64)]))]
+    count_parts = [np.where(np.isin(np.arange(n_rules), list(stubs)), 0, counts)]
+    re_rules = [fa["re_rule"]]
+    names = list(frame.rule_names)
+    key_rule, key_ctx, canon = list(fkeys.rule), list(fkeys.ctx), list(fkeys.canon)
+    for s in stubs:     # a stub is no longer called: its entries must not pass for its module root's
+        key_rule[s] = retired_key(key_rule[s])
+    for s, m in stubs.items():
+        a, low = m.lowered.arrays, m.lowered
+        nr, nn = len(a["rule_start"]), len(a["node_rule"])
+        nbe, nre = int(a["be_start"][-1]), int(a["re_start"][-1])
+        remap[s] = rule_base + low.root
+        for k, n, shift in (("node_rule", nn, rule_base), ("node_final", nn, 0), ("node_pure", nn, 0),
+                            ("be_start", nn, be_base), ("re_start", nn, re_base), ("be_lo", nbe, 0), ("be_hi", nbe, 0),
+                            ("be_target", nbe, node_base), ("re_target", nre, node_base), ("rule_start", nr, node_base),
+                            ("rule_nullable", nr, 0), ("rule_follow", nr, 0)):
+            cols[k].append(a[k][:n] + shift if shift else a[k][:n])
+        re_rules.append(a["re_rule"][:nre] + rule_base)
+        rows = a["ctx_resume"].reshape(nr, -1)
+        rows = np.where(rows >= 0, rows + node_base, -1)
+        rows[low.root] = resume[0][s]
+        resume.append(rows)
+        mc = np.diff(a["ctx_start"])
+        start = int(a["ctx_start"][low.root])
+        own = a["ctx_item"][: int(a["ctx_start"][-1])] + ((np.uint64(rule_base) << np.uint64(32)) + np.uint64(node_base))
+        theirs = fa["ctx_item"][fa["ctx_start"][s]: fa["ctx_start"][s + 1]]
+        item_parts.append(np.concatenate([own[:start], theirs, own[start:]]))
+        mc = mc.copy()
+        mc[low.root] += len(theirs)
+        count_parts.append(mc)
+        mk = m.keys_under(fkeys.ctx[s])
+        key_rule += mk.rule
+        key_ctx += mk.ctx
+        canon += mk.canon
+        names += low.rule_names
+        rule_base += nr
+        node_base += nn
+        be_base += nbe
+        re_base += nre
+    re_rule = np.concatenate(re_rules).astype(np.int32)
+    re_rule[: len(fa["re_rule"])] = remap[fa["re_rule"]]
+    arrays = {k: np.concatenate(v) for k, v in cols.items()}
+    arrays["be_start"] = np.append(arrays["be_start"], be_base).astype(np.int32)
+    arrays["re_start"] = np.append(arrays["re_start"], re_base).astype(np.int32)
+    arrays["re_rule"] = re_rule
+    arrays["ctx_item"] = np.concatenate(item_parts).astype(np.uint64)
+    arrays["ctx_start"] = np.concatenate([[0], np.cumsum(np.concatenate(count_parts))]).astype(np.int32)
+    arrays["ctx_resume"] = np.concatenate(resume).reshape(-1).astype(np.int32)
+    for k in ("node_rule", "be_target", "re_target", "rule_start"):
+        arrays[k] = arrays[k].astype(np.int32)
+    return LoweredGrammar(names, None, frame.root, arrays, GrammarKeys(key_rule, key_ctx, canon))

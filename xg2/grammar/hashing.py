@@ -175,7 +175,7 @@ def _node_digests(fsm: RuleFSM, key: list[bytes]) -> list[bytes]:
 
 
 def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = None,
-                 follows: dict[int, int] | None = None) -> GrammarKeys:
+                 follows: dict[int, int] | None = None, fixed: dict[int, bytes] | None = None) -> GrammarKeys:
     """Keys of every rule.
 
     A call site is named by what the caller reads after the call (a digest of the rest of its
@@ -185,7 +185,8 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
     it is the context key of the root, which no rule of the module may call. Modules are linked
     under roots of one shape only, so there a call site is named by the caller's key and the node
     it resumes at, which costs nothing to compute. A rule with a declared follow in use
-    (`follows`, see repetition.py) has it in its context key: its entries accept by it."""
+    (`follows`, see repetition.py) has it in its context key: its entries accept by it. `fixed`:
+    rule keys given (a frame's stubs carry the keys of the modules linked in for them)."""
     n = len(fsms)
     callees = [sorted({r for edges in f.rule_edges for r, _ in edges}) for f in fsms]
     canon: list[list[int] | None] = [None] * n
@@ -204,7 +205,7 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
             _remember(fsm, memo_key, (None if canon[r] is None else tuple(canon[r]), part))
         return part
 
-    rule = _keys_in_order(n, callees, rule_part)
+    rule = _keys_in_order(n, callees, rule_part, fixed)
 
     follow: dict[int, list[bytes]] = {}
     sites: list[set[tuple[int, int]]] = [set() for _ in range(n)]
@@ -259,6 +260,11 @@ def context_key(is_root: bool, sites: list[tuple[bytes, bytes]]) -> bytes:
     """The context key of a rule called at `sites`: (digest of what the caller reads after the
     call, the caller's context key) pairs; the same formula `grammar_keys` applies."""
     return _digest(repr((is_root, sorted(set(sites)))).encode())
+
+
+def retired_key(key: bytes) -> bytes:
+    """A key derived from `key` that no live rule has (for a rule left in tables but never called)."""
+    return _digest(b"retired", key)
 
 
 def choice_key(callees: list[bytes]) -> bytes:

@@ -157,8 +157,9 @@ def map_leaves(e: Expr, leaf: Callable[[Expr], Expr]) -> Expr:
     return out[id(e)]
 
 
-def inline_small_rules(ir: GrammarIR) -> GrammarIR:
-    """Inline reference-free, non-recursive small rules; drop rules no longer reachable from root."""
+def inline_small_rules(ir: GrammarIR, keep: frozenset[str] = frozenset()) -> GrammarIR:
+    """Inline reference-free, non-recursive small rules (not those in `keep`); drop rules no longer
+    reachable from root."""
     sites: dict[str, int] = {}
     refs = {r.name: _ref_copies(r.body, sites) for r in ir.rules}
     callers: dict[str, list[str]] = {}
@@ -174,7 +175,7 @@ def inline_small_rules(ir: GrammarIR) -> GrammarIR:
     while ready:
         name = ready.pop()
         r = rules[name]
-        if name == ir.root or r.lookahead is not None or name in followed:
+        if name == ir.root or r.lookahead is not None or name in followed or name in keep:
             continue
         body = substitute(r.body, inlined) if refs[name] else r.body
         if _more_nodes_than(body, INLINE_LIMIT):

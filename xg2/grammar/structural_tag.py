@@ -153,6 +153,9 @@ class StructuralTag(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag
 
 def parse_structural_tag(tag: Any) -> StructuralTag:
     """A structural tag from a dict, a JSON text (str or bytes) or pydantic objects, checked."""
+    if isinstance(tag, StructuralTag):
+        _check(tag.format, "/format")
+        return tag
     if hasattr(tag, "model_dump"):
         tag = tag.model_dump(mode="json", by_alias=True)
     try:
@@ -301,10 +304,12 @@ _LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, Seq
             TriggeredTagsFormat, DispatchFormat, QwenXMLParameterFormat, TokenFormat, AnyTokensFormat,
             TokenTriggeredTagsFormat, TokenDispatchFormat)
 _FREE = (AnyTextFormat, AnyTokensFormat)
+#: A stub's body until linking replaces its calls: one surrogate no text holds (never read).
+STUB_BODY = Text("\udfff")
 _STYLES = ("json", "qwen_xml", "minimax_xml", "glm_xml", "deepseek_xml")
 
 
-def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None) -> GrammarIR:
+def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None, stubs: dict | None = None) -> GrammarIR:
     """The grammar of a parsed structural tag. Embedded grammars (JSON Schemas, EBNF) keep their
     rules under a prefix of their own; errors in them keep their place (JSON pointer within the
     tag, then within the schema, or line and column within the EBNF text).
@@ -312,17 +317,36 @@ def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None) -> Gram
     The token-level forms need the vocabulary (`tokenizer_info`). A special token named there is
     matched as that token only (TokenizerInfo.named_special_tokens); an ordinary token is matched
     by its text, as the byte-level parser reads every ordinary token; a stop token cannot be named
-    (the output ends with it wherever the format can end)."""
-    lowering = _Lowering(tokenizer_info)
+    (the output ends with it wherever the format can end).
+
+    With `stubs` (a dict, filled in), every JSON Schema becomes a call of a stub rule, one per
+    distinct (schema, style, any_order, max_whitespace_cnt), named in `stubs`: the frame into which
+    the compiler links the schemas it lowered once (linking.py)."""
+    lowering = _Lowering(tokenizer_info, stubs)
     root = lowering.lower(tag.format, "/format")
     return GrammarIR([Rule("root", root), *lowering.rules], "root")
 
 
 class _Lowering:
-    def __init__(self, info: Any = None) -> None:
+    def __init__(self, info: Any = None, stubs: dict | None = None) -> None:
         self.rules: list[Rule] = []
         self.n_embedded = 0
         self.info = info
+        self.stubs = stubs
+        self.stub_names: dict[bytes, str] = {}
+
+    def stub(self, f: JSONSchemaFormat | QwenXMLParameterFormat) -> Expr:
+        """A call of the stub rule standing for this schema (one per distinct schema and options)."""
+        plain = isinstance(f, QwenXMLParameterFormat)
+        spec = (f.json_schema, "qwen_xml" if plain else f.style, not plain and f.any_order,
+                None if plain else f.max_whitespace_cnt)
+        text = msgspec.json.encode(spec)
+        name = self.stub_names.get(text)
+        if name is None:
+            name = self.stub_names[text] = f"stub{len(self.stub_names)}"
+            self.stubs[name] = (text, spec)
+            self.rules.append(Rule(name, STUB_BODY))
+        return RuleRef(name)
 
     def token(self, token: int | str, at: str) -> str:
         """The text standing for a named token in the grammar (see `structural_tag_to_ir`)."""
@@ -424,6 +448,9 @@ class _Lowering:
                 return one if f.at_least_one else Repeat(one, 0, 1)
             many = Seq((one, Repeat(Seq((Text(f.separator), one)), 0, None)))
             return many if f.at_least_one else Repeat(many, 0, 1)
+        if isinstance(f, (JSONSchemaFormat, QwenXMLParameterFormat)) and self.stubs is not None and not (
+                isinstance(f, JSONSchemaFormat) and f.excludes):
+            return self.stub(f)
         if isinstance(f, (JSONSchemaFormat, QwenXMLParameterFormat)):
             from .json_schema import json_schema_to_ir
 
