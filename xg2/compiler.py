@@ -353,6 +353,7 @@ class GrammarCompiler:
         self._pool = (EntryPool(self._vocab, tokenizer_info.fingerprint, cache_limit_bytes)
                       if cross_grammar_cache else None)
         self._class_tries: dict[bytes, ClassTrie | None] = {}
+        self._horizons: dict[bytes, bool] = {}      # literal -> no token reads past it
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self.last_compile_seconds: float | None = None
@@ -483,6 +484,17 @@ class GrammarCompiler:
                     return compiled
             return self._compile(Grammar.from_structural_tag(tag, self.tokenizer_info))
 
+    def _impassable(self, literal: bytes) -> bool:
+        """Whether no token of the vocabulary reads past `literal` (holds it with a byte after it)."""
+        with self._lock:
+            known = self._horizons.get(literal)
+        if known is None:
+            known = not any(0 <= t.find(literal) < len(t) - len(literal) for t in self.tokenizer_info.decoded_vocab
+                            if len(t) > len(literal))
+            with self._lock:
+                self._horizons[literal] = known
+        return known
+
     def _compile_framed(self, tag: Any) -> CompiledGrammar | None:
         """The tag's frame (its schemas as stubs) with the schemas' modules linked in; None when
         there is nothing to link or a schema cannot be a module (the whole tag is compiled next,
@@ -509,7 +521,7 @@ class GrammarCompiler:
         frame = lower(ir, compress=self.repetition_compression, max_token_bytes=self._vocab.max_depth,
                       keep=frozenset(stubs))
         index = {n: i for i, n in enumerate(frame.rule_names)}
-        lowered = link_frame(frame, {index[n]: m for n, m in modules.items()})
+        lowered = link_frame(frame, {index[n]: m for n, m in modules.items()}, self._impassable)
         with self._lock:
             trie = self._class_tries.get(byte_classes(lowered.arrays))
         core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())

@@ -17,7 +17,15 @@ import numpy as np
 
 from ._ext.core import link_tables
 from .grammar.fsm import RuleFSM
-from .grammar.hashing import GrammarKeys, choice_key, context_key, grammar_keys, node_digests, retired_key
+from .grammar.hashing import (
+    GrammarKeys,
+    choice_key,
+    context_key,
+    grammar_keys,
+    horizon_key,
+    node_digests,
+    retired_key,
+)
 
 #: The root of a linked grammar: node 0 calls every module (added by `link`) and goes to node 1,
 #: which is final and reads nothing.
@@ -109,11 +117,39 @@ def link(modules: list[Module]):
     return LoweredGrammar(names, None, 0, arrays, keys)
 
 
-def link_frame(frame, stubs: dict[int, Module]):
+def _literal_after(fsm: RuleFSM, v: int) -> bytes:
+    """The bytes every path from node `v` reads first (one byte edge of one byte, no call, not final)."""
+    out = bytearray()
+    seen = set()
+    while v not in seen and v not in fsm.finals and not fsm.rule_edges[v] and len(fsm.byte_edges[v]) == 1:
+        lo, hi, t = fsm.byte_edges[v][0]
+        if lo != hi:
+            break
+        seen.add(v)
+        out.append(lo)
+        v = t
+    return bytes(out)
+
+
+def _module_context(frame, stub: int, fkeys: GrammarKeys, impassable) -> bytes:
+    """The context a module is keyed under in a frame: when every call of its stub is followed by
+    one literal that no token reads past (`impassable`), nothing after the literal can change its
+    entries and the key names the literal only, the same in every frame (a tool's entries then
+    serve every request that offers it); else the stub's own context key in the frame."""
+    literals = {_literal_after(frame.fsms[p], v) for p, f in enumerate(frame.fsms)
+                for edges in f.rule_edges for r, v in edges if r == stub}
+    if len(literals) == 1:
+        (literal,) = literals
+        if literal and impassable is not None and impassable(literal):
+            return horizon_key(literal)
+    return fkeys.ctx[stub]
+
+
+def link_frame(frame, stubs: dict[int, Module], impassable=None):
     """The LoweredGrammar of a frame (a lowered grammar whose stub rules stand for modules) with
     every call of a stub going to its module's root instead: the frame's tables first, the modules'
     after them, moved. A module root takes over its stub's callers (context items and resume
-    nodes) and is keyed under the stub's context in the frame, its inner rules after it."""
+    nodes) and is keyed under its context in the frame (`_module_context`), its inner rules after it."""
     from .compiler import LoweredGrammar
 
     fa = frame.arrays
@@ -160,7 +196,7 @@ def link_frame(frame, stubs: dict[int, Module]):
         mc = mc.copy()
         mc[low.root] += len(theirs)
         count_parts.append(mc)
-        mk = m.keys_under(fkeys.ctx[s])
+        mk = m.keys_under(_module_context(frame, s, fkeys, impassable))
         key_rule += mk.rule
         key_ctx += mk.ctx
         canon += mk.canon

@@ -262,6 +262,12 @@ def context_key(is_root: bool, sites: list[tuple[bytes, bytes]]) -> bytes:
     return _digest(repr((is_root, sorted(set(sites)))).encode())
 
 
+def horizon_key(literal: bytes) -> bytes:
+    """The context key of a rule after which `literal` always comes and no token reads past it:
+    what follows the literal cannot change a mask entry of the rule (see linking.link_frame)."""
+    return _digest(b"horizon", literal)
+
+
 def retired_key(key: bytes) -> bytes:
     """A key derived from `key` that no live rule has (for a rule left in tables but never called)."""
     return _digest(b"retired", key)
