@@ -508,7 +508,8 @@ class GrammarCompiler:
         if hit is not None:
             return hit
         stubs: dict[str, tuple[bytes, tuple]] = {}
-        ir = structural_tag_to_ir(tag, self.tokenizer_info, stubs)
+        keep: set[str] = set()
+        ir = structural_tag_to_ir(tag, self.tokenizer_info, stubs, keep)
         if not stubs:
             return None
         modules = {}
@@ -519,7 +520,7 @@ class GrammarCompiler:
                 return None
             modules[name] = module
         frame = lower(ir, compress=self.repetition_compression, max_token_bytes=self._vocab.max_depth,
-                      keep=frozenset(stubs))
+                      keep=frozenset(stubs) | keep)
         index = {n: i for i, n in enumerate(frame.rule_names)}
         lowered = link_frame(frame, {index[n]: m for n, m in modules.items()}, self._impassable)
         with self._lock:

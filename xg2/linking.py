@@ -131,18 +131,18 @@ def _literal_after(fsm: RuleFSM, v: int) -> bytes:
     return bytes(out)
 
 
-def _module_context(frame, stub: int, fkeys: GrammarKeys, impassable) -> bytes:
-    """The context a module is keyed under in a frame: when every call of its stub is followed by
-    one literal that no token reads past (`impassable`), nothing after the literal can change its
-    entries and the key names the literal only, the same in every frame (a tool's entries then
-    serve every request that offers it); else the stub's own context key in the frame."""
-    literals = {_literal_after(frame.fsms[p], v) for p, f in enumerate(frame.fsms)
-                for edges in f.rule_edges for r, v in edges if r == stub}
+def _module_context(frame, sites: list[tuple[int, int]], ctx: bytes, impassable) -> bytes:
+    """The context a module is keyed under in a frame: when every call of its stub (`sites`:
+    caller, resume node) is followed by one literal that no token reads past (`impassable`),
+    nothing after the literal can change its entries and the key names the literal only, the same
+    in every frame (a tool's entries then serve every request that offers it); else the stub's own
+    context key in the frame (`ctx`)."""
+    literals = {_literal_after(frame.fsms[p], v) for p, v in sites}
     if len(literals) == 1:
         (literal,) = literals
         if literal and impassable is not None and impassable(literal):
             return horizon_key(literal)
-    return fkeys.ctx[stub]
+    return ctx
 
 
 def link_frame(frame, stubs: dict[int, Module], impassable=None):
@@ -171,6 +171,12 @@ def link_frame(frame, stubs: dict[int, Module], impassable=None):
     re_rules = [fa["re_rule"]]
     names = list(frame.rule_names)
     key_rule, key_ctx, canon = list(fkeys.rule), list(fkeys.ctx), list(fkeys.canon)
+    sites: dict[int, list[tuple[int, int]]] = {s: [] for s in stubs}
+    for p, f in enumerate(frame.fsms):
+        for edges in f.rule_edges:
+            for r, v in edges:
+                if r in sites:
+                    sites[r].append((p, v))
     for s in stubs:     # a stub is no longer called: its entries must not pass for its module root's
         key_rule[s] = retired_key(key_rule[s])
     for s, m in stubs.items():
@@ -196,7 +202,7 @@ def link_frame(frame, stubs: dict[int, Module], impassable=None):
         mc = mc.copy()
         mc[low.root] += len(theirs)
         count_parts.append(mc)
-        mk = m.keys_under(_module_context(frame, s, fkeys, impassable))
+        mk = m.keys_under(_module_context(frame, sites[s], fkeys.ctx[s], impassable))
         key_rule += mk.rule
         key_ctx += mk.ctx
         canon += mk.canon

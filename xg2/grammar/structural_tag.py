@@ -162,7 +162,10 @@ def parse_structural_tag(tag: Any) -> StructuralTag:
         if isinstance(tag, (str, bytes, bytearray)):
             out = msgspec.json.decode(tag, type=StructuralTag)
         else:
-            out = msgspec.convert(_plain(tag), type=StructuralTag)
+            try:
+                out = msgspec.convert(tag, type=StructuralTag)
+            except msgspec.ValidationError:     # pydantic objects inside plain containers
+                out = msgspec.convert(_plain(tag), type=StructuralTag)
     except msgspec.ValidationError as e:
         message, _, where = str(e).rpartition(" - at `")
         if not message:
@@ -309,7 +312,8 @@ STUB_BODY = Text("\udfff")
 _STYLES = ("json", "qwen_xml", "minimax_xml", "glm_xml", "deepseek_xml")
 
 
-def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None, stubs: dict | None = None) -> GrammarIR:
+def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None, stubs: dict | None = None,
+                         keep: set | None = None) -> GrammarIR:
     """The grammar of a parsed structural tag. Embedded grammars (JSON Schemas, EBNF) keep their
     rules under a prefix of their own; errors in them keep their place (JSON pointer within the
     tag, then within the schema, or line and column within the EBNF text).
@@ -321,18 +325,21 @@ def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None, stubs: 
 
     With `stubs` (a dict, filled in), every JSON Schema becomes a call of a stub rule, one per
     distinct (schema, style, any_order, max_whitespace_cnt), named in `stubs`: the frame into which
-    the compiler links the schemas it lowered once (linking.py)."""
-    lowering = _Lowering(tokenizer_info, stubs)
+    the compiler links the schemas it lowered once (linking.py). The tags a trigger starts are
+    then a rule of their own too, named in `keep`: the text around them is the same automaton
+    in every frame with the same triggers (built once, its entries shared)."""
+    lowering = _Lowering(tokenizer_info, stubs, keep)
     root = lowering.lower(tag.format, "/format")
     return GrammarIR([Rule("root", root), *lowering.rules], "root")
 
 
 class _Lowering:
-    def __init__(self, info: Any = None, stubs: dict | None = None) -> None:
+    def __init__(self, info: Any = None, stubs: dict | None = None, keep: set | None = None) -> None:
         self.rules: list[Rule] = []
         self.n_embedded = 0
         self.info = info
         self.stubs = stubs
+        self.keep = keep
         self.stub_names: dict[bytes, str] = {}
 
     def stub(self, f: JSONSchemaFormat | QwenXMLParameterFormat) -> Expr:
@@ -499,6 +506,13 @@ class _Lowering:
             rests.setdefault(trigger, []).append(rest[0] if len(rest) == 1 else Seq(tuple(rest)))
         after: dict[str, Expr | None] = {t: None for t in triggers}
         after.update((t, alts[0] if len(alts) == 1 else Choice(tuple(alts))) for t, alts in rests.items())
+        if self.keep is not None:
+            for t, then in after.items():
+                if then is not None:
+                    name = f"tags{len(self.keep)}"
+                    self.keep.add(name)
+                    self.rules.append(Rule(name, then))
+                    after[t] = RuleRef(name)
         any_tag = tags[0] if len(tags) == 1 else Choice(tuple(tags))
         once = _dispatching(after, excludes, at + "/triggers", loop=not f.stop_after_first, tokens=tokens)
         if f.at_least_one:

@@ -12,12 +12,15 @@ whole trie subtrees.
 
 from __future__ import annotations
 
+import functools
+
 from .ir import EPSILON, CharClass, Choice, Expr, Literal, Repeat, Seq
 
 #: Largest automaton written out (states: one per distinct prefix of the strings, plus two).
 MAX_TEXT_STATES = 512
 
 
+@functools.lru_cache(maxsize=256)
 def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = (), tokens: tuple[str, ...] = ()) -> Expr | None:
     """Text followed by one of `ends` (their first occurrence ends it), or, without ends, any text;
     no excluded string occurs in either. `tokens`: the characters of special tokens the text may
