@@ -313,7 +313,7 @@ _STYLES = ("json", "qwen_xml", "minimax_xml", "glm_xml", "deepseek_xml")
 
 
 def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None, stubs: dict | None = None,
-                         keep: set | None = None) -> GrammarIR:
+                         gates: dict | None = None) -> GrammarIR:
     """The grammar of a parsed structural tag. Embedded grammars (JSON Schemas, EBNF) keep their
     rules under a prefix of their own; errors in them keep their place (JSON pointer within the
     tag, then within the schema, or line and column within the EBNF text).
@@ -326,20 +326,21 @@ def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None, stubs: 
     With `stubs` (a dict, filled in), every JSON Schema becomes a call of a stub rule, one per
     distinct (schema, style, any_order, max_whitespace_cnt), named in `stubs`: the frame into which
     the compiler links the schemas it lowered once (linking.py). The tags a trigger starts are
-    then a rule of their own too, named in `keep`: the text around them is the same automaton
-    in every frame with the same triggers (built once, its entries shared)."""
-    lowering = _Lowering(tokenizer_info, stubs, keep)
+    then a rule of their own too, a *gate*, named in `gates` with its trigger: the text around it
+    is the same automaton in every frame with the same triggers (built once, its entries shared
+    where no token reads past the trigger)."""
+    lowering = _Lowering(tokenizer_info, stubs, gates)
     root = lowering.lower(tag.format, "/format")
     return GrammarIR([Rule("root", root), *lowering.rules], "root")
 
 
 class _Lowering:
-    def __init__(self, info: Any = None, stubs: dict | None = None, keep: set | None = None) -> None:
+    def __init__(self, info: Any = None, stubs: dict | None = None, gates: dict | None = None) -> None:
         self.rules: list[Rule] = []
         self.n_embedded = 0
         self.info = info
         self.stubs = stubs
-        self.keep = keep
+        self.gates = gates
         self.stub_names: dict[bytes, str] = {}
 
     def stub(self, f: JSONSchemaFormat | QwenXMLParameterFormat) -> Expr:
@@ -506,11 +507,11 @@ class _Lowering:
             rests.setdefault(trigger, []).append(rest[0] if len(rest) == 1 else Seq(tuple(rest)))
         after: dict[str, Expr | None] = {t: None for t in triggers}
         after.update((t, alts[0] if len(alts) == 1 else Choice(tuple(alts))) for t, alts in rests.items())
-        if self.keep is not None:
+        if self.gates is not None:
             for t, then in after.items():
                 if then is not None:
-                    name = f"tags{len(self.keep)}"
-                    self.keep.add(name)
+                    name = f"gate{len(self.gates)}"
+                    self.gates[name] = t
                     self.rules.append(Rule(name, then))
                     after[t] = RuleRef(name)
         any_tag = tags[0] if len(tags) == 1 else Choice(tuple(tags))
