@@ -61,6 +61,11 @@ def test_fill_into_torch_and_numpy_rows(small_info):
     m.fill_next_token_bitmask(bn, 1)
     assert torch.equal(bt[2], torch.from_numpy(bn[1]))
     assert (bt[0] == -1).all() and (bn[0] == -1).all()
+    # the matcher remembers where the last torch row was; a new storage for the same tensor is seen
+    m.fill_next_token_bitmask(bt, 2)
+    bt.data = torch.full((4, bt.shape[1]), -1, dtype=torch.int32)
+    m.fill_next_token_bitmask(bt, 3)
+    assert torch.equal(bt[3], torch.from_numpy(bn[1])) and (bt[2] == -1).all()
 
 
 def test_bad_bitmask_inputs(small_info):

@@ -63,6 +63,7 @@ class GrammarMatcher:
         self._stop_ids = [int(t) for t in stops]
         self._core = MatcherCore(compiled_grammar._core, self._stop_ids)
         self._n_words = (self._vocab_size + 31) // 32
+        self._last_row: tuple | None = None     # (tensor, index, data_ptr, shape, strides, address, width)
         self._terminate_without_stop = terminate_without_stop_token
         self._max_rollback = max_rollback_tokens
 
@@ -102,7 +103,14 @@ class GrammarMatcher:
 
         After termination nothing is allowed and False is returned.
         """
-        address, width = _row_address(bitmask, index, self._n_words)
+        last = self._last_row
+        if (last is not None and last[0] is bitmask and last[1] == index and bitmask.data_ptr() == last[2]
+                and bitmask.shape == last[3] and bitmask.stride() == last[4]):
+            address, width = last[5], last[6]      # the same torch bitmask as last time, unchanged
+        else:
+            address, width = _row_address(bitmask, index, self._n_words)
+            if is_torch_tensor(bitmask):
+                self._last_row = (bitmask, index, bitmask.data_ptr(), bitmask.shape, bitmask.stride(), address, width)
         self._core.fill_bitmask(address, width)
         return not self._core.terminated
 
