@@ -508,7 +508,7 @@ class GrammarCompiler:
         if hit is not None:
             return hit
         stubs: dict[str, tuple[bytes, tuple]] = {}
-        gates: dict[str, str | None] = {}
+        gates: dict[str, str] = {}
         ir = structural_tag_to_ir(tag, self.tokenizer_info, stubs, gates)
         if not stubs:
             return None
@@ -523,8 +523,7 @@ class GrammarCompiler:
                       keep=frozenset(stubs) | frozenset(gates))
         index = {n: i for i, n in enumerate(frame.rule_names)}
         lowered = link_frame(frame, {index[n]: m for n, m in modules.items()}, self._impassable,
-                             {index[n]: t.encode("utf-8", "surrogatepass") for n, t in gates.items()
-                              if n in index and t is not None})
+                             {index[n]: t.encode("utf-8", "surrogatepass") for n, t in gates.items() if n in index})
         with self._lock:
             trie = self._class_tries.get(byte_classes(lowered.arrays))
         core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())

@@ -328,7 +328,7 @@ def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None, stubs: 
     the compiler links the schemas it lowered once (linking.py). The tags a trigger starts are
     then a rule of their own too, a *gate*, named in `gates` with its trigger: the text around it
     is the same automaton in every frame with the same triggers (built once, its entries shared
-    where no token reads past the trigger); so is each tag (named in `gates` with None)."""
+    where no token reads past the trigger)."""
     lowering = _Lowering(tokenizer_info, stubs, gates)
     root = lowering.lower(tag.format, "/format")
     return GrammarIR([Rule("root", root), *lowering.rules], "root")
@@ -504,14 +504,7 @@ class _Lowering:
             if trigger is None or (isinstance(f, TokenTriggeredTagsFormat) and begin != trigger):
                 raise StructuralTagError("a triggered tag must begin with one of the triggers", f"{at}/tags/{i}/begin")
             rest = tag.items[1:] if begin == trigger else (Text(begin[len(trigger):]), *tag.items[1:])
-            then = rest[0] if len(rest) == 1 else Seq(tuple(rest))
-            if self.gates is not None:
-                # a rule per tag: its key is the tag's own (the same in every frame that offers it)
-                name = f"tag{len(self.gates)}"
-                self.gates[name] = None
-                self.rules.append(Rule(name, then))
-                then = RuleRef(name)
-            rests.setdefault(trigger, []).append(then)
+            rests.setdefault(trigger, []).append(rest[0] if len(rest) == 1 else Seq(tuple(rest)))
         after: dict[str, Expr | None] = {t: None for t in triggers}
         after.update((t, alts[0] if len(alts) == 1 else Choice(tuple(alts))) for t, alts in rests.items())
         if self.gates is not None:
