@@ -159,8 +159,8 @@ def link_frame(frame, stubs: dict[int, Module], impassable=None, gates: dict[int
 
     fa = frame.arrays
     root_keys = {s: m.keys.rule[m.lowered.root] for s, m in stubs.items()}
-    fkeys = grammar_keys(frame.fsms, frame.root, follows=frame.follows, fixed=root_keys)
     shut = {g: horizon_key(b"gate\0" + lit) for g, lit in (gates or {}).items() if impassable is not None and impassable(lit)}
+    fkeys = grammar_keys(frame.fsms, frame.root, follows=frame.follows, fixed=root_keys, contexts=not shut)
     if shut:
         # the rules around the gates see each gate by its literal; the gates and all they call
         # keep their own keys

@@ -175,7 +175,8 @@ def _node_digests(fsm: RuleFSM, key: list[bytes]) -> list[bytes]:
 
 
 def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = None,
-                 follows: dict[int, int] | None = None, fixed: dict[int, bytes] | None = None) -> GrammarKeys:
+                 follows: dict[int, int] | None = None, fixed: dict[int, bytes] | None = None,
+                 contexts: bool = True) -> GrammarKeys:
     """Keys of every rule.
 
     A call site is named by what the caller reads after the call (a digest of the rest of its
@@ -186,7 +187,8 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
     under roots of one shape only, so there a call site is named by the caller's key and the node
     it resumes at, which costs nothing to compute. A rule with a declared follow in use
     (`follows`, see repetition.py) has it in its context key: its entries accept by it. `fixed`:
-    rule keys given (a frame's stubs carry the keys of the modules linked in for them)."""
+    rule keys given (a frame's stubs carry the keys of the modules linked in for them). `contexts=False`
+    leaves the context keys out (empty)."""
     n = len(fsms)
     callees = [sorted({r for edges in f.rule_edges for r, _ in edges}) for f in fsms]
     canon: list[list[int] | None] = [None] * n
@@ -206,6 +208,8 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
         return part
 
     rule = _keys_in_order(n, callees, rule_part, fixed)
+    if not contexts:
+        return GrammarKeys(rule, [], canon)
 
     follow: dict[int, list[bytes]] = {}
     sites: list[set[tuple[int, int]]] = [set() for _ in range(n)]
