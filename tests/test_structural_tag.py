@@ -456,3 +456,95 @@ def test_xml_arguments_of_an_open_schema(small_info):
         assert _accepts(_compile(small_info, {"type": "json_schema", "json_schema": True, "style": style}), text)
     bad = '<\uff5cDSML\uff5cparameter name="n" string="false">{"k": 1</\uff5cDSML\uff5cparameter>'
     assert not _accepts(_compile(small_info, {"type": "json_schema", "json_schema": True, "style": "deepseek_xml"}), bad)
+
+
+# --- token-level formats ---------------------------------------------------------------------------
+
+def _token_walk(info, compiled, pieces) -> bool:
+    """Feed text and special tokens (ints) in turn; each step's mask bit agrees with acceptance."""
+    from test_masks import unpack
+
+    m = xg2.GrammarMatcher(compiled)
+    bm = xg2.allocate_token_bitmask(1, info.vocab_size)
+    table = {b: i for i, b in enumerate(info.decoded_vocab) if b and i not in set(info.special_token_ids)}
+    from conftest import longest_match
+
+    for piece in pieces:
+        ids = [piece] if isinstance(piece, int) else longest_match(table, piece.encode())
+        for t in ids:
+            m.fill_next_token_bitmask(bm)
+            allowed = bool(unpack(bm, info.vocab_size)[t])
+            ok = m.accept_token(t)
+            assert allowed == ok, (piece, t)
+            if not ok:
+                return False
+    return m.is_completed()
+
+
+CHANNEL, MESSAGE, END, START = 200005, 200008, 200007, 200006
+
+
+@pytest.mark.parametrize(("fmt", "pieces", "ok"), [
+    ({"type": "token", "token": "<|channel|>"}, [CHANNEL], True),
+    ({"type": "token", "token": 200005}, ["<|channel|>"], False),              # its text is not the token
+    ({"type": "tag", "begin": {"type": "token", "token": CHANNEL}, "content": {"type": "any_text"},
+      "end": {"type": "token", "token": "<|end|>"}}, [CHANNEL, "free <|end|> text", END], True),
+    ({"type": "tag", "begin": "", "content": {"type": "any_tokens", "exclude_tokens": ["<|start|>"]},
+      "end": {"type": "token", "token": END}}, ["a", MESSAGE, "b", CHANNEL, END], True),
+    ({"type": "tag", "begin": "", "content": {"type": "any_tokens", "exclude_tokens": ["<|start|>"]},
+      "end": {"type": "token", "token": END}}, ["a", START, END], False),
+    ({"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": {"type": "token", "token": END}},
+     ["a", MESSAGE, END], False),                                             # free text holds no special token
+    ({"type": "token_triggered_tags", "trigger_tokens": [CHANNEL], "exclude_tokens": [START], "tags": [
+        {"type": "tag", "begin": {"type": "token", "token": CHANNEL}, "content": {"type": "const_string", "value": "x"},
+         "end": {"type": "token", "token": END}}]}, ["hi ", MESSAGE, CHANNEL, "x", END, " bye"], True),
+    ({"type": "token_triggered_tags", "trigger_tokens": [CHANNEL], "exclude_tokens": [START], "tags": [
+        {"type": "tag", "begin": {"type": "token", "token": CHANNEL}, "content": {"type": "const_string", "value": "x"},
+         "end": {"type": "token", "token": END}}]}, ["hi ", CHANNEL, "y"], False),
+    ({"type": "token_triggered_tags", "trigger_tokens": [CHANNEL], "exclude_tokens": [START], "tags": [
+        {"type": "tag", "begin": {"type": "token", "token": CHANNEL}, "content": {"type": "const_string", "value": "x"},
+         "end": {"type": "token", "token": END}}]}, ["hi ", START], False),
+    ({"type": "token_dispatch", "loop": False, "rules": [[MESSAGE, {"type": "const_string", "value": "m"}],
+                                                          ["<|channel|>", {"type": "regex", "pattern": "[0-9]+"}]]},
+     ["text ", CHANNEL, "42"], True),
+    ({"type": "token_dispatch", "loop": False, "rules": [[MESSAGE, {"type": "const_string", "value": "m"}],
+                                                          ["<|channel|>", {"type": "regex", "pattern": "[0-9]+"}]]},
+     ["text ", MESSAGE, "m", CHANNEL], False),                                 # no loop
+])
+def test_token_level_formats(harmony_info, fmt, pieces, ok):
+    compiled = xg2.GrammarCompiler(harmony_info).compile_structural_tag(_tag(fmt))
+    assert _token_walk(harmony_info, compiled, pieces) == ok
+
+
+@pytest.mark.parametrize(("fmt", "pointer", "words"), [
+    ({"type": "token", "token": "<|call|>"}, "/format/token", "stop token"),
+    ({"type": "token", "token": "<|nope|>"}, "/format/token", "no token has the text"),
+    ({"type": "any_tokens", "max_tokens": 3}, "/format/max_tokens", "max_tokens"),
+    ({"type": "token_triggered_tags", "trigger_tokens": [CHANNEL], "tags": [
+        {"type": "tag", "begin": "<|channel|>", "content": CONST, "end": "."}]}, "/format/tags/0/begin", "token"),
+])
+def test_token_level_errors(harmony_info, fmt, pointer, words):
+    with pytest.raises(xg2.StructuralTagError) as exc:
+        xg2.GrammarCompiler(harmony_info).compile_structural_tag(_tag(fmt))
+    assert exc.value.pointer == pointer and words in str(exc.value), exc.value
+
+
+def test_token_level_formats_need_the_vocabulary(harmony_info):
+    tag = _tag({"type": "token", "token": CHANNEL})
+    with pytest.raises(xg2.StructuralTagError, match="vocabulary"):
+        xg2.Grammar.from_structural_tag(tag)
+    grammar = xg2.Grammar.from_structural_tag(tag, harmony_info)
+    compiled = xg2.GrammarCompiler(harmony_info).compile_grammar(grammar)
+    assert _token_walk(harmony_info, compiled, [CHANNEL])
+
+
+def test_only_the_first_2048_special_tokens_can_be_named():
+    vocab = [chr(c) for c in range(32, 127)] + [f"<|s{i}|>" for i in range(2100)] + ["<eos>"]
+    first = 95
+    info = xg2.TokenizerInfo(vocab, stop_token_ids=[len(vocab) - 1], special_token_ids=range(first, first + 2100))
+    assert len(info.named_special_tokens) == 2048
+    compiler = xg2.GrammarCompiler(info)
+    m = xg2.GrammarMatcher(compiler.compile_structural_tag(_tag({"type": "token", "token": "<|s2047|>"})))
+    assert not m.accept_token(first + 2046) and m.accept_token(first + 2047) and m.is_completed()
+    with pytest.raises(xg2.StructuralTagError, match="cannot be named"):
+        compiler.compile_structural_tag(_tag({"type": "token", "token": "<|s2048|>"}))
