@@ -145,36 +145,42 @@ def _module_context(frame, sites: list[tuple[int, int]], ctx: bytes, impassable)
     return ctx
 
 
-def link_frame(frame, stubs: dict[int, Module], impassable=None, gates: dict[int, bytes] | None = None):
-    """The LoweredGrammar of a frame (a lowered grammar whose stub rules stand for modules) with
-    every call of a stub going to its module's root instead: the frame's tables first, the modules'
-    after them, moved. A module root takes over its stub's callers (context items and resume
-    nodes) and is keyed under its context in the frame (`_module_context`), its inner rules after it.
+def _frame_keys(frame, stubs: dict[int, Module], impassable, gates: dict[int, bytes]) -> GrammarKeys:
+    """The frame's keys, its stubs keyed as their modules' roots.
 
     `gates`: rules only ever called right after their literal (a trigger). Where no token reads
     past the literal, what the gate holds cannot change an entry of the rules around it, which are
     then keyed with the gate named by its literal: the text that dispatches to tool calls has the
-    same keys, and so the same entries, whatever tools the gate leads to."""
+    same keys, and so the same entries, whatever tools the gate leads to. The gates and all they
+    call keep their own keys."""
+    root_keys = {s: m.keys.rule[m.lowered.root] for s, m in stubs.items()}
+    shut = {g: horizon_key(b"gate\0" + lit) for g, lit in gates.items() if impassable is not None and impassable(lit)}
+    own = grammar_keys(frame.fsms, frame.root, follows=frame.follows, fixed=root_keys, contexts=not shut)
+    if not shut:
+        return own
+    around = grammar_keys(frame.fsms, frame.root, follows=frame.follows, fixed={**root_keys, **shut})
+    inside = set(shut)
+    work = list(shut)
+    while work:
+        for edges in frame.fsms[work.pop()].rule_edges:
+            for r, _v in edges:
+                if r not in inside:
+                    inside.add(r)
+                    work.append(r)
+    return GrammarKeys([k if r in inside else around.rule[r] for r, k in enumerate(own.rule)], around.ctx,
+                       [c if r in inside else around.canon[r] for r, c in enumerate(own.canon)])
+
+
+def link_frame(frame, stubs: dict[int, Module], impassable=None, gates: dict[int, bytes] | None = None):
+    """The LoweredGrammar of a frame (a lowered grammar whose stub rules stand for modules) with
+    every call of a stub going to its module's root instead: the frame's tables first, the modules'
+    after them, moved. A module root takes over its stub's callers (context items and resume
+    nodes) and is keyed under its context in the frame (`_module_context`), its inner rules after
+    it; the frame's keys are `_frame_keys`."""
     from .compiler import LoweredGrammar
 
     fa = frame.arrays
-    root_keys = {s: m.keys.rule[m.lowered.root] for s, m in stubs.items()}
-    shut = {g: horizon_key(b"gate\0" + lit) for g, lit in (gates or {}).items() if impassable is not None and impassable(lit)}
-    fkeys = grammar_keys(frame.fsms, frame.root, follows=frame.follows, fixed=root_keys, contexts=not shut)
-    if shut:
-        # the rules around the gates see each gate by its literal; the gates and all they call
-        # keep their own keys
-        around = grammar_keys(frame.fsms, frame.root, follows=frame.follows, fixed={**root_keys, **shut})
-        inside = set(shut)
-        work = list(shut)
-        while work:
-            for edges in frame.fsms[work.pop()].rule_edges:
-                for r, _v in edges:
-                    if r not in inside:
-                        inside.add(r)
-                        work.append(r)
-        fkeys = GrammarKeys([k if r in inside else around.rule[r] for r, k in enumerate(fkeys.rule)],
-                            around.ctx, [c if r in inside else around.canon[r] for r, c in enumerate(fkeys.canon)])
+    fkeys = _frame_keys(frame, stubs, impassable, gates or {})
     n_rules, n_nodes = len(fa["rule_start"]), len(fa["node_rule"])
     counts = np.diff(fa["ctx_start"])
     remap = np.arange(n_rules, dtype=np.int32)
