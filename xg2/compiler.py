@@ -354,6 +354,8 @@ class GrammarCompiler:
                       if cross_grammar_cache else None)
         self._class_tries: dict[bytes, ClassTrie | None] = {}
         self._horizons: dict[bytes, bool] = {}      # literal -> no token reads past it
+        self._vocab_blob: bytes | None = None       # every token's bytes end to end, for _impassable
+        self._vocab_ends: np.ndarray | None = None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self.last_compile_seconds: float | None = None
@@ -488,9 +490,19 @@ class GrammarCompiler:
         """Whether no token of the vocabulary reads past `literal` (holds it with a byte after it)."""
         with self._lock:
             known = self._horizons.get(literal)
+            if self._vocab_blob is None:
+                tokens = self.tokenizer_info.decoded_vocab
+                self._vocab_blob = b"".join(tokens)
+                self._vocab_ends = np.cumsum([len(t) for t in tokens])
         if known is None:
-            known = not any(0 <= t.find(literal) < len(t) - len(literal) for t in self.tokenizer_info.decoded_vocab
-                            if len(t) > len(literal))
+            blob, ends = self._vocab_blob, self._vocab_ends
+            known, at = True, blob.find(literal)
+            while at >= 0:              # an occurrence inside one token with a byte after it?
+                k = int(np.searchsorted(ends, at, side="right"))
+                if at + len(literal) < ends[k]:
+                    known = False
+                    break
+                at = blob.find(literal, at + 1)
             with self._lock:
                 self._horizons[literal] = known
         return known

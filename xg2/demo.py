@@ -26,10 +26,20 @@ value ::= "\"" [^"\\\x00-\x1f]* "\"" | "-"? [0-9]+ ("." [0-9]+)? | "true" | "fal
 ws ::= [ \n]*
 '''
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+    "required": ["city"]}}}
+#: (name, how to compile, a text the model writes)
 JOBS = [
-    ("builtin JSON", None, '{"city": "Paris", "days": [1, 2, 3], "metric": true, "note": "bring an umbrella"}'),
-    ("tool call", TOOL_CALL_EBNF,
+    ("builtin JSON", lambda c: c.compile_builtin_json_grammar(),
+     '{"city": "Paris", "days": [1, 2, 3], "metric": true, "note": "bring an umbrella"}'),
+    ("tool call (EBNF)", lambda c: c.compile_grammar(TOOL_CALL_EBNF),
      '<tool_call> {"name": "get_weather", "arguments": {"city": "Zürich", "days": 3}} </tool_call>'),
+    ("reasoning and a tool call (DeepSeek-V3.1's format)",
+     lambda c: c.compile_structural_tag(xg2.get_model_structural_tag("deepseek_v3_1", [WEATHER])),
+     ("The user asks about Zürich; I will look it up.</think>Let me check."
+      '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Zürich", "days": 3}'
+      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")),
 ]
 
 
@@ -43,9 +53,9 @@ def run(tokenizer_path: Path) -> None:
     print(f"vocabulary {tokenizer_path.name}: {info.vocab_size} tokens, {info.vocab_type.name}, "
           f"ready in {(time.perf_counter() - t0) * 1e3:.0f} ms")
     bitmask = xg2.allocate_token_bitmask(1, info.vocab_size, backend="numpy")
-    for name, ebnf, text in JOBS:
+    for name, compile_, text in JOBS:
         t0 = time.perf_counter()
-        compiled = compiler.compile_builtin_json_grammar() if ebnf is None else compiler.compile_grammar(ebnf)
+        compiled = compile_(compiler)
         matcher = xg2.GrammarMatcher(compiled)
         matcher.fill_next_token_bitmask(bitmask)
         first = time.perf_counter() - t0
