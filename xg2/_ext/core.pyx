@@ -9,7 +9,7 @@ the rule whose entry it builds and for the context it checks leftover bytes agai
 """
 
 from libc.stdint cimport uint8_t, int8_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
-from libc.stdlib cimport malloc, realloc, free, calloc
+from libc.stdlib cimport malloc, realloc, free, calloc, qsort
 from libc.string cimport memset, memcpy
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, WAIT_LOCK)
@@ -923,6 +923,16 @@ cdef class WalkScratch:
 
     def __dealloc__(self):
         free(self.buf)
+
+
+cdef enum:
+    # `_ranks` sorts n ranks when n times this is below the words of a vocabulary bitset
+    RANKS_SORT_FACTOR = 8
+
+
+cdef int _cmp_int32(const void* a, const void* b) noexcept nogil:
+    cdef int32_t x = (<const int32_t*>a)[0], y = (<const int32_t*>b)[0]
+    return (x > y) - (x < y)
 
 
 cdef class Vocab:
@@ -2527,6 +2537,13 @@ cdef class CompiledCore:
         out[0] = <int32_t*>malloc(max(1, n) * sizeof(int32_t))
         if out[0] == NULL:
             return -1
+        if n * RANKS_SORT_FACTOR < WR:
+            # few: sort them (a position holds one token, so ranks are distinct); the bitset below
+            # costs a pass over the whole vocabulary whatever n is
+            for j in range(n):
+                out[0][j] = v.token_rank[toks[pos[j]]]
+            qsort(out[0], n, sizeof(int32_t), _cmp_int32)
+            return 0
         memset(self.rank_bits, 0, WR * sizeof(uint64_t))
         for j in range(n):
             r = v.token_rank[toks[pos[j]]]
