@@ -2563,8 +2563,9 @@ cdef class CompiledCore:
         """
         cdef const int32_t* toks = self.wtrie.toks
         cdef int64_t n_acc = self.n_acc, n_unc = self.n_unc, n_other = v.n_ordinary - n_acc
-        cdef int64_t j, k = 0
-        cdef int32_t r, t
+        cdef int64_t j, k = 0, w
+        cdef int32_t t
+        cdef uint64_t word
         cdef MaskEntry* e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
         if e == NULL:
             return NULL
@@ -2617,11 +2618,12 @@ cdef class CompiledCore:
                 if e.list == NULL:
                     entry_free(e)
                     return NULL
-                for r in range(v.n_ordinary):
-                    t = v.rank_token[r]
-                    if not (e.bits[t >> 6] >> (t & 63)) & 1:
-                        e.list[k] = t
+                for w in range(v.n_words):      # ordinary and not accepted, a word at a time
+                    word = v.ordinary_bits[w] & ~e.bits[w]
+                    while word:
+                        e.list[k] = <int32_t>((w << 6) + __builtin_ctzll(word))
                         k += 1
+                        word &= word - 1
                 free(e.bits)
                 e.bits = NULL
         e.nbytes = entry_nbytes(e, v.n_words)
