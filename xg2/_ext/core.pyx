@@ -36,6 +36,7 @@ cdef enum:
 
 cdef extern from *:
     int __builtin_ctzll(unsigned long long) nogil
+    int __builtin_popcountll(unsigned long long) nogil
 
 # ---------------------------------------------------------------------------------------------
 # Grammar tables
@@ -1738,6 +1739,7 @@ cdef class CompiledCore:
     cdef int32_t* cacc_buf            # walk scratch: tokens accepted through the certain contexts only
     cdef uint8_t* anytop              # per depth: the rule could end at some shallower depth
     cdef const TrieC* wtrie           # the trie of the walk in progress (its positions fill the buffers)
+    cdef const MaskEntry* donor_acc   # a partial hit's donor whose accepted set the new entry starts from
     cdef int64_t n_open
     cdef int64_t n_cacc
     cdef bint open_all
@@ -2506,7 +2508,9 @@ cdef class CompiledCore:
         self.n_open = nopen
         self.n_cacc = ncacc
         if partial:
-            if _donor_own_tokens(donor, v, accb + nacc, self.rank_bits, &self.n_acc) < 0:
+            if donor.kind != ENTRY_ACCEPTED_LIST and donor.n_ctx_acc == 0:
+                self.donor_acc = donor      # all it accepts is its own: _store starts from its set
+            elif _donor_own_tokens(donor, v, accb + nacc, self.rank_bits, &self.n_acc) < 0:
                 return NULL
         return self._store(v, donor)
 
@@ -2562,10 +2566,19 @@ cdef class CompiledCore:
         acc_buf, unc_buf, open_buf and cacc_buf hold positions in the walked trie's token array.
         """
         cdef const int32_t* toks = self.wtrie.toks
-        cdef int64_t n_acc = self.n_acc, n_unc = self.n_unc, n_other = v.n_ordinary - n_acc
+        cdef const MaskEntry* base = self.donor_acc
+        cdef int64_t n_acc = self.n_acc, n_unc = self.n_unc, n_other
         cdef int64_t j, k = 0, w
         cdef int32_t t
         cdef uint64_t word
+        self.donor_acc = NULL
+        if base != NULL:        # the donor's accepted tokens, kept as a set, plus the walk's
+            if base.kind == ENTRY_REJECTED_LIST:
+                n_acc += v.n_ordinary - base.n_list
+            else:
+                for w in range(v.n_words):
+                    n_acc += __builtin_popcountll(base.bits[w])
+        n_other = v.n_ordinary - n_acc
         cdef MaskEntry* e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
         if e == NULL:
             return NULL
@@ -2598,7 +2611,7 @@ cdef class CompiledCore:
             e.n_list = <int32_t>n_other
         else:
             e.kind = ENTRY_BITSET
-        if e.kind == ENTRY_ACCEPTED_LIST:
+        if e.kind == ENTRY_ACCEPTED_LIST and base == NULL:
             e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
             if e.list == NULL:
                 entry_free(e)
@@ -2610,10 +2623,30 @@ cdef class CompiledCore:
             if e.bits == NULL:
                 entry_free(e)
                 return NULL
-            for j in range(n_acc):
+            if base != NULL and base.kind == ENTRY_BITSET:
+                memcpy(e.bits, base.bits, v.n_words * sizeof(uint64_t))
+            elif base != NULL:
+                memcpy(e.bits, v.ordinary_bits, v.n_words * sizeof(uint64_t))
+                for j in range(base.n_list):
+                    t = base.list[j]
+                    e.bits[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+            for j in range(self.n_acc):
                 t = toks[self.acc_buf[j]]
                 e.bits[t >> 6] |= (<uint64_t>1) << (t & 63)
-            if e.kind == ENTRY_REJECTED_LIST:
+            if e.kind == ENTRY_ACCEPTED_LIST:       # from a donor's set: its ids, a word at a time
+                e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
+                if e.list == NULL:
+                    entry_free(e)
+                    return NULL
+                for w in range(v.n_words):
+                    word = e.bits[w]
+                    while word:
+                        e.list[k] = <int32_t>((w << 6) + __builtin_ctzll(word))
+                        k += 1
+                        word &= word - 1
+                free(e.bits)
+                e.bits = NULL
+            elif e.kind == ENTRY_REJECTED_LIST:
                 e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
                 if e.list == NULL:
                     entry_free(e)
