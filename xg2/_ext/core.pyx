@@ -2508,8 +2508,8 @@ cdef class CompiledCore:
         self.n_open = nopen
         self.n_cacc = ncacc
         if partial:
-            if donor.kind != ENTRY_ACCEPTED_LIST and donor.n_ctx_acc == 0:
-                self.donor_acc = donor      # all it accepts is its own: _store starts from its set
+            if donor.kind != ENTRY_ACCEPTED_LIST:
+                self.donor_acc = donor      # it keeps a set: _store starts from it
             elif _donor_own_tokens(donor, v, accb + nacc, self.rank_bits, &self.n_acc) < 0:
                 return NULL
         return self._store(v, donor)
@@ -2571,17 +2571,36 @@ cdef class CompiledCore:
         cdef int64_t j, k = 0, w
         cdef int32_t t
         cdef uint64_t word
+        cdef uint64_t* own = NULL
         self.donor_acc = NULL
-        if base != NULL:        # the donor's accepted tokens, kept as a set, plus the walk's
-            if base.kind == ENTRY_REJECTED_LIST:
-                n_acc += v.n_ordinary - base.n_list
+        if base != NULL:
+            # the tokens the donor reads inside the rule (all it accepts but through its certain
+            # contexts), as a set; the walk's accepted tokens are added to it below
+            own = <uint64_t*>malloc(v.n_words * sizeof(uint64_t))
+            if own == NULL:
+                return NULL
+            if base.kind == ENTRY_BITSET:
+                memcpy(own, base.bits, v.n_words * sizeof(uint64_t))
             else:
-                for w in range(v.n_words):
-                    n_acc += __builtin_popcountll(base.bits[w])
+                memcpy(own, v.ordinary_bits, v.n_words * sizeof(uint64_t))
+                for j in range(base.n_list):
+                    t = base.list[j]
+                    own[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+            for j in range(base.n_ctx_acc):
+                t = v.rank_token[base.ctx_acc_ranks[j]]
+                own[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+            for j in range(self.n_acc):
+                t = toks[self.acc_buf[j]]
+                own[t >> 6] |= (<uint64_t>1) << (t & 63)
+            n_acc = 0
+            for w in range(v.n_words):
+                n_acc += __builtin_popcountll(own[w])
         n_other = v.n_ordinary - n_acc
         cdef MaskEntry* e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
         if e == NULL:
+            free(own)
             return NULL
+        e.bits = own
         e.n_unc = <int32_t>n_unc
         e.n_ctx_acc = <int32_t>self.n_cacc
         # Uncertain tokens as ranks in byte order (the runtime check shares prefixes in that order).
@@ -2619,20 +2638,14 @@ cdef class CompiledCore:
             for j in range(n_acc):
                 e.list[j] = toks[self.acc_buf[j]]
         else:
-            e.bits = <uint64_t*>calloc(v.n_words, sizeof(uint64_t))
-            if e.bits == NULL:
-                entry_free(e)
-                return NULL
-            if base != NULL and base.kind == ENTRY_BITSET:
-                memcpy(e.bits, base.bits, v.n_words * sizeof(uint64_t))
-            elif base != NULL:
-                memcpy(e.bits, v.ordinary_bits, v.n_words * sizeof(uint64_t))
-                for j in range(base.n_list):
-                    t = base.list[j]
-                    e.bits[t >> 6] &= ~((<uint64_t>1) << (t & 63))
-            for j in range(self.n_acc):
-                t = toks[self.acc_buf[j]]
-                e.bits[t >> 6] |= (<uint64_t>1) << (t & 63)
+            if base == NULL:
+                e.bits = <uint64_t*>calloc(v.n_words, sizeof(uint64_t))
+                if e.bits == NULL:
+                    entry_free(e)
+                    return NULL
+                for j in range(n_acc):
+                    t = toks[self.acc_buf[j]]
+                    e.bits[t >> 6] |= (<uint64_t>1) << (t & 63)
             if e.kind == ENTRY_ACCEPTED_LIST:       # from a donor's set: its ids, a word at a time
                 e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
                 if e.list == NULL:
