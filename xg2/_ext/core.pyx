@@ -2954,6 +2954,11 @@ cdef class MatcherCore:
                 elif e.kind == ENTRY_BITSET:
                     for w in range(W):
                         self.acc[w] |= e.bits[w]
+                elif k == 0:                # nothing in acc yet: the ordinary tokens but the listed
+                    memcpy(self.acc, v.ordinary_bits, W * sizeof(uint64_t))
+                    for j in range(e.n_list):
+                        t = e.list[j]
+                        self.acc[t >> 6] &= ~((<uint64_t>1) << (t & 63))
                 else:
                     memcpy(self.tmp, v.ordinary_bits, W * sizeof(uint64_t))
                     for j in range(e.n_list):
