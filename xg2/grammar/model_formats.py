@@ -212,11 +212,11 @@ class CallSyntax:
     """How a model writes its reasoning and tool calls.
 
     A call is `begin` (with the tool's name for `{name}`), the arguments in `style` (after the
-    formats of `before_arguments`), then `end`. `section`: the (opening, closing) markers around all
-    calls of a turn, calls inside separated by `separator`; without a section, calls sit in free
-    text and `trigger` (a prefix of every `begin`) opens one. `think`: the reasoning block's
-    opening and closing tags (None: the model does not reason). `markers`: strings free text never
-    holds (with exclude_special_tokens)."""
+    formats of `before_arguments`), then `end`; the calls of a turn are joined by `separator`.
+    `section`: the (opening, closing) markers around all calls of a turn; without a section,
+    `trigger` (a prefix of every `begin`) opens the first call in free text. `think`: the
+    reasoning block's opening and closing tags (None: the model does not reason). `markers`:
+    strings free text never holds (with exclude_special_tokens)."""
 
     begin: str
     end: str
