@@ -309,6 +309,7 @@ class TokenizerInfo:
 
     __slots__ = (
         "_add_prefix_space",
+        "_by_text",
         "_decoded",
         "_fingerprint",
         "_named",
@@ -446,6 +447,7 @@ class TokenizerInfo:
         self._fingerprint: str | None = None
         self._sorted: tuple[list[int], list[bytes], list[int]] | None = None
         self._named: dict[int, str] | None = None
+        self._by_text: dict[bytes, int] | None = None
 
     # -- properties (xgrammar's) ---------------------------------------------------------------
 
@@ -505,12 +507,17 @@ class TokenizerInfo:
         """The id of a token given by id or by its text (a special token first, when an ordinary
         token has the same text)."""
         if isinstance(token, str):
-            data = token.encode("utf-8")
-            ids = [i for i, b in enumerate(self._decoded) if b == data]
-            if not ids:
+            if self._by_text is None:       # the first id of each text, special and stop ids first
+                first = [*self._special_ids, *self._stop_ids, *range(len(self._decoded))]
+                by_text: dict[bytes, int] = {}
+                for i in first:
+                    if i < len(self._decoded) and self._decoded[i]:
+                        by_text.setdefault(self._decoded[i], i)
+                self._by_text = by_text
+            found = self._by_text.get(token.encode("utf-8"))
+            if found is None:
                 raise TokenizerError(f"no token has the text {token!r}")
-            special = set(self._special_ids) | set(self._stop_ids)
-            return next((i for i in ids if i in special), ids[0])
+            return found
         token = _check_int(token, "token id")
         if not 0 <= token < self._vocab_size:
             raise TokenizerError(f"token id {token} out of range [0, {self._vocab_size})")
@@ -632,6 +639,7 @@ class TokenizerInfo:
         self._fingerprint = None
         self._sorted = None
         self._named = None
+        self._by_text = None
 
     # -- factories ------------------------------------------------------------------------------
 
