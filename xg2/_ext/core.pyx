@@ -2646,26 +2646,15 @@ cdef class CompiledCore:
                 for j in range(n_acc):
                     t = toks[self.acc_buf[j]]
                     e.bits[t >> 6] |= (<uint64_t>1) << (t & 63)
-            if e.kind == ENTRY_ACCEPTED_LIST:       # from a donor's set: its ids, a word at a time
+            if e.kind != ENTRY_BITSET:
+                # the list from the set, a word at a time: the accepted ids (from a donor's set),
+                # or the ordinary ids not accepted
                 e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
                 if e.list == NULL:
                     entry_free(e)
                     return NULL
                 for w in range(v.n_words):
-                    word = e.bits[w]
-                    while word:
-                        e.list[k] = <int32_t>((w << 6) + __builtin_ctzll(word))
-                        k += 1
-                        word &= word - 1
-                free(e.bits)
-                e.bits = NULL
-            elif e.kind == ENTRY_REJECTED_LIST:
-                e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
-                if e.list == NULL:
-                    entry_free(e)
-                    return NULL
-                for w in range(v.n_words):      # ordinary and not accepted, a word at a time
-                    word = v.ordinary_bits[w] & ~e.bits[w]
+                    word = e.bits[w] if e.kind == ENTRY_ACCEPTED_LIST else v.ordinary_bits[w] & ~e.bits[w]
                     while word:
                         e.list[k] = <int32_t>((w << 6) + __builtin_ctzll(word))
                         k += 1
