@@ -8,6 +8,7 @@ extensions = [
     Extension(
         "xg2._ext.core",
         ["xg2/_ext/core.pyx"],
+        depends=["xg2/_ext/pool.pxi"],
         include_dirs=[np.get_include()],
         extra_compile_args=["-O3", "-fno-strict-aliasing"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

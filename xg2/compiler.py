@@ -16,8 +16,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ._ext.core import ClassTrie, CompiledCore, Vocab
-from .entry_pool import EntryPool
+from ._ext.core import ClassTrie, CompiledCore, EntryPool, Vocab
 from .errors import GrammarError, TokenizerError, XG2Error
 from .grammar.fsm import RuleFSM, byte_tables, nullable_rules, productive_rules, prune, rule_automaton
 from .grammar.grammar import Grammar

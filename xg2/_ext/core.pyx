@@ -10,7 +10,7 @@ the rule whose entry it builds and for the context it checks leftover bytes agai
 
 from libc.stdint cimport uint8_t, int8_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, realloc, free, calloc, qsort
-from libc.string cimport memset, memcpy
+from libc.string cimport memset, memcpy, memcmp
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, WAIT_LOCK)
 cimport numpy as cnp
@@ -914,18 +914,6 @@ cdef struct VocabC:
     TrieC trie
 
 
-cdef class WalkScratch:
-    cdef int32_t* buf
-
-    def __cinit__(self, int64_t n):
-        self.buf = <int32_t*>malloc(n * sizeof(int32_t))
-        if self.buf == NULL:
-            raise MemoryError()
-
-    def __dealloc__(self):
-        free(self.buf)
-
-
 cdef enum:
     # `_ranks` sorts n ranks when n times this is below the words of a vocabulary bitset
     RANKS_SORT_FACTOR = 8
@@ -969,10 +957,15 @@ cdef class Vocab:
     cdef int32_t n_stop
     cdef VocabC c
     cdef object _sample
-    cdef list _scratch                 # free WalkScratch buffers, shared by all grammars of this vocabulary
+    cdef int32_t* free_scratch[MAX_FREE_SCRATCH]   # walk buffers, shared by all grammars of this vocabulary
+    cdef int32_t n_free_scratch
+    cdef PyThread_type_lock scratch_lock
 
     def __cinit__(self):
-        self._scratch = []
+        self.n_free_scratch = 0
+        self.scratch_lock = PyThread_allocate_lock()
+        if self.scratch_lock == NULL:
+            raise MemoryError()
         self.rank_token = NULL
         self.token_rank = NULL
         self.trie_byte = NULL
@@ -1191,21 +1184,37 @@ cdef class Vocab:
             self._sample = [self.token_bytes(self.rank_token[r]) for r in range(0, self.n_ordinary, 64)]
         return self._sample
 
-    cdef WalkScratch take_scratch(self):
-        """Vocabulary-sized buffers for one entry build (with the GIL). Grammars share them, so
-        a compiled grammar costs no per-vocabulary memory beyond its entries."""
-        if self._scratch:
-            return self._scratch.pop()
-        return WalkScratch(4 * max(1, self.n_ordinary))
+    cdef int32_t* take_scratch(self) noexcept nogil:
+        """Four vocabulary-sized buffers for one entry build (NULL: out of memory). Grammars share
+        them, so a compiled grammar costs no per-vocabulary memory beyond its entries."""
+        cdef int32_t* buf = NULL
+        PyThread_acquire_lock(self.scratch_lock, WAIT_LOCK)
+        if self.n_free_scratch > 0:
+            self.n_free_scratch -= 1
+            buf = self.free_scratch[self.n_free_scratch]
+        PyThread_release_lock(self.scratch_lock)
+        if buf == NULL:
+            buf = <int32_t*>malloc(4 * max(1, self.n_ordinary) * sizeof(int32_t))
+        return buf
 
-    cdef void give_scratch(self, WalkScratch s):
-        if len(self._scratch) < MAX_FREE_SCRATCH:
-            self._scratch.append(s)
+    cdef void give_scratch(self, int32_t* buf) noexcept nogil:
+        PyThread_acquire_lock(self.scratch_lock, WAIT_LOCK)
+        if self.n_free_scratch < MAX_FREE_SCRATCH:
+            self.free_scratch[self.n_free_scratch] = buf
+            self.n_free_scratch += 1
+            buf = NULL
+        PyThread_release_lock(self.scratch_lock)
+        free(buf)
 
     def token_bytes(self, int32_t t):
         return self.tok_data[self.tok_off[t]:self.tok_off[t + 1]]
 
     def __dealloc__(self):
+        cdef int32_t i
+        for i in range(self.n_free_scratch):
+            free(self.free_scratch[i])
+        if self.scratch_lock != NULL:
+            PyThread_free_lock(self.scratch_lock)
         free(self.rank_token)
         free(self.token_rank)
         free(self.trie_byte)
@@ -1493,6 +1502,7 @@ cdef struct MaskEntry:
     int32_t n_ctx_acc
     int32_t* ctx_acc_ranks      # accepted only through the certain contexts (open ones), sorted ranks
     int64_t nbytes
+    int refs                    # holders: the pool, compiled grammars (see entry_release)
 
 
 cdef void entry_free(MaskEntry* e) noexcept nogil:
@@ -1588,94 +1598,66 @@ cdef int _donor_own_tokens(const MaskEntry* d, VocabC* v, int32_t* out, uint64_t
     return 0
 
 
-cdef class PooledEntry:
-    """One immutable mask entry, owned here and shared by every compiled grammar that uses it."""
+cdef bytes _entry_to_bytes(const MaskEntry* e, int32_t n_words):
+    """Compact little-endian form: a header of 8 int32, then the list or bitset, the uncertain,
+    open and context-accepted ranks."""
+    head = np.array([_ENTRY_MAGIC, e.kind, e.n_list, e.n_unc, e.open_all, e.n_open, e.n_ctx_acc,
+                     n_words if e.kind == ENTRY_BITSET else 0], dtype="<i4")
+    parts = [head.tobytes()]
+    if e.kind == ENTRY_BITSET:
+        parts.append(np.asarray(<uint64_t[:n_words]>e.bits).astype("<u8").tobytes())
+    elif e.n_list:
+        parts.append(np.asarray(<int32_t[:e.n_list]>e.list).astype("<i4").tobytes())
+    for n, ptr in ((e.n_unc, 0), (e.n_open, 1), (e.n_ctx_acc, 2)):
+        if n:
+            parts.append(np.asarray(<int32_t[:n]>(e.unc_ranks if ptr == 0 else
+                                                   e.open_ranks if ptr == 1 else e.ctx_acc_ranks))
+                         .astype("<i4").tobytes())
+    return b"".join(parts)
+
+
+cdef MaskEntry* _entry_from_bytes(bytes data, Vocab vocab) except NULL:
+    """Read `_entry_to_bytes` output for `vocab` (one reference for the caller); ValueError when it
+    is malformed or out of range (the bytes may come from another process)."""
     cdef MaskEntry* e
-    cdef readonly int32_t n_words
-
-    def __cinit__(self):
-        self.e = NULL
-
-    def __dealloc__(self):
-        entry_free(self.e)
-
-    @staticmethod
-    cdef PooledEntry own(MaskEntry* e):
-        if e == NULL:
-            raise MemoryError()
-        cdef PooledEntry pe = PooledEntry.__new__(PooledEntry)
-        pe.e = e
-        return pe
-
-    @property
-    def nbytes(self) -> int:
-        return self.e.nbytes
-
-    @property
-    def n_uncertain(self) -> int:
-        return self.e.n_unc
-
-    def to_bytes(self) -> bytes:
-        """Compact little-endian form: a header of 8 int32, then the list or bitset, the uncertain,
-        open and context-accepted ranks."""
-        cdef MaskEntry* e = self.e
-        cdef int32_t n_words = self.n_words
-        head = np.array([_ENTRY_MAGIC, e.kind, e.n_list, e.n_unc, e.open_all, e.n_open, e.n_ctx_acc,
-                         n_words if e.kind == ENTRY_BITSET else 0], dtype="<i4")
-        parts = [head.tobytes()]
-        if e.kind == ENTRY_BITSET:
-            parts.append(np.asarray(<uint64_t[:n_words]>e.bits).astype("<u8").tobytes())
-        elif e.n_list:
-            parts.append(np.asarray(<int32_t[:e.n_list]>e.list).astype("<i4").tobytes())
-        for n, ptr in ((e.n_unc, 0), (e.n_open, 1), (e.n_ctx_acc, 2)):
-            if n:
-                parts.append(np.asarray(<int32_t[:n]>(e.unc_ranks if ptr == 0 else
-                                                       e.open_ranks if ptr == 1 else e.ctx_acc_ranks))
-                             .astype("<i4").tobytes())
-        return b"".join(parts)
-
-    @staticmethod
-    def from_bytes(data: bytes, Vocab vocab) -> PooledEntry:
-        """Read `to_bytes` output for `vocab`; ValueError when it is malformed or out of range (the
-        bytes may come from another process)."""
-        cdef MaskEntry* e
-        buf = memoryview(data)
-        if len(buf) < 32:
-            raise ValueError("mask entry: truncated header")
-        magic, kind, n_list, n_unc, open_all, n_open, n_ctx, n_words = np.frombuffer(buf[:32], "<i4").tolist()
-        if magic != _ENTRY_MAGIC or kind not in (0, 1, 2) or min(n_list, n_unc, n_open, n_ctx) < 0:
-            raise ValueError("mask entry: bad header")
-        if kind == ENTRY_BITSET and n_words != vocab.n_words:
-            raise ValueError("mask entry: bitset of another vocabulary size")
-        body = n_words * 8 if kind == ENTRY_BITSET else n_list * 4
-        if len(buf) != 32 + body + 4 * (n_unc + n_open + n_ctx):
-            raise ValueError("mask entry: length does not match its header")
-        off = 32
-        # Entries name ordinary tokens only: a special or stop token in one would be let through.
-        ordinary = np.asarray(<uint64_t[:vocab.n_words]>vocab.c.ordinary_bits)
-        if kind == ENTRY_BITSET:
-            bits = np.frombuffer(buf[off:off + body], "<u8").astype(np.uint64)
-            if np.any(bits & ~ordinary):
-                raise ValueError("mask entry: a token that is not ordinary")
-            lst = np.zeros(0, np.int32)
-        else:
-            lst = np.frombuffer(buf[off:off + body], "<i4").astype(np.int32)
-            if lst.size and (lst.min() < 0 or lst.max() >= vocab.vocab_size):
-                raise ValueError("mask entry: token id out of range")
-            if lst.size and not np.all((ordinary[lst >> 6] >> (lst & 63).astype(np.uint64)) & 1):
-                raise ValueError("mask entry: a token that is not ordinary")
-        off += body
-        arrays = []
-        for n in (n_unc, n_open, n_ctx):
-            a = np.frombuffer(buf[off:off + 4 * n], "<i4").astype(np.int32)
-            if a.size and (a.min() < 0 or a.max() >= vocab.n_ordinary or np.any(np.diff(a) <= 0)):
-                raise ValueError("mask entry: ranks out of range or unsorted")
-            arrays.append(a)
-            off += 4 * n
-        e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
-        if e == NULL:
-            raise MemoryError()
-        pe = PooledEntry.own(e)
+    buf = memoryview(data)
+    if len(buf) < 32:
+        raise ValueError("mask entry: truncated header")
+    magic, kind, n_list, n_unc, open_all, n_open, n_ctx, n_words = np.frombuffer(buf[:32], "<i4").tolist()
+    if magic != _ENTRY_MAGIC or kind not in (0, 1, 2) or min(n_list, n_unc, n_open, n_ctx) < 0:
+        raise ValueError("mask entry: bad header")
+    if kind == ENTRY_BITSET and n_words != vocab.n_words:
+        raise ValueError("mask entry: bitset of another vocabulary size")
+    body = n_words * 8 if kind == ENTRY_BITSET else n_list * 4
+    if len(buf) != 32 + body + 4 * (n_unc + n_open + n_ctx):
+        raise ValueError("mask entry: length does not match its header")
+    off = 32
+    # Entries name ordinary tokens only: a special or stop token in one would be let through.
+    ordinary = np.asarray(<uint64_t[:vocab.n_words]>vocab.c.ordinary_bits)
+    if kind == ENTRY_BITSET:
+        bits = np.frombuffer(buf[off:off + body], "<u8").astype(np.uint64)
+        if np.any(bits & ~ordinary):
+            raise ValueError("mask entry: a token that is not ordinary")
+        lst = np.zeros(0, np.int32)
+    else:
+        lst = np.frombuffer(buf[off:off + body], "<i4").astype(np.int32)
+        if lst.size and (lst.min() < 0 or lst.max() >= vocab.vocab_size):
+            raise ValueError("mask entry: token id out of range")
+        if lst.size and not np.all((ordinary[lst >> 6] >> (lst & 63).astype(np.uint64)) & 1):
+            raise ValueError("mask entry: a token that is not ordinary")
+    off += body
+    arrays = []
+    for n in (n_unc, n_open, n_ctx):
+        a = np.frombuffer(buf[off:off + 4 * n], "<i4").astype(np.int32)
+        if a.size and (a.min() < 0 or a.max() >= vocab.n_ordinary or np.any(np.diff(a) <= 0)):
+            raise ValueError("mask entry: ranks out of range or unsorted")
+        arrays.append(a)
+        off += 4 * n
+    e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
+    if e == NULL:
+        raise MemoryError()
+    e.refs = 1
+    try:
         e.kind, e.n_list, e.n_unc, e.open_all, e.n_open, e.n_ctx_acc = kind, n_list, n_unc, open_all != 0, n_open, n_ctx
         if kind == ENTRY_BITSET:
             e.bits = <uint64_t*>_copy_out(bits)
@@ -1684,9 +1666,11 @@ cdef class PooledEntry:
         e.unc_ranks = <int32_t*>_copy_out(arrays[0])
         e.open_ranks = <int32_t*>_copy_out(arrays[1])
         e.ctx_acc_ranks = <int32_t*>_copy_out(arrays[2])
-        e.nbytes = entry_nbytes(e, vocab.n_words)
-        pe.n_words = vocab.n_words
-        return pe
+    except MemoryError:
+        entry_free(e)
+        raise
+    e.nbytes = entry_nbytes(e, vocab.n_words)
+    return e
 
 
 cdef int32_t _ENTRY_MAGIC = 0x45324758   # "XG2E"
@@ -1700,6 +1684,9 @@ cdef void* _copy_out(cnp.ndarray a) except NULL:
     if n:
         memcpy(p, cnp.PyArray_DATA(a), n)
     return p
+
+
+include "pool.pxi"
 
 
 cdef class CompiledCore:
@@ -1738,16 +1725,17 @@ cdef class CompiledCore:
     cdef int32_t* open_buf            # walk scratch: open tokens (positions in the walked trie)
     cdef int32_t* cacc_buf            # walk scratch: tokens accepted through the certain contexts only
     cdef uint8_t* anytop              # per depth: the rule could end at some shallower depth
+    cdef uint8_t* narrow              # per depth: only A's automaton edges lead on below (see _build_entry)
+    cdef int32_t* tpar                # per depth: the walked trie position there
     cdef const TrieC* wtrie           # the trie of the walk in progress (its positions fill the buffers)
     cdef const MaskEntry* donor_acc   # a partial hit's donor whose accepted set the new entry starts from
     cdef int64_t n_open
     cdef int64_t n_cacc
     cdef bint open_all
-    cdef object _held                 # the PooledEntry objects whose entries `entries` points at
-    cdef object _pool                 # EntryPool shared across grammars, or None
-    cdef object _rule_keys            # per rule: content key of its automaton (see hashing.py)
-    cdef object _ctx_keys             # per rule: key of what may follow it
-    cdef object _node_canon           # per node: its number in its rule's canonical numbering
+    cdef EntryPool _pool              # shared across grammars, or None
+    cdef const uint8_t* rule_keys     # per rule: content key of its automaton (see hashing.py)
+    cdef const uint8_t* ctx_keys      # per rule: key of what may follow it
+    cdef const int32_t* node_canon    # per node: its number in its rule's canonical numbering
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
     cdef readonly int64_t own_bytes   # what the core allocates per node beside the tables (not entries)
@@ -1784,10 +1772,7 @@ cdef class CompiledCore:
         """`pool` (an EntryPool) shares entries with other grammars; `keys` is then
         (rule keys, context keys, per-node canonical numbers), see hashing.grammar_keys."""
         self.vocab = vocab
-        self._held = []
         self._pool = pool
-        if pool is not None:
-            self._rule_keys, self._ctx_keys, self._node_canon = keys
         self.vc = &vocab.c
         self._class_trie = class_trie
         self.trie = &class_trie.t if class_trie is not None else &vocab.c.trie
@@ -1795,6 +1780,16 @@ cdef class CompiledCore:
         keep = {}
         for k, v in arrays.items():
             keep[k] = np.ascontiguousarray(v)
+        if pool is not None:
+            rule_keys, ctx_keys, node_canon = keys
+            if {len(k) for k in rule_keys} | {len(k) for k in ctx_keys} != {RULE_KEY_BYTES}:
+                raise ValueError(f"rule and context keys are {RULE_KEY_BYTES} bytes")
+            keep["_rule_keys"] = np.frombuffer(b"".join(rule_keys), np.uint8)
+            keep["_ctx_keys"] = np.frombuffer(b"".join(ctx_keys), np.uint8)
+            keep["_node_canon"] = np.asarray(node_canon, dtype=np.int32)
+            self.rule_keys = <const uint8_t*>_ptr(keep, "_rule_keys", np.uint8)
+            self.ctx_keys = <const uint8_t*>_ptr(keep, "_ctx_keys", np.uint8)
+            self.node_canon = <const int32_t*>_ptr(keep, "_node_canon", np.int32)
         self._arrays = keep
         self.g.n_nodes = len(keep["node_rule"])
         self.g.n_rules = len(keep["rule_start"])
@@ -1824,7 +1819,9 @@ cdef class CompiledCore:
         self.topa = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
         self.pbyte = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
         self.anytop = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
-        if self.anytop == NULL:
+        self.narrow = <uint8_t*>malloc((vocab.max_depth + 2) * sizeof(uint8_t))
+        self.tpar = <int32_t*>malloc((vocab.max_depth + 2) * sizeof(int32_t))
+        if self.anytop == NULL or self.narrow == NULL or self.tpar == NULL:
             raise MemoryError()
         if (self.entries == NULL or self.lock == NULL
                 or self.dstate == NULL or self.aid == NULL or self.bid == NULL or self.cids == NULL
@@ -1875,8 +1872,13 @@ cdef class CompiledCore:
 
     def __dealloc__(self):
         cdef int32_t i
-        free(self.entries)              # the entries themselves belong to PooledEntry objects
+        if self.entries != NULL:
+            for i in range(self.g.n_nodes):
+                entry_release(self.entries[i])
+        free(self.entries)
         free(self.anytop)
+        free(self.narrow)
+        free(self.tpar)
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
         free(self.rank_bits)
@@ -1909,8 +1911,7 @@ cdef class CompiledCore:
         PyThread_acquire_lock(self.lock, WAIT_LOCK)
         e = self.entries[node]
         if e == NULL:
-            with gil:
-                e = self._obtain(node)
+            e = self._obtain(node)
             if e != NULL:
                 self.cache_bytes += e.nbytes
                 self.n_entries += 1
@@ -1918,49 +1919,45 @@ cdef class CompiledCore:
         PyThread_release_lock(self.lock)
         return e
 
-    cdef MaskEntry* _obtain(self, int32_t node) noexcept:
+    cdef MaskEntry* _obtain(self, int32_t node) noexcept nogil:
         """The entry of a node from the pool (perfect hit), rebuilt from a pooled entry of the
         same automaton node under another lookahead (partial hit: only its open tokens are walked
-        again), or built. Called with the GIL and the core's lock held; NULL on failure."""
-        cdef PooledEntry pe
-        cdef MaskEntry* e
+        again), or built; with one reference for the core. Called with the core's lock held; NULL
+        when out of memory."""
+        cdef MaskEntry* e = NULL
         cdef MaskEntry* donor = NULL
-        cdef int32_t r = self.g.node_rule[node]
-        cdef WalkScratch scratch = self.vocab.take_scratch()
+        cdef int32_t r = self.g.node_rule[node], canon
         cdef int64_t n = max(1, self.vc.n_ordinary)
-        self.acc_buf, self.unc_buf = scratch.buf, scratch.buf + n
-        self.open_buf, self.cacc_buf = scratch.buf + 2 * n, scratch.buf + 3 * n
-        try:
-            if self._pool is None:
-                with nogil:
-                    e = self._build_entry(node, NULL)
-                pe = PooledEntry.own(e)
-                pe.n_words = self.vc.n_words
-            else:
-                fsm_key = self._rule_keys[r] + int(self._node_canon[node]).to_bytes(4, "little")
-                key = fsm_key + self._ctx_keys[r]
-                if self.g.rule_follow[r]:
-                    # What the rule reads inside and what it reads into its follow are not told
-                    # apart (see _chain_nodes): no partial hits either way.
-                    fsm_key = None
-                found, other = self._pool.lookup(key, fsm_key)
-                if found is not None:
-                    pe = found
-                else:
-                    if other is not None:
-                        donor = (<PooledEntry>other).e
-                    with nogil:
-                        e = self._build_entry(node, donor)
-                    pe = PooledEntry.own(e)
-                    pe.n_words = self.vc.n_words
-                    self._pool.store(key, fsm_key, pe, other is not None)
-            self._held.append(pe)
-            return pe.e
-        except MemoryError:
+        cdef uint8_t key[KEY_BYTES]
+        cdef bint with_donor
+        cdef int32_t* scratch = self.vocab.take_scratch()
+        if scratch == NULL:
             return NULL
-        finally:
-            self.acc_buf = self.unc_buf = self.open_buf = self.cacc_buf = NULL
-            self.vocab.give_scratch(scratch)
+        self.acc_buf, self.unc_buf = scratch, scratch + n
+        self.open_buf, self.cacc_buf = scratch + 2 * n, scratch + 3 * n
+        if self._pool is None:
+            e = self._build_entry(node, NULL)
+        else:
+            canon = self.node_canon[node]
+            memcpy(key, self.rule_keys + <int64_t>r * RULE_KEY_BYTES, RULE_KEY_BYTES)
+            key[16] = canon & 0xFF
+            key[17] = (canon >> 8) & 0xFF
+            key[18] = (canon >> 16) & 0xFF
+            key[19] = (canon >> 24) & 0xFF
+            memcpy(key + FSM_KEY_BYTES, self.ctx_keys + <int64_t>r * RULE_KEY_BYTES, KEY_BYTES - FSM_KEY_BYTES)
+            # What the rule reads inside and what it reads into its follow are not told apart
+            # (see _chain_nodes): no partial hits either way.
+            with_donor = not self.g.rule_follow[r]
+            self._pool.lookup(key, with_donor, &e, &donor)
+            if e == NULL:
+                e = self._build_entry(node, donor)
+                entry_release(donor)
+                if e != NULL and self._pool.store(key, with_donor, e) < 0:
+                    entry_release(e)
+                    e = NULL
+        self.acc_buf = self.unc_buf = self.open_buf = self.cacc_buf = NULL
+        self.vocab.give_scratch(scratch)
+        return e
 
     def precompute(self, nodes):
         """Build the entries of the given nodes now (compile-time part of JIT)."""
@@ -2312,6 +2309,8 @@ cdef class CompiledCore:
         cdef int32_t* openb = self.open_buf
         cdef int32_t* caccb = self.cacc_buf
         cdef uint8_t* anytop = self.anytop
+        cdef uint8_t* narrow = self.narrow
+        cdef int32_t* tpar = self.tpar
         cdef int32_t* aid = self.aid
         cdef int32_t* bid = self.bid
         cdef int32_t* dstate = self.dstate
@@ -2342,6 +2341,7 @@ cdef class CompiledCore:
         empty_id = B.set_id[base]
         self.topa[0] = topA
         anytop[0] = 0
+        narrow[0] = g.node_pure[node] and not topA
         self.open_all = topA
         track = not topA and not partial    # record open tokens one by one
         if topA and p_complete_rule(B, g, rule, rule) < 0:
@@ -2361,6 +2361,22 @@ cdef class CompiledCore:
         # up to the depth where a transition is missing (lazy), which most of the walk never needs.
         while i < T.n:
             d = T.depth[i]
+            if narrow[d - 1]:
+                # Below a node where A is a plain automaton node and nothing else lives (B dead, the
+                # rule not ended on the way), a child lives only on one of the node's edges: the
+                # siblings between edges are skipped, and past the last edge the parent is done.
+                st = dstate[d - 1]
+                byte = T.byte[i]
+                k = g.be_start[st]
+                x = g.be_start[st + 1]
+                if k == x or byte > g.be_hi[x - 1]:
+                    i = T.next[tpar[d - 1]] if d > 1 else T.n
+                    continue
+                while g.be_hi[k] < byte:
+                    k += 1
+                if byte < g.be_lo[k]:
+                    i = T.next[i]
+                    continue
             if partial and not donor.open_all and not _has_rank(donor.open_ranks, donor.n_open,
                                                                 T.lo[i] if T.hi[i] > T.lo[i] else T.dlo[i],
                                                                 T.dhi[i] if T.dhi[i] > T.dlo[i] else T.hi[i]):
@@ -2431,6 +2447,8 @@ cdef class CompiledCore:
                 bid[d] = r
                 okB = memo.id_len[r] > 0
             self.topa[d] = topA
+            narrow[d] = dstate[d] >= 0 and not okB and not topA and not anytop[d]
+            tpar[d] = i
             okC = 0
             if not okA and okB and n_res > 0:
                 # Only tokens A rejects need the certain contexts: bring each C up to this depth.
@@ -2600,6 +2618,7 @@ cdef class CompiledCore:
         if e == NULL:
             free(own)
             return NULL
+        e.refs = 1
         e.bits = own
         e.n_unc = <int32_t>n_unc
         e.n_ctx_acc = <int32_t>self.n_cacc
