@@ -874,6 +874,25 @@ cdef void _bytes_below(const TrieC* T, int32_t* out) noexcept nogil:
         out[i] -= T.depth[i]
 
 
+cdef void _root_children(TrieC* T) noexcept nogil:
+    cdef int32_t i = 0
+    memset(T.root_child, 0xFF, sizeof(T.root_child))
+    while i < T.n:
+        T.root_child[T.byte[i]] = i
+        i = T.next[i]
+
+
+cdef inline int32_t _next_root_child(const TrieC* T, const GrammarC* g, int32_t st, int32_t byte) noexcept nogil:
+    """The first node at depth 1 after byte `byte` whose byte automaton node `st` reads (T.n: none)."""
+    cdef int32_t k, b
+    for k in range(g.be_start[st], g.be_start[st + 1]):
+        if g.be_hi[k] > byte:
+            for b in range(max(<int32_t>g.be_lo[k], byte + 1), g.be_hi[k] + 1):
+                if T.root_child[b] >= 0:
+                    return T.root_child[b]
+    return T.n
+
+
 cdef struct TrieC:
     int32_t n
     const uint8_t* byte
@@ -887,6 +906,7 @@ cdef struct TrieC:
     const int32_t* toks
     const uint8_t* u8ok      # per node: decoder states from which everything below is valid UTF-8
     const int32_t* span      # per node: the most bytes any token below it adds (see _bytes_below)
+    int32_t root_child[256]  # per byte: its node at depth 1, -1 if no token starts with it
 
 
 cdef struct VocabC:
@@ -1123,6 +1143,7 @@ cdef class Vocab:
             raise MemoryError()
         _bytes_below(&self.c.trie, self.trie_span)
         self.c.trie.span = self.trie_span
+        _root_children(&self.c.trie)
         self.c.ordinary_bits = self.ordinary_bits
         self.c.stop_ids = self.stop_ids
         self.c.n_stop = self.n_stop
@@ -1456,6 +1477,7 @@ cdef class ClassTrie:
                 if self.span != NULL:
                     _bytes_below(&self.t, self.span)
                     self.t.span = self.span
+                    _root_children(&self.t)
                     rc = 0
         return self._free_scratch(cmap_node, cpar, first, sibling, ccls, crep, ccount, stack, pre, order, dfs,
                                   tok_start, rc)
@@ -2217,18 +2239,23 @@ cdef class CompiledCore:
 
         Completing a rule from its static set resumes every caller, whose own completion resumes
         their callers in turn, so B parses exactly the text that may follow the rule in any context.
+        The static sets are built once per grammar (they hold no interned ids); each walk opens
+        its depth-0 set after them.
         """
         cdef Parser* B = &self.pb
         cdef GrammarC* g = &self.g
         cdef int32_t r, k
-        p_pop_to(B, 0)
-        B.n_static = g.n_rules
-        for r in range(g.n_rules):
-            if p_begin_set(B) < 0:
-                return -1
-            for k in range(g.ctx_start[r], g.ctx_start[r + 1]):
-                if p_add(B, g.ctx_item[k]) < 0:
+        if B.n_static == g.n_rules and B.n_sets >= g.n_rules:
+            p_pop_to(B, g.n_rules)
+        else:
+            p_pop_to(B, 0)
+            for r in range(g.n_rules):
+                if p_begin_set(B) < 0:
                     return -1
+                for k in range(g.ctx_start[r], g.ctx_start[r + 1]):
+                    if p_add(B, g.ctx_item[k]) < 0:
+                        return -1
+            B.n_static = g.n_rules
         if p_begin_set(B) < 0:
             return -1
         return p_intern_top(B)
@@ -2375,7 +2402,7 @@ cdef class CompiledCore:
                 while g.be_hi[k] < byte:
                     k += 1
                 if byte < g.be_lo[k]:
-                    i = T.next[i]
+                    i = T.next[i] if d > 1 else _next_root_child(T, g, st, byte)
                     continue
             if partial and not donor.open_all and not _has_rank(donor.open_ranks, donor.n_open,
                                                                 T.lo[i] if T.hi[i] > T.lo[i] else T.dlo[i],
