@@ -1575,18 +1575,6 @@ cdef inline int64_t _push_short(int32_t* buf, int64_t n, int32_t lo, int32_t hi,
     return n
 
 
-cdef inline bint _has_rank(const int32_t* ranks, int32_t n, int32_t lo, int32_t hi) noexcept nogil:
-    """Whether the sorted `ranks` hold one in [lo, hi)."""
-    cdef int32_t a = 0, b = n, m
-    while a < b:
-        m = (a + b) >> 1
-        if ranks[m] < lo:
-            a = m + 1
-        else:
-            b = m
-    return a < n and ranks[a] < hi
-
-
 cdef int _donor_own_tokens(const MaskEntry* d, VocabC* v, int32_t* out, uint64_t* scratch,
                            int64_t* n_out) noexcept nogil:
     """Append (as ranks) the tokens the donor accepts inside the rule itself: its accepted tokens
@@ -2322,6 +2310,7 @@ cdef class CompiledCore:
         cdef int32_t base = g.n_rules
         cdef int32_t i = 0, d, r, okA, okB, okC, st, nxt = -1, k, x, empty_id, c_empty = -1
         cdef int64_t c_work = 0
+        cdef int32_t op = 0             # cursor in the donor's open ranks
         while n_res < MAX_RESUMES and g.ctx_resume[rule * MAX_RESUMES + n_res] >= 0:
             n_res += 1
         cdef uint64_t* lp
@@ -2404,11 +2393,15 @@ cdef class CompiledCore:
                 if byte < g.be_lo[k]:
                     i = T.next[i] if d > 1 else _next_root_child(T, g, st, byte)
                     continue
-            if partial and not donor.open_all and not _has_rank(donor.open_ranks, donor.n_open,
-                                                                T.lo[i] if T.hi[i] > T.lo[i] else T.dlo[i],
-                                                                T.dhi[i] if T.dhi[i] > T.dlo[i] else T.hi[i]):
-                i = T.next[i]   # no open token below: the donor's verdicts stand
-                continue
+            if partial and not donor.open_all:
+                # The walk meets ranks in increasing order, so a cursor in the donor's sorted open
+                # ranks tells whether any lies at or below this node.
+                r = T.lo[i] if T.hi[i] > T.lo[i] else T.dlo[i]
+                while op < donor.n_open and donor.open_ranks[op] < r:
+                    op += 1
+                if op == donor.n_open or donor.open_ranks[op] >= (T.dhi[i] if T.dhi[i] > T.dlo[i] else T.hi[i]):
+                    i = T.next[i]   # no open token below: the donor's verdicts stand
+                    continue
             byte = T.byte[i]
             pbyte[d] = byte
             pchars[d] = pchars[d - 1] + ((byte & 0xC0) != 0x80)
@@ -2744,13 +2737,14 @@ cdef class CompiledCore:
         return int(self.node_chain[node]), bool(self.node_closed[node])
 
     def entry_stats(self, int32_t node):
-        """(kind, accepted count or list length, uncertain count) of a node's entry; builds it."""
+        """(kind, list length, uncertain count, open count (-1: all open), count accepted through
+        the certain contexts) of a node's entry; builds it."""
         cdef MaskEntry* e
         with nogil:
             e = self.get_entry(node)
         if e == NULL:
             raise MemoryError()
-        return (e.kind, e.n_list, e.n_unc)
+        return (e.kind, e.n_list, e.n_unc, -1 if e.open_all else e.n_open, e.n_ctx_acc)
 
 
 
@@ -2953,6 +2947,25 @@ cdef class MatcherCore:
             raise MemoryError()
 
     cdef int _fill(self, int32_t* out, int32_t n_out) noexcept nogil:
+        """The mask is built in the output row itself when it is wide and aligned enough (most
+        rows), saving a copy of a vocabulary bitset per fill."""
+        cdef uint64_t* own = self.acc
+        cdef int32_t W = self.vc.n_words
+        cdef int rc
+        if n_out < W * 2 or (<uintptr_t>out) & 7:
+            rc = self._fill_acc()
+            if rc == 0:
+                memcpy(out, self.acc, min(n_out, W * 2) * sizeof(int32_t))
+        else:
+            self.acc = <uint64_t*>out
+            rc = self._fill_acc()
+            self.acc = own
+        if rc == 0 and n_out > W * 2:
+            memset(out + W * 2, 0, (n_out - W * 2) * sizeof(int32_t))
+        return rc
+
+    cdef int _fill_acc(self) noexcept nogil:
+        """The next-token mask into self.acc."""
         cdef VocabC* v = self.vc
         cdef Parser* p = &self.p
         cdef int32_t cur = p.n_sets - 1
@@ -3023,11 +3036,6 @@ cdef class MatcherCore:
                 slot = sid & (MCACHE_SLOTS - 1)
                 self.mcache_id[slot] = sid
                 memcpy(self.mcache + <int64_t>slot * W, self.acc, W * sizeof(uint64_t))
-        if n_out <= W * 2:
-            memcpy(out, self.acc, n_out * sizeof(int32_t))
-        else:
-            memcpy(out, self.acc, W * 2 * sizeof(int32_t))
-            memset(out + W * 2, 0, (n_out - W * 2) * sizeof(int32_t))
         return 0
 
     cdef int _check_uncertain(self, int32_t WR) noexcept nogil:
