@@ -705,16 +705,22 @@ cdef int p_complete_rule(Parser* p, const GrammarC* g, int32_t rule, int64_t ori
     return p_intern_top(p)
 
 
+cdef inline void _set_bytes(uint64_t* bits, int32_t lo, int32_t hi) noexcept nogil:
+    """Add bytes lo..hi to the 256-bit set `bits`."""
+    cdef int32_t b
+    for b in range(lo, hi + 1):
+        bits[b >> 6] |= (<uint64_t>1) << (b & 63)
+
+
 cdef void _first_bytes(Parser* P, const GrammarC* g, uint64_t* first) noexcept nogil:
     """Add the bytes the open set of P can scan to the 256-bit set `first`."""
     cdef int64_t j
     cdef uint32_t nd
-    cdef int32_t k, b
+    cdef int32_t k
     for j in range(P.set_start[P.n_sets - 1], P.n_items):
         nd = P.items[j] & NODE_MASK
         for k in range(g.be_start[nd], g.be_start[nd + 1]):
-            for b in range(g.be_lo[k], g.be_hi[k] + 1):
-                first[b >> 6] |= (<uint64_t>1) << (b & 63)
+            _set_bytes(first, g.be_lo[k], g.be_hi[k])
 
 
 cdef int p_inject_top(Parser* P, const GrammarC* g, int32_t node) noexcept nogil:
@@ -890,6 +896,15 @@ cdef inline int32_t _next_root_child(const TrieC* T, const GrammarC* g, int32_t 
             for b in range(max(<int32_t>g.be_lo[k], byte + 1), g.be_hi[k] + 1):
                 if T.root_child[b] >= 0:
                     return T.root_child[b]
+    return T.n
+
+
+cdef inline int32_t _next_root_in(const TrieC* T, const uint64_t* bytes, int32_t byte) noexcept nogil:
+    """The first node at depth 1 after byte `byte` whose byte is in the 256-bit set (T.n: none)."""
+    cdef int32_t b
+    for b in range(byte + 1, 256):
+        if (bytes[b >> 6] >> (b & 63)) & 1 and T.root_child[b] >= 0:
+            return T.root_child[b]
     return T.n
 
 
@@ -2311,6 +2326,7 @@ cdef class CompiledCore:
         cdef int32_t i = 0, d, r, okA, okB, okC, st, nxt = -1, k, x, empty_id, c_empty = -1
         cdef int64_t c_work = 0
         cdef int32_t op = 0             # cursor in the donor's open ranks
+        cdef uint64_t first[4]
         while n_res < MAX_RESUMES and g.ctx_resume[rule * MAX_RESUMES + n_res] >= 0:
             n_res += 1
         cdef uint64_t* lp
@@ -2363,6 +2379,17 @@ cdef class CompiledCore:
         if topA and p_complete_rule(B, g, rule, rule) < 0:
             return NULL
         self.bid[0] = B.set_id[base]
+        if not narrow[0]:
+            # The first bytes A or B can read: a first byte outside them starts only rejected
+            # tokens (C follows B), so the walk jumps over them at depth 1.
+            memset(first, 0, sizeof(first))
+            if dstate[0] == -2:
+                _first_bytes(A, g, first)
+            else:
+                for k in range(g.be_start[node], g.be_start[node + 1]):
+                    _set_bytes(first, g.be_lo[k], g.be_hi[k])
+            if topA:
+                _first_bytes(B, g, first)
         for k in range(n_res):
             C = &self.pc[k]
             p_pop_to(C, 0)
@@ -2392,6 +2419,11 @@ cdef class CompiledCore:
                     k += 1
                 if byte < g.be_lo[k]:
                     i = T.next[i] if d > 1 else _next_root_child(T, g, st, byte)
+                    continue
+            elif d == 1:
+                byte = T.byte[i]
+                if not (first[byte >> 6] >> (byte & 63)) & 1:
+                    i = _next_root_in(T, first, byte)
                     continue
             if partial and not donor.open_all:
                 # The walk meets ranks in increasing order, so a cursor in the donor's sorted open
