@@ -940,6 +940,8 @@ cdef struct VocabC:
     int32_t* trie_lo
     int32_t* trie_hi
     uint64_t* trie_below     # 4 words per node: the bytes that occur strictly below it
+    const int32_t* trie_parent
+    const int32_t* rank_node
     int32_t* trie_dlo        # rank range [dlo, dhi) of the tokens strictly below it
     int32_t* trie_dhi
     uint64_t* ordinary_bits
@@ -985,6 +987,8 @@ cdef class Vocab:
     cdef int32_t* trie_dlo
     cdef int32_t* trie_dhi
     cdef uint8_t* trie_u8ok
+    cdef int32_t* trie_parent          # per node: its parent, -1 at depth 1
+    cdef int32_t* rank_node            # per rank: the node its token ends at
     cdef int32_t* trie_span
     cdef uint8_t* tok_chars
     cdef uint64_t* ordinary_bits
@@ -1013,6 +1017,8 @@ cdef class Vocab:
         self.trie_dhi = NULL
         self.trie_u8ok = NULL
         self.trie_span = NULL
+        self.trie_parent = NULL
+        self.rank_node = NULL
         self.tok_chars = NULL
         self.ordinary_bits = NULL
         self.stop_ids = NULL
@@ -1142,6 +1148,8 @@ cdef class Vocab:
         self.c.trie_below = self.trie_below
         self.c.trie_dlo = self.trie_dlo
         self.c.trie_dhi = self.trie_dhi
+        self.c.trie_parent = self.trie_parent
+        self.c.rank_node = self.rank_node
         self.c.trie.n = self.n_trie
         self.c.trie.byte = self.trie_byte
         self.c.trie.depth = self.trie_depth
@@ -1211,7 +1219,13 @@ cdef class Vocab:
             raise MemoryError()
         _u8_subtrees(n, self.trie_byte, parent, self.trie_u8ok, U8)
         free(parent_at)
-        free(parent)
+        self.trie_parent = parent
+        self.rank_node = <int32_t*>malloc(max(1, self.n_ordinary) * sizeof(int32_t))
+        if self.rank_node == NULL:
+            raise MemoryError()
+        for i in range(n):
+            for w in range(self.trie_lo[i], self.trie_hi[i]):
+                self.rank_node[w] = i
 
     @property
     def token_sample(self):
@@ -1263,6 +1277,8 @@ cdef class Vocab:
         free(self.trie_dhi)
         free(self.trie_u8ok)
         free(self.trie_span)
+        free(self.trie_parent)
+        free(self.rank_node)
         free(self.tok_chars)
         free(self.ordinary_bits)
         free(self.stop_ids)
@@ -2431,8 +2447,15 @@ cdef class CompiledCore:
                 r = T.lo[i] if T.hi[i] > T.lo[i] else T.dlo[i]
                 while op < donor.n_open and donor.open_ranks[op] < r:
                     op += 1
-                if op == donor.n_open or donor.open_ranks[op] >= (T.dhi[i] if T.dhi[i] > T.dlo[i] else T.hi[i]):
-                    i = T.next[i]   # no open token below: the donor's verdicts stand
+                if op == donor.n_open:
+                    break           # no open token left: the donor's verdicts stand
+                if donor.open_ranks[op] >= (T.dhi[i] if T.dhi[i] > T.dlo[i] else T.hi[i]):
+                    # No open token below: on to the next one's highest ancestor not yet seen (the
+                    # walk is on its parent's path), past the nodes between.
+                    x = v.rank_node[donor.open_ranks[op]]
+                    while v.trie_parent[x] > i:
+                        x = v.trie_parent[x]
+                    i = x
                     continue
             byte = T.byte[i]
             pbyte[d] = byte
