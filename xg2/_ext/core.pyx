@@ -908,6 +908,18 @@ cdef inline int32_t _next_root_in(const TrieC* T, const uint64_t* bytes, int32_t
     return T.n
 
 
+cdef inline int32_t _next_child(const TrieC* T, int32_t p, int32_t byte) noexcept nogil:
+    """The first child of node p whose byte is at least `byte`; T.next[p] (past p's subtree) if none."""
+    cdef int32_t a = T.cstart[p], b = T.cstart[p + 1], m
+    while a < b:
+        m = (a + b) >> 1
+        if T.cbyte[m] < byte:
+            a = m + 1
+        else:
+            b = m
+    return T.cnode[a] if a < T.cstart[p + 1] else T.next[p]
+
+
 cdef struct TrieC:
     int32_t n
     const uint8_t* byte
@@ -922,6 +934,9 @@ cdef struct TrieC:
     const uint8_t* u8ok      # per node: decoder states from which everything below is valid UTF-8
     const int32_t* span      # per node: the most bytes any token below it adds (see _bytes_below)
     int32_t root_child[256]  # per byte: its node at depth 1, -1 if no token starts with it
+    const int32_t* cstart    # per node: where its children start in cnode/cbyte (NULL: no index)
+    const int32_t* cnode     # children, node by node, in byte order
+    const uint8_t* cbyte     # their bytes
 
 
 cdef struct VocabC:
@@ -989,6 +1004,9 @@ cdef class Vocab:
     cdef uint8_t* trie_u8ok
     cdef int32_t* trie_parent          # per node: its parent, -1 at depth 1
     cdef int32_t* rank_node            # per rank: the node its token ends at
+    cdef int32_t* trie_cstart
+    cdef int32_t* trie_cnode
+    cdef uint8_t* trie_cbyte
     cdef int32_t* trie_span
     cdef uint8_t* tok_chars
     cdef uint64_t* ordinary_bits
@@ -1019,6 +1037,9 @@ cdef class Vocab:
         self.trie_span = NULL
         self.trie_parent = NULL
         self.rank_node = NULL
+        self.trie_cstart = NULL
+        self.trie_cnode = NULL
+        self.trie_cbyte = NULL
         self.tok_chars = NULL
         self.ordinary_bits = NULL
         self.stop_ids = NULL
@@ -1161,6 +1182,9 @@ cdef class Vocab:
         self.c.trie.below = self.trie_below
         self.c.trie.toks = self.rank_token
         self.c.trie.u8ok = self.trie_u8ok
+        self.c.trie.cstart = self.trie_cstart
+        self.c.trie.cnode = self.trie_cnode
+        self.c.trie.cbyte = self.trie_cbyte
         self.trie_span = <int32_t*>calloc(max(1, self.n_trie), sizeof(int32_t))
         if self.trie_span == NULL:
             raise MemoryError()
@@ -1220,6 +1244,23 @@ cdef class Vocab:
         _u8_subtrees(n, self.trie_byte, parent, self.trie_u8ok, U8)
         free(parent_at)
         self.trie_parent = parent
+        # Children by node (CSR): a walk below a node with few ways on finds them by search.
+        self.trie_cstart = <int32_t*>calloc(n + 2, sizeof(int32_t))
+        self.trie_cnode = <int32_t*>malloc(max(1, n) * sizeof(int32_t))
+        self.trie_cbyte = <uint8_t*>malloc(max(1, n))
+        if self.trie_cstart == NULL or self.trie_cnode == NULL or self.trie_cbyte == NULL:
+            raise MemoryError()
+        for i in range(n):
+            if parent[i] >= 0:
+                self.trie_cstart[parent[i] + 2] += 1
+        for i in range(n):
+            self.trie_cstart[i + 2] += self.trie_cstart[i + 1]
+        for i in range(n):          # children come in index order, which is byte order
+            if parent[i] >= 0:
+                w = self.trie_cstart[parent[i] + 1]
+                self.trie_cnode[w] = i
+                self.trie_cbyte[w] = self.trie_byte[i]
+                self.trie_cstart[parent[i] + 1] = w + 1
         self.rank_node = <int32_t*>malloc(max(1, self.n_ordinary) * sizeof(int32_t))
         if self.rank_node == NULL:
             raise MemoryError()
@@ -1279,6 +1320,9 @@ cdef class Vocab:
         free(self.trie_span)
         free(self.trie_parent)
         free(self.rank_node)
+        free(self.trie_cstart)
+        free(self.trie_cnode)
+        free(self.trie_cbyte)
         free(self.tok_chars)
         free(self.ordinary_bits)
         free(self.stop_ids)
@@ -2434,7 +2478,12 @@ cdef class CompiledCore:
                 while g.be_hi[k] < byte:
                     k += 1
                 if byte < g.be_lo[k]:
-                    i = T.next[i] if d > 1 else _next_root_child(T, g, st, byte)
+                    if d == 1:
+                        i = _next_root_child(T, g, st, byte)
+                    elif T.cstart != NULL:
+                        i = _next_child(T, tpar[d - 1], g.be_lo[k])
+                    else:
+                        i = T.next[i]
                     continue
             elif d == 1:
                 byte = T.byte[i]
