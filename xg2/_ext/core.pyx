@@ -1276,8 +1276,9 @@ cdef class Vocab:
         return self._sample
 
     cdef int32_t* take_scratch(self) noexcept nogil:
-        """Four vocabulary-sized buffers for one entry build (NULL: out of memory). Grammars share
-        them, so a compiled grammar costs no per-vocabulary memory beyond its entries."""
+        """Four vocabulary-sized buffers and a vocabulary bitset for one entry build (NULL: out of
+        memory). Grammars share them, so a compiled grammar costs no per-vocabulary memory beyond
+        its entries."""
         cdef int32_t* buf = NULL
         PyThread_acquire_lock(self.scratch_lock, WAIT_LOCK)
         if self.n_free_scratch > 0:
@@ -1285,7 +1286,7 @@ cdef class Vocab:
             buf = self.free_scratch[self.n_free_scratch]
         PyThread_release_lock(self.scratch_lock)
         if buf == NULL:
-            buf = <int32_t*>malloc(4 * max(1, self.n_ordinary) * sizeof(int32_t))
+            buf = <int32_t*>malloc((4 * max(1, self.n_ordinary) + 2 * self.n_words + 2) * sizeof(int32_t))
         return buf
 
     cdef void give_scratch(self, int32_t* buf) noexcept nogil:
@@ -1809,6 +1810,7 @@ cdef class CompiledCore:
     cdef int64_t n_unc
     cdef int32_t* open_buf            # walk scratch: open tokens (positions in the walked trie)
     cdef int32_t* cacc_buf            # walk scratch: tokens accepted through the certain contexts only
+    cdef uint64_t* set_buf            # walk scratch: a vocabulary bitset
     cdef uint8_t* anytop              # per depth: the rule could end at some shallower depth
     cdef uint8_t* narrow              # per depth: only A's automaton edges lead on below (see _build_entry)
     cdef int32_t* tpar                # per depth: the walked trie position there
@@ -2020,6 +2022,7 @@ cdef class CompiledCore:
             return NULL
         self.acc_buf, self.unc_buf = scratch, scratch + n
         self.open_buf, self.cacc_buf = scratch + 2 * n, scratch + 3 * n
+        self.set_buf = <uint64_t*>(scratch + 4 * n)
         if self._pool is None:
             e = self._build_entry(node, NULL)
         else:
@@ -2041,6 +2044,7 @@ cdef class CompiledCore:
                     entry_release(e)
                     e = NULL
         self.acc_buf = self.unc_buf = self.open_buf = self.cacc_buf = NULL
+        self.set_buf = NULL
         self.vocab.give_scratch(scratch)
         return e
 
@@ -2702,10 +2706,47 @@ cdef class CompiledCore:
                 word &= word - 1
         return 0
 
+    cdef int64_t _merge_rejected(self, VocabC* v, const MaskEntry* base, int32_t* out) noexcept nogil:
+        """Into `out`, sorted: the ids `base` (a rejected list) rejects or accepts only through its
+        certain contexts, but those the walk accepted (acc_buf, byte-trie positions). The count;
+        -1 when out of memory."""
+        cdef const int32_t* toks = self.wtrie.toks
+        cdef int64_t n_add = base.n_ctx_acc, n_del = self.n_acc, a = 0, b = 0, c = 0, n = 0, j
+        cdef int32_t* add = <int32_t*>malloc(max(1, n_add + n_del) * sizeof(int32_t))
+        cdef int32_t* dele = add + n_add
+        cdef int32_t x
+        if add == NULL:
+            return -1
+        for j in range(n_add):
+            add[j] = v.rank_token[base.ctx_acc_ranks[j]]
+        for j in range(n_del):
+            dele[j] = toks[self.acc_buf[j]]
+        qsort(add, n_add, sizeof(int32_t), _cmp_int32)
+        qsort(dele, n_del, sizeof(int32_t), _cmp_int32)
+        while a < base.n_list or b < n_add:
+            if b == n_add or (a < base.n_list and base.list[a] <= add[b]):
+                x = base.list[a]
+                a += 1
+                if b < n_add and add[b] == x:
+                    b += 1
+            else:
+                x = add[b]
+                b += 1
+            while c < n_del and dele[c] < x:
+                c += 1
+            if c < n_del and dele[c] == x:
+                continue
+            out[n] = x
+            n += 1
+        free(add)
+        return n
+
     cdef MaskEntry* _store(self, VocabC* v, MaskEntry* donor) noexcept nogil:
         """Keep the smallest of: accepted ids, non-accepted ids, or a bitset (paper App. B).
 
         acc_buf, unc_buf, open_buf and cacc_buf hold positions in the walked trie's token array.
+        A set is assembled in set_buf, scratch that stays warm from one build to the next, where
+        a fresh vocabulary-sized block per entry would cost page faults.
         """
         cdef const int32_t* toks = self.wtrie.toks
         cdef const MaskEntry* base = self.donor_acc
@@ -2713,37 +2754,44 @@ cdef class CompiledCore:
         cdef int64_t j, k = 0, w
         cdef int32_t t
         cdef uint64_t word
-        cdef uint64_t* own = NULL
+        cdef uint64_t* bits = self.set_buf
+        cdef int32_t* merged = NULL
         self.donor_acc = NULL
+        if base != NULL and base.kind == ENTRY_REJECTED_LIST:
+            # What the donor rejects, plus what it accepted through its certain contexts, less what
+            # the walk accepts: sorted id lists merged, without a pass over a vocabulary bitset.
+            merged = self.open_buf      # a partial build records no open tokens
+            n_other = self._merge_rejected(v, base, merged)
+            if n_other < 0:
+                return NULL
+            n_acc = v.n_ordinary - n_other
+            base = NULL if n_other * 4 <= v.n_words * 8 and n_acc > n_other else base
+            if base != NULL:
+                merged = NULL           # the entry keeps a set after all: build it below
         if base != NULL:
             # the tokens the donor reads inside the rule (all it accepts but through its certain
             # contexts), as a set; the walk's accepted tokens are added to it below
-            own = <uint64_t*>malloc(v.n_words * sizeof(uint64_t))
-            if own == NULL:
-                return NULL
             if base.kind == ENTRY_BITSET:
-                memcpy(own, base.bits, v.n_words * sizeof(uint64_t))
+                memcpy(bits, base.bits, v.n_words * sizeof(uint64_t))
             else:
-                memcpy(own, v.ordinary_bits, v.n_words * sizeof(uint64_t))
+                memcpy(bits, v.ordinary_bits, v.n_words * sizeof(uint64_t))
                 for j in range(base.n_list):
                     t = base.list[j]
-                    own[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+                    bits[t >> 6] &= ~((<uint64_t>1) << (t & 63))
             for j in range(base.n_ctx_acc):
                 t = v.rank_token[base.ctx_acc_ranks[j]]
-                own[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+                bits[t >> 6] &= ~((<uint64_t>1) << (t & 63))
             for j in range(self.n_acc):
                 t = toks[self.acc_buf[j]]
-                own[t >> 6] |= (<uint64_t>1) << (t & 63)
+                bits[t >> 6] |= (<uint64_t>1) << (t & 63)
             n_acc = 0
             for w in range(v.n_words):
-                n_acc += __builtin_popcountll(own[w])
+                n_acc += __builtin_popcountll(bits[w])
         n_other = v.n_ordinary - n_acc
         cdef MaskEntry* e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
         if e == NULL:
-            free(own)
             return NULL
         e.refs = 1
-        e.bits = own
         e.n_unc = <int32_t>n_unc
         e.n_ctx_acc = <int32_t>self.n_cacc
         # Uncertain tokens as ranks in byte order (the runtime check shares prefixes in that order).
@@ -2773,7 +2821,13 @@ cdef class CompiledCore:
             e.n_list = <int32_t>n_other
         else:
             e.kind = ENTRY_BITSET
-        if e.kind == ENTRY_ACCEPTED_LIST and base == NULL:
+        if merged != NULL:              # a rejected list, merged above
+            e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
+            if e.list == NULL:
+                entry_free(e)
+                return NULL
+            memcpy(e.list, merged, e.n_list * sizeof(int32_t))
+        elif e.kind == ENTRY_ACCEPTED_LIST and base == NULL:
             e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
             if e.list == NULL:
                 entry_free(e)
@@ -2782,14 +2836,17 @@ cdef class CompiledCore:
                 e.list[j] = toks[self.acc_buf[j]]
         else:
             if base == NULL:
-                e.bits = <uint64_t*>calloc(v.n_words, sizeof(uint64_t))
+                memset(bits, 0, v.n_words * sizeof(uint64_t))
+                for j in range(n_acc):
+                    t = toks[self.acc_buf[j]]
+                    bits[t >> 6] |= (<uint64_t>1) << (t & 63)
+            if e.kind == ENTRY_BITSET:
+                e.bits = <uint64_t*>malloc(v.n_words * sizeof(uint64_t))
                 if e.bits == NULL:
                     entry_free(e)
                     return NULL
-                for j in range(n_acc):
-                    t = toks[self.acc_buf[j]]
-                    e.bits[t >> 6] |= (<uint64_t>1) << (t & 63)
-            if e.kind != ENTRY_BITSET:
+                memcpy(e.bits, bits, v.n_words * sizeof(uint64_t))
+            else:
                 # the list from the set, a word at a time: the accepted ids (from a donor's set),
                 # or the ordinary ids not accepted
                 e.list = <int32_t*>malloc(max(1, e.n_list) * sizeof(int32_t))
@@ -2797,13 +2854,11 @@ cdef class CompiledCore:
                     entry_free(e)
                     return NULL
                 for w in range(v.n_words):
-                    word = e.bits[w] if e.kind == ENTRY_ACCEPTED_LIST else v.ordinary_bits[w] & ~e.bits[w]
+                    word = bits[w] if e.kind == ENTRY_ACCEPTED_LIST else v.ordinary_bits[w] & ~bits[w]
                     while word:
                         e.list[k] = <int32_t>((w << 6) + __builtin_ctzll(word))
                         k += 1
                         word &= word - 1
-                free(e.bits)
-                e.bits = NULL
         e.nbytes = entry_nbytes(e, v.n_words)
         return e
 
