@@ -227,6 +227,26 @@ def test_entries_travel_as_bytes(small_info):
         two.entry_pool.load(key, forged)
 
 
+def test_grammars_keep_their_entries_when_the_pool_drops_them(small_info):
+    """Entries are shared by reference: a pool cleared (or evicting) under a live grammar leaves
+    that grammar's entries intact, and the next grammar builds them again."""
+    text = 'root ::= "{" (k ":" v ("," k ":" v)*)? "}"\nk ::= "\\"" [a-z]+ "\\""\nv ::= [0-9]+ | k | root'
+    compiler = xg2.GrammarCompiler(small_info, precompute_budget_ms=0)
+    first = compiler.compile_grammar(text)
+    reference = reference_compiler(small_info).compile_grammar(text)
+    assert_same_walks(small_info, first, reference, seed=1)
+    pool = compiler.entry_pool
+    assert len(pool) > 0 and len(pool.keys()) == len(pool)
+    pool.clear()
+    assert len(pool) == 0 and pool.nbytes == 0 and pool.keys() == []
+    assert pool.dump(b"\0" * 36) is None
+    assert_same_walks(small_info, first, reference, seed=2)      # its own entries, still alive
+    compiler.clear_cache()
+    before = compiler.cache_stats()["misses"]
+    assert_same_walks(small_info, compiler.compile_grammar(text), reference, seed=3)
+    assert compiler.cache_stats()["misses"] > before and len(pool) > 0
+
+
 def test_threads_share_one_pool(small_info):
     compiler = xg2.GrammarCompiler(small_info, precompute_budget_ms=0)
     reference = reference_compiler(small_info)
