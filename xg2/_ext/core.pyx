@@ -3134,12 +3134,13 @@ cdef class MatcherCore:
         cdef MaskEntry* e
         cdef uint64_t bitsw
         cdef int any_unc = 0, n_checked = 0
-        cdef int32_t sid = p.set_id[cur], slot = sid & (MCACHE_SLOTS - 1)
-        memset(self.acc, 0, W * sizeof(uint64_t))
-        if not self.terminated and sid >= 0 and self.mcache_id[slot] == sid:
+        cdef int32_t sid = p.set_id[cur], slot = sid & (MCACHE_SLOTS - 1), full = -1
+        if self.terminated:
+            memset(self.acc, 0, W * sizeof(uint64_t))
+        elif sid >= 0 and self.mcache_id[slot] == sid:
             # The same parse state as an earlier step (interned ids capture all of it): same mask.
             memcpy(self.acc, self.mcache + <int64_t>slot * W, W * sizeof(uint64_t))
-        elif not self.terminated:
+        else:
             self.stamp_gen += 1
             if self.stamp_gen == 0x7FFFFFFF:
                 memset(self.stamp, 0, self.g.n_nodes * sizeof(int32_t))
@@ -3150,22 +3151,36 @@ cdef class MatcherCore:
                     self.stamp[node] = self.stamp_gen
                     self.nodes[n_nodes] = node
                     n_nodes += 1
+            # An entry that keeps a set (a bitset, or all ordinary tokens but a list) starts the
+            # mask by itself; without one the mask starts empty.
             for k in range(n_nodes):
                 e = self.core.get_entry(self.nodes[k])
                 if e == NULL:
                     return -1
-                if e.kind == ENTRY_ACCEPTED_LIST:
+                if full < 0 and e.kind != ENTRY_ACCEPTED_LIST:
+                    full = k
+            if full < 0:
+                memset(self.acc, 0, W * sizeof(uint64_t))
+            else:
+                e = self.core.entries[self.nodes[full]]
+                if e.kind == ENTRY_BITSET:
+                    memcpy(self.acc, e.bits, W * sizeof(uint64_t))
+                else:
+                    memcpy(self.acc, v.ordinary_bits, W * sizeof(uint64_t))
+                    for j in range(e.n_list):
+                        t = e.list[j]
+                        self.acc[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+            for k in range(n_nodes):
+                e = self.core.entries[self.nodes[k]]
+                if k == full:
+                    pass
+                elif e.kind == ENTRY_ACCEPTED_LIST:
                     for j in range(e.n_list):
                         t = e.list[j]
                         self.acc[t >> 6] |= (<uint64_t>1) << (t & 63)
                 elif e.kind == ENTRY_BITSET:
                     for w in range(W):
                         self.acc[w] |= e.bits[w]
-                elif k == 0:                # nothing in acc yet: the ordinary tokens but the listed
-                    memcpy(self.acc, v.ordinary_bits, W * sizeof(uint64_t))
-                    for j in range(e.n_list):
-                        t = e.list[j]
-                        self.acc[t >> 6] &= ~((<uint64_t>1) << (t & 63))
                 else:
                     memcpy(self.tmp, v.ordinary_bits, W * sizeof(uint64_t))
                     for j in range(e.n_list):
