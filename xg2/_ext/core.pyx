@@ -1651,6 +1651,13 @@ cdef inline int64_t _push_short(int32_t* buf, int64_t n, int32_t lo, int32_t hi,
     return n
 
 
+cdef inline bint _as_list(int64_t n, int32_t n_words) noexcept nogil:
+    """Whether an entry keeps n ids as a list rather than a bitset: while the list is at most half
+    the bitset's size. A fill sets or clears a listed id at a time but copies a bitset by words, so
+    a longer list would save memory and cost time on every fill."""
+    return n <= n_words
+
+
 cdef int _donor_own_tokens(const MaskEntry* d, VocabC* v, int32_t* out, uint64_t* scratch,
                            int64_t* n_out) noexcept nogil:
     """Append (as ranks) the tokens the donor accepts inside the rule itself: its accepted tokens
@@ -2742,7 +2749,7 @@ cdef class CompiledCore:
         return n
 
     cdef MaskEntry* _store(self, VocabC* v, MaskEntry* donor) noexcept nogil:
-        """Keep the smallest of: accepted ids, non-accepted ids, or a bitset (paper App. B).
+        """Keep accepted ids, non-accepted ids, or a bitset (paper App. B; see _as_list).
 
         acc_buf, unc_buf, open_buf and cacc_buf hold positions in the walked trie's token array.
         A set is assembled in set_buf, scratch that stays warm from one build to the next, where
@@ -2765,7 +2772,7 @@ cdef class CompiledCore:
             if n_other < 0:
                 return NULL
             n_acc = v.n_ordinary - n_other
-            base = NULL if n_other * 4 <= v.n_words * 8 and n_acc > n_other else base
+            base = NULL if _as_list(n_other, v.n_words) and n_acc > n_other else base
             if base != NULL:
                 merged = NULL           # the entry keeps a set after all: build it below
         if base != NULL:
@@ -2813,10 +2820,10 @@ cdef class CompiledCore:
             if self._ranks(self.open_buf, e.n_open, &e.open_ranks) < 0:
                 entry_free(e)
                 return NULL
-        if n_acc * 4 <= v.n_words * 8 and n_acc <= n_other:
+        if _as_list(n_acc, v.n_words) and n_acc <= n_other:
             e.kind = ENTRY_ACCEPTED_LIST
             e.n_list = <int32_t>n_acc
-        elif n_other * 4 <= v.n_words * 8:
+        elif _as_list(n_other, v.n_words):
             e.kind = ENTRY_REJECTED_LIST
             e.n_list = <int32_t>n_other
         else:
