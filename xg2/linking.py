@@ -152,7 +152,7 @@ def _frame_keys(frame, stubs: dict[int, Module], impassable, gates: dict[int, by
     past the literal, what the gate holds cannot change an entry of the rules around it, which are
     then keyed with the gate named by its literal: the text that dispatches to tool calls has the
     same keys, and so the same entries, whatever tools the gate leads to. The gates and all they
-    call keep their own keys."""
+    call keep their own keys; the gates' entries stay out of the pool."""
     root_keys = {s: m.keys.rule[m.lowered.root] for s, m in stubs.items()}
     shut = {g: horizon_key(b"gate\0" + lit) for g, lit in gates.items() if impassable is not None and impassable(lit)}
     own = grammar_keys(frame.fsms, frame.root, follows=frame.follows, fixed=root_keys, contexts=not shut)
@@ -167,7 +167,10 @@ def _frame_keys(frame, stubs: dict[int, Module], impassable, gates: dict[int, by
                 if r not in inside:
                     inside.add(r)
                     work.append(r)
-    return GrammarKeys([k if r in inside else around.rule[r] for r, k in enumerate(own.rule)], around.ctx,
+    # A gate's automaton is the request's set of tags: no other grammar would share its entries,
+    # so they stay in this grammar and out of the pool (an empty context key).
+    return GrammarKeys([k if r in inside else around.rule[r] for r, k in enumerate(own.rule)],
+                       [b"" if r in shut else c for r, c in enumerate(around.ctx)],
                        [c if r in inside else around.canon[r] for r, c in enumerate(own.canon)])
 
 

@@ -1830,6 +1830,7 @@ cdef class CompiledCore:
     cdef const uint8_t* rule_keys     # per rule: content key of its automaton (see hashing.py)
     cdef const uint8_t* ctx_keys      # per rule: key of what may follow it
     cdef const int32_t* node_canon    # per node: its number in its rule's canonical numbering
+    cdef const uint8_t* rule_shared   # per rule: its entries go through the pool
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
     cdef readonly int64_t own_bytes   # what the core allocates per node beside the tables (not entries)
@@ -1876,10 +1877,12 @@ cdef class CompiledCore:
             keep[k] = np.ascontiguousarray(v)
         if pool is not None:
             rule_keys, ctx_keys, node_canon = keys
-            if {len(k) for k in rule_keys} | {len(k) for k in ctx_keys} != {RULE_KEY_BYTES}:
-                raise ValueError(f"rule and context keys are {RULE_KEY_BYTES} bytes")
+            if {len(k) for k in rule_keys} != {RULE_KEY_BYTES} or {len(k) for k in ctx_keys} - {0, RULE_KEY_BYTES}:
+                raise ValueError(f"rule and context keys are {RULE_KEY_BYTES} bytes (context keys may be empty)")
             keep["_rule_keys"] = np.frombuffer(b"".join(rule_keys), np.uint8)
-            keep["_ctx_keys"] = np.frombuffer(b"".join(ctx_keys), np.uint8)
+            keep["_ctx_keys"] = np.frombuffer(b"".join(k or bytes(RULE_KEY_BYTES) for k in ctx_keys), np.uint8)
+            keep["_rule_shared"] = np.array([len(k) > 0 for k in ctx_keys], dtype=np.uint8)
+            self.rule_shared = <const uint8_t*>_ptr(keep, "_rule_shared", np.uint8)
             keep["_node_canon"] = np.asarray(node_canon, dtype=np.int32)
             self.rule_keys = <const uint8_t*>_ptr(keep, "_rule_keys", np.uint8)
             self.ctx_keys = <const uint8_t*>_ptr(keep, "_ctx_keys", np.uint8)
@@ -2030,7 +2033,7 @@ cdef class CompiledCore:
         self.acc_buf, self.unc_buf = scratch, scratch + n
         self.open_buf, self.cacc_buf = scratch + 2 * n, scratch + 3 * n
         self.set_buf = <uint64_t*>(scratch + 4 * n)
-        if self._pool is None:
+        if self._pool is None or not self.rule_shared[r]:
             e = self._build_entry(node, NULL)
         else:
             canon = self.node_canon[node]

@@ -41,7 +41,7 @@ MAX_CYCLE_WALKS = 16
 @dataclass
 class GrammarKeys:
     rule: list[bytes]                 # per rule: 16-byte key of its automaton and all it calls
-    ctx: list[bytes]                  # per rule: 16-byte key of what may follow it
+    ctx: list[bytes]                  # per rule: 16-byte key of what may follow it (b"": entries unshared)
     canon: list[list[int] | None]     # per rule: node -> canonical node (None: the identity)
 
 
