@@ -18,6 +18,7 @@ import numpy as np
 from ._ext.core import link_tables
 from .grammar.fsm import RuleFSM
 from .grammar.hashing import (
+    UNSHARED,
     GrammarKeys,
     choice_key,
     context_key,
@@ -167,10 +168,8 @@ def _frame_keys(frame, stubs: dict[int, Module], impassable, gates: dict[int, by
                 if r not in inside:
                     inside.add(r)
                     work.append(r)
-    # A gate's automaton is the request's set of tags: no other grammar would share its entries,
-    # so they stay in this grammar and out of the pool (an empty context key).
     return GrammarKeys([k if r in inside else around.rule[r] for r, k in enumerate(own.rule)],
-                       [b"" if r in shut else c for r, c in enumerate(around.ctx)],
+                       [UNSHARED if r in shut else c for r, c in enumerate(around.ctx)],
                        [c if r in inside else around.canon[r] for r, c in enumerate(own.canon)])
 
 

@@ -1877,11 +1877,12 @@ cdef class CompiledCore:
             keep[k] = np.ascontiguousarray(v)
         if pool is not None:
             rule_keys, ctx_keys, node_canon = keys
-            if {len(k) for k in rule_keys} != {RULE_KEY_BYTES} or {len(k) for k in ctx_keys} - {0, RULE_KEY_BYTES}:
-                raise ValueError(f"rule and context keys are {RULE_KEY_BYTES} bytes (context keys may be empty)")
             keep["_rule_keys"] = np.frombuffer(b"".join(rule_keys), np.uint8)
-            keep["_ctx_keys"] = np.frombuffer(b"".join(k or bytes(RULE_KEY_BYTES) for k in ctx_keys), np.uint8)
-            keep["_rule_shared"] = np.array([len(k) > 0 for k in ctx_keys], dtype=np.uint8)
+            keep["_ctx_keys"] = np.frombuffer(b"".join(ctx_keys), np.uint8)
+            if not len(keep["_rule_keys"]) == len(keep["_ctx_keys"]) == RULE_KEY_BYTES * len(keep["rule_start"]):
+                raise ValueError(f"rule and context keys are {RULE_KEY_BYTES} bytes, one per rule")
+            # An all-zero context key marks a rule whose entries stay in this grammar (hashing.py).
+            keep["_rule_shared"] = keep["_ctx_keys"].reshape(-1, RULE_KEY_BYTES).any(axis=1).astype(np.uint8)
             self.rule_shared = <const uint8_t*>_ptr(keep, "_rule_shared", np.uint8)
             keep["_node_canon"] = np.asarray(node_canon, dtype=np.int32)
             self.rule_keys = <const uint8_t*>_ptr(keep, "_rule_keys", np.uint8)

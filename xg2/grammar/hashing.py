@@ -41,8 +41,13 @@ MAX_CYCLE_WALKS = 16
 @dataclass
 class GrammarKeys:
     rule: list[bytes]                 # per rule: 16-byte key of its automaton and all it calls
-    ctx: list[bytes]                  # per rule: 16-byte key of what may follow it (b"": entries unshared)
+    ctx: list[bytes]                  # per rule: 16-byte key of what may follow it (or UNSHARED)
     canon: list[list[int] | None]     # per rule: node -> canonical node (None: the identity)
+
+
+#: The context key of a rule whose entries no other grammar can use (a structural tag's gate, whose
+#: automaton is the request's set of tags): they stay in its grammar, out of the pool.
+UNSHARED = bytes(16)
 
 
 def _digest(*parts: bytes) -> bytes:
