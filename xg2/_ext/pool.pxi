@@ -5,7 +5,7 @@
 # entries outright (a perfect hit); under other surroundings the entry of the same automaton node
 # still fixes every token the automaton decides alone, so a new entry only walks the others (a
 # partial hit). A mask fill that meets a node without its entry looks the pool up, so the lookup
-# lives here in C, without the GIL: in Python its bookkeeping cost more than many entry builds.
+# lives here in C, without the GIL: in Python its bookkeeping cost as much as building a small entry.
 
 cdef enum:
     RULE_KEY_BYTES = 16
