@@ -1651,6 +1651,15 @@ cdef inline int64_t _push_short(int32_t* buf, int64_t n, int32_t lo, int32_t hi,
     return n
 
 
+cdef inline void _all_but(uint64_t* out, const VocabC* v, const MaskEntry* e) noexcept nogil:
+    """Into `out`: the ordinary tokens but those a rejected-list entry lists."""
+    cdef int32_t j, t
+    memcpy(out, v.ordinary_bits, v.n_words * sizeof(uint64_t))
+    for j in range(e.n_list):
+        t = e.list[j]
+        out[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+
+
 cdef inline bint _as_list(int64_t n, int32_t n_words) noexcept nogil:
     """Whether an entry keeps n ids as a list rather than a bitset: while the list is at most half
     the bitset's size. A fill sets or clears a listed id at a time but copies a bitset by words, so
@@ -2785,10 +2794,7 @@ cdef class CompiledCore:
             if base.kind == ENTRY_BITSET:
                 memcpy(bits, base.bits, v.n_words * sizeof(uint64_t))
             else:
-                memcpy(bits, v.ordinary_bits, v.n_words * sizeof(uint64_t))
-                for j in range(base.n_list):
-                    t = base.list[j]
-                    bits[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+                _all_but(bits, v, base)
             for j in range(base.n_ctx_acc):
                 t = v.rank_token[base.ctx_acc_ranks[j]]
                 bits[t >> 6] &= ~((<uint64_t>1) << (t & 63))
@@ -3177,14 +3183,11 @@ cdef class MatcherCore:
                 if e.kind == ENTRY_BITSET:
                     memcpy(self.acc, e.bits, W * sizeof(uint64_t))
                 else:
-                    memcpy(self.acc, v.ordinary_bits, W * sizeof(uint64_t))
-                    for j in range(e.n_list):
-                        t = e.list[j]
-                        self.acc[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+                    _all_but(self.acc, v, e)
             for k in range(n_nodes):
                 e = self.core.entries[self.nodes[k]]
                 if k == full:
-                    pass
+                    pass                    # it started the mask
                 elif e.kind == ENTRY_ACCEPTED_LIST:
                     for j in range(e.n_list):
                         t = e.list[j]
@@ -3193,10 +3196,7 @@ cdef class MatcherCore:
                     for w in range(W):
                         self.acc[w] |= e.bits[w]
                 else:
-                    memcpy(self.tmp, v.ordinary_bits, W * sizeof(uint64_t))
-                    for j in range(e.n_list):
-                        t = e.list[j]
-                        self.tmp[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+                    _all_but(self.tmp, v, e)
                     for w in range(W):
                         self.acc[w] |= self.tmp[w]
                 if e.n_unc:
