@@ -54,7 +54,7 @@ from .optimize import map_leaves
 from .regex import ANY_CHAR, regex_to_expr
 from .regular import KeyDFA, intersect, to_rules
 from .regular import from_expr as regular_from_expr
-from .validator import Validator
+from .validator import Validator, json_equal
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
@@ -79,12 +79,13 @@ MAX_INDENT_DEPTH = 20
 ANNOTATIONS = frozenset({
     "title", "description", "examples", "default", "$schema", "$id", "id", "$comment", "deprecated",
     "readOnly", "writeOnly", "$defs", "definitions",
+    # 2020-12 makes the content keywords annotations: a validator need not decode the string
+    "contentEncoding", "contentMediaType", "contentSchema",
 })
 UNSUPPORTED = frozenset({
     "unevaluatedItems",
     "dependentSchemas", "contains", "minContains", "maxContains", "not", "if", "then",
     "else", "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
-    "contentSchema",
 })
 HANDLED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items",
@@ -93,6 +94,17 @@ HANDLED = frozenset({
     "uniqueItems", "pattern", "format", "multipleOf", "patternProperties", "propertyNames",
     "minProperties", "maxProperties", "dependentRequired", "dependencies", "unevaluatedProperties",
 })
+#: Keywords whose meaning depends on each other: merged as one function from a key (an index) to
+#: the schema its member (its item) must meet.
+MEMBER_KEYWORDS = ("properties", "patternProperties", "additionalProperties")
+ITEM_KEYWORDS = ("items", "prefixItems", "additionalItems")
+#: Bounds two merged schemas combine by keeping the tighter one (True: the larger is tighter).
+BOUNDS = {"minItems": True, "minLength": True, "minProperties": True, "minimum": True, "exclusiveMinimum": True,
+          "maxItems": False, "maxLength": False, "maxProperties": False, "maximum": False, "exclusiveMaximum": False}
+#: Keywords that make an object name or bound its members: with strict_mode, an object that has
+#: none of them is open (xgrammar's choice, compared side by side in the tests).
+CLOSING = ("properties", "patternProperties", "required", "minProperties", "maxProperties", "dependentRequired",
+           "dependentSchemas", "dependencies", "unevaluatedProperties", "\x00presence")
 #: The error for a oneOf whose exactly-one condition cannot be enforced.
 ONE_OF_OVERLAP = ("oneOf whose branches may overlap (exactly-one cannot be enforced; use anyOf if overlap is "
                   "acceptable)")
@@ -156,22 +168,6 @@ def _opt(e: Expr | None) -> Expr:
 
 def _canon_str(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)
-
-
-def _type_of(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "integer" if v.is_integer() else "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    return "object"
 
 
 # --- converter ------------------------------------------------------------------------------------
@@ -573,6 +569,61 @@ class _Converter:
             merged = self.merge(merged, s, _ptr(ptr, "allOf", i))
         return merged
 
+    def merge_members(self, a: dict, b: dict, ptr: str) -> None:
+        """Move the member keywords of `b` into `a`, for members valid under both.
+
+        Each side maps a key to a schema: its `properties` entry, else `additionalProperties`,
+        and the schema of every pattern that matches. Listed keys get both sides' schemas exactly.
+        Other keys keep both maps' patterns; a side's `additionalProperties` must also reach the
+        keys that only the other side's patterns match, so it joins each such pattern whose keys
+        no pattern of its own side matches, and the merge is unsupported when a pattern's keys
+        are partly matched (no pattern spells that region)."""
+        props, pats, addl, langs = [], [], [], []
+        for side in (a, b):
+            p, pp = side.pop("properties", {}), side.pop("patternProperties", {})
+            if not isinstance(p, dict):
+                raise SchemaError("properties must be an object", _ptr(ptr, "properties"))
+            props.append(p)
+            pats.append(pp)
+            addl.append(side.pop("additionalProperties", None))
+            langs.append(self.pattern_languages({"patternProperties": pp}, ptr))
+
+        def member(side: int, key: str) -> Any:
+            own = props[side].get(key, None)
+            matched = [sub for dfa, sub, _where in langs[side] if dfa.accepts(key)]
+            if own is None:
+                own = True if matched or addl[side] is None else addl[side]
+            for sub in matched:
+                own = _both(own, sub)
+            return own
+
+        merged_props = {k: _both(member(0, k), member(1, k)) for k in dict.fromkeys([*props[0], *props[1]])}
+        merged_pats: dict[str, Any] = {}
+        for side in (0, 1):
+            other = 1 - side
+            others = None
+            for dfa, _sub, _where in langs[other]:
+                others = dfa if others is None else intersect(others.complement(), dfa.complement()).complement()
+            for (pattern, sub), (dfa, _s, where) in zip(pats[side].items(), langs[side]):
+                extra = addl[other]
+                if extra is not None and extra is not True and extra != {} and others is not None:
+                    if intersect(dfa, others.complement()).is_empty():
+                        extra = None        # every key it matches is matched on the other side too
+                    elif not intersect(dfa, others).is_empty():
+                        self.unsupported("patternProperties", where, "patternProperties merged with a schema whose "
+                                         "own patterns match part of its keys and whose additionalProperties "
+                                         "applies to the rest")
+                        extra = None
+                if extra is not None:
+                    sub = _both(sub, extra)
+                merged_pats[pattern] = _both(merged_pats.get(pattern, True), sub)
+        if merged_props:
+            a["properties"] = merged_props
+        if merged_pats:
+            a["patternProperties"] = merged_pats
+        if addl[0] is not None or addl[1] is not None:
+            a["additionalProperties"] = _both(True if addl[0] is None else addl[0], True if addl[1] is None else addl[1])
+
     def _merge(self, a: dict, b: dict, ptr: str) -> dict:
         # `b` is a subschema of `a` (allOf member, $ref target, branch): its unevaluatedProperties
         # sees only its own members, so it is settled before the members of `a` join them.
@@ -587,23 +638,14 @@ class _Converter:
             b = self.inline_ref(b, ptr)
         out = {k: v for k, v in a.items() if k not in ANNOTATIONS}
         bb = {k: v for k, v in b.items() if k not in ANNOTATIONS}
-        if any(k in out or k in bb for k in ("properties", "additionalProperties")) and (
-                "properties" in out or "additionalProperties" in out) and (
-                "properties" in bb or "additionalProperties" in bb):
-            pa, pb = out.pop("properties", {}), bb.pop("properties", {})
-            aa, ab = out.pop("additionalProperties", None), bb.pop("additionalProperties", None)
-            if not isinstance(pa, dict) or not isinstance(pb, dict):
-                raise SchemaError("properties must be an object", _ptr(ptr, "properties"))
-            props = {}
-            for k in list(pa) + [k for k in pb if k not in pa]:
-                sa = pa.get(k, True if aa is None else aa)
-                sb = pb.get(k, True if ab is None else ab)
-                props[k] = _both(sa, sb)
-            out["properties"] = props
-            if aa is not None or ab is not None:
-                out["additionalProperties"] = _both(True if aa is None else aa, True if ab is None else ab)
+        # keywords that depend on their siblings are combined as the functions they define (a
+        # member's or an item's schema), never keyword by keyword
+        if any(k in out for k in MEMBER_KEYWORDS) and any(k in bb for k in MEMBER_KEYWORDS):
+            self.merge_members(out, bb, ptr)
+        if any(k in out for k in ITEM_KEYWORDS) and any(k in bb for k in ITEM_KEYWORDS):
+            _merge_items(out, bb)
         for k, v in bb.items():
-            if k not in out or out[k] == v:
+            if k not in out or json_equal(out[k], v):
                 out[k] = v
             elif k == "type":
                 ta = out[k] if isinstance(out[k], list) else [out[k]]
@@ -612,28 +654,25 @@ class _Converter:
                 both += [t for t in tb if t == "integer" and "number" in ta and t not in both]
                 out[k] = both
             elif k == "required":
+                if not isinstance(out[k], list) or not isinstance(v, list):
+                    raise SchemaError("required must be an array of strings", _ptr(ptr, k))
                 out[k] = list(dict.fromkeys(list(out[k]) + list(v)))
-            elif k in ("minItems", "minLength") or (k == "minimum" and not _bool_excl(out, bb)):
-                out[k] = max(out[k], v)
-            elif k in ("maxItems", "maxLength") or (k == "maximum" and not _bool_excl(out, bb)):
-                out[k] = min(out[k], v)
-            elif k == "exclusiveMinimum" and not _bool_excl(out, bb):
-                out[k] = max(out[k], v)
-            elif k == "exclusiveMaximum" and not _bool_excl(out, bb):
-                out[k] = min(out[k], v)
-            elif k == "items" and isinstance(v, (dict, bool)) and isinstance(out[k], (dict, bool)) and \
-                    "prefixItems" not in out and "prefixItems" not in bb:
-                out[k] = _both(out[k], v)
+            elif k in BOUNDS and not (k in ("minimum", "maximum") and _bool_excl(out, bb)):
+                if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (out[k], v)):
+                    raise SchemaError(f"{k} must be a number", _ptr(ptr, k))
+                out[k] = max(out[k], v) if BOUNDS[k] else min(out[k], v)
             elif k in ("enum", "const"):
                 va = out[k] if k == "enum" else [out[k]]
                 vb = v if k == "enum" else [v]
                 if not isinstance(va, list) or not isinstance(vb, list):
                     raise SchemaError("enum must be an array", _ptr(ptr, k))
-                out[k] = [x for x in va if any(x == y and _type_of(x) == _type_of(y) for y in vb)]
+                out[k] = [x for x in va if any(json_equal(x, y) for y in vb)]
                 if k == "const":
                     out["enum"] = out.pop(k)
             elif k == "allOf":
                 out[k] = list(out[k]) + list(v)
+            elif k == "propertyNames":
+                out[k] = _both(out[k], v)   # every name is checked by both
             elif k in ("anyOf", "oneOf"):
                 out[k] = self.cross_branches(k, out[k], v, ptr)
             elif k == "not":
@@ -641,10 +680,6 @@ class _Converter:
                     self.unsupported(k, _ptr(ptr, k))  # lenient: this one is dropped, the other kept
                 else:
                     out[k] = {"anyOf": [out[k], v]}  # neither holds
-            elif k == "patternProperties" and isinstance(v, dict) and isinstance(out[k], dict) and \
-                    "additionalProperties" not in out and "additionalProperties" not in bb:
-                # every matching pattern applies, so the union of the two maps says both
-                out[k] = {**out[k], **{p: _both(out[k][p], s) if p in out[k] else s for p, s in v.items()}}
             elif k == "multipleOf" and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
                                            for x in (out[k], v)):
                 out[k] = math.lcm(out[k], v)
@@ -656,7 +691,7 @@ class _Converter:
                 raise SchemaError(f"cannot combine conflicting {k!r} keywords", _ptr(ptr, k))
         if "const" in out and "enum" in out:
             c = out.pop("const")
-            out["enum"] = [x for x in out["enum"] if x == c and _type_of(x) == _type_of(c)]
+            out["enum"] = [x for x in out["enum"] if json_equal(x, c)]
         return out
 
     def lower(self, schema: Any, ptr: str, d: int) -> Expr | None:
@@ -765,8 +800,10 @@ class _Converter:
             if b is False:
                 continue
             b = b if isinstance(b, dict) else {}
-            if context is not None and "type" in context:
-                b = self.merge({"type": context["type"]}, b, where)
+            if context is not None:     # what the branch is merged with when lowered
+                shared = {k: context[k] for k in ("type", *MEMBER_KEYWORDS, "required") if k in context}
+                if shared:
+                    b = self.merge(shared, b, where)
             branches.append((b, where))
         checker = Validator(self.root, self.resolve)
         return all(self.disjoint(a, b, checker, pa, pb) for i, (a, pa) in enumerate(branches)
@@ -813,10 +850,18 @@ class _Converter:
                     sa, sb, checker, _ptr(pa, "properties", name), _ptr(pb, "properties", name), depth + 1):
                 return True
         for x, y in ((a, b), (b, a)):
-            closed = y.get("additionalProperties", not self.strict) is False and not y.get("patternProperties")
+            # y's own keywords close it to its properties: x's values have a member y forbids
+            closed = y.get("additionalProperties") is False and not y.get("patternProperties")
             if closed and any(name not in y.get("properties", {}) for name in x.get("required", [])):
                 return True
-        return False
+
+        def shut(x: dict, y: dict) -> bool:
+            """strict_mode writes x's values with only the keys x names: none has a member y requires."""
+            if x.get("additionalProperties", self.open_by_default(x)) is not False or x.get("patternProperties"):
+                return False
+            return any(name not in x.get("properties", {}) and name not in x.get("required", [])
+                       for name in y.get("required", []))
+        return shut(a, b) and shut(b, a)
 
     def negate(self, schema: dict, ptr: str):
         """`schema` with its `not` turned into positive keywords, for the forms that have one: `not`
@@ -977,20 +1022,26 @@ class _Converter:
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise SchemaError("required must be an array of strings", _ptr(ptr, "required"))
-        addl = schema.get("additionalProperties", not self.strict)
+        addl = schema.get("additionalProperties", self.open_by_default(schema))
         addl_ptr = _ptr(ptr, "additionalProperties")
-        names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
+        # keys the schema names: listed, required, or required by a presence branch (strict mode
+        # closes the object to these; a named key's own schema is what JSON Schema gives it)
+        named = [*required, *(k for group in schema.get(PRESENCE, ("", ()))[1] for k in group)]
+        names = list(props) + [r for r in dict.fromkeys(named) if r not in props]
         entries: list[tuple[str, Expr, bool]] = []  # (key, member rule, required)
         claims = self.claimed_by_patterns(schema, names, ptr)
+        allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
         for k in names:
             if k in props:
                 p = _ptr(ptr, "properties", k)
                 own = props[k]
             else:
                 p = addl_ptr
-                own = addl if k not in claims else True
+                own = schema.get("additionalProperties", True) if k not in claims else True
             for extra_schema in claims.get(k, ()):
                 own = _both(own, extra_schema)
+            if allowed is not None and not allowed.accepts(k):
+                own = False     # propertyNames rules the key out, listed or not
             req = k in required
             if self.xml and d == 0:
                 member = self.add_rule(f"m_{k}", self.xml_member(k, own, p))
@@ -1004,7 +1055,7 @@ class _Converter:
             entries.append((k, member, req))
         extra = None
         if "patternProperties" in schema or "propertyNames" in schema:
-            extra = self.key_regions(schema, names, addl, ptr, d)
+            extra = self.key_regions(schema, names, addl, ptr, d, allowed)
             if extra is _CANNOT:
                 return None
             addl_value = None
@@ -1031,14 +1082,19 @@ class _Converter:
         if PRESENCE in schema:
             mode, sets = schema[PRESENCE]
             index = {k: i for i, (k, _m, _r) in enumerate(entries)}
-            if any(k not in index for group in sets for k in group) and self.lower_allows_extra(schema):
-                return self.unsupported(mode, _ptr(ptr, mode), f"{mode} requiring a property that is not listed "
-                                        "in properties cannot be enforced", fallback=None)
+            # every key of a group is named, so one missing from the entries cannot appear at all
             presence = (mode, [{index[k] for k in group} for group in sets if all(k in index for k in group)])
         return self.members(entries, extra, lo, hi, d, ptr, deps, presence)
 
     def lower_allows_extra(self, schema: dict) -> bool:
-        return schema.get("additionalProperties", not self.strict) is not False or bool(schema.get("patternProperties"))
+        return schema.get("additionalProperties", self.open_by_default(schema)) is not False or \
+            bool(schema.get("patternProperties"))
+
+    def open_by_default(self, schema: dict) -> bool:
+        """Whether members the schema does not name are allowed when it says nothing about them:
+        strict_mode forbids them, but an object that names and bounds no member stays open, as in
+        xgrammar (a tool's free-form parameters)."""
+        return not self.strict or not any(k in schema for k in CLOSING)
 
     def dependencies(self, schema: dict, names: list[str], ptr: str) -> dict[int, set[int]] | None:
         """dependentRequired (and draft 4-7 `dependencies` in array form, or schema form holding only
@@ -1109,6 +1165,8 @@ class _Converter:
 
         refs: dict[tuple[int, int, int], RuleRef] = {}
         pending: list[tuple[int, int, int]] = []
+        skip_refs: dict[tuple[int, int, int], RuleRef] = {}
+        skip_pending: list[tuple[int, int, int]] = []
 
         def state(key: tuple[int, int, int]) -> RuleRef:
             if key not in refs:
@@ -1150,20 +1208,29 @@ class _Converter:
                                                            None if more_max is None else more_max - 1))))
                     elif c >= lo and lead is not None:
                         alts.append(EMPTY)
-                if not room(c):
-                    return alts
-                stop = min([later[0]] if later else [n - 1])
-                for j in range(i + 1, stop + 1):
-                    if any(b < j and not written >> b & 1 for b in deps.get(j, ())):
-                        continue
-                    now = written | (1 << j if j in tracked else 0)
-                    alts.append(_seq(lead or EMPTY, entries[j][1], state((j, clamp(c + 1), now))))
-                    if j in owed:
-                        break  # skipping an owed entry is not allowed
+                if room(c) and i + 1 < n:
+                    alts.append(_seq(lead or EMPTY, skips((i + 1, c, written))))
                 return alts
 
-            def follow(i: int, c: int, written: int) -> list[Expr | None]:
-                return nexts(i, c, written, sep)
+            def skip_chain(j: int, c: int, written: int) -> list[Expr | None]:
+                """The next entry written is j or a later one: j and what may follow it, or (when j
+                may be left out) the same choice from j + 1 on. A chain of one rule per entry,
+                rather than a state per entry that lists every later entry, keeps an object's
+                grammar linear in its member count."""
+                alts: list[Expr | None] = []
+                if not any(b < j and not written >> b & 1 for b in deps.get(j, ())):
+                    now = written | (1 << j if j in tracked else 0)
+                    alts.append(_seq(entries[j][1], _choice(nexts(j, clamp(c + 1), now, sep))))
+                owed = any(written >> a & 1 and not written >> j & 1 for a, bs in deps.items() if j in bs)
+                if j + 1 < n and not entries[j][2] and not owed:     # a required or owed entry cannot be skipped
+                    alts.append(skips((j + 1, c, written)))
+                return alts
+
+            def skips(key: tuple[int, int, int]) -> Expr:
+                if key not in skip_refs:
+                    skip_refs[key] = RuleRef(self.new_name("members"))
+                    skip_pending.append(key)
+                return skip_refs[key]
 
             first = nexts(-1, 0, 0, None)
         if hi == 0:
@@ -1172,6 +1239,11 @@ class _Converter:
         while k < len(pending):  # building one state's body may create others
             key = pending[k]
             self.rules.append(Rule(refs[key].name, _choice(follow(*key)) or NEVER))
+            k += 1
+        k = 0
+        while k < len(skip_pending):
+            skey = skip_pending[k]
+            self.rules.append(Rule(skip_refs[skey].name, _choice(skip_chain(*skey)) or NEVER))
             k += 1
         out: list[Expr | None] = []
         body = _choice(first)
@@ -1207,14 +1279,13 @@ class _Converter:
                     claims.setdefault(k, []).append(sub)
         return claims
 
-    def key_regions(self, schema: dict, names: list[str], addl: Any, ptr: str, d: int):
+    def key_regions(self, schema: dict, names: list[str], addl: Any, ptr: str, d: int, allowed: KeyDFA | None):
         """Members whose key is not a named property: the keys split into regions by which
         patterns match them (regions need intersections and complements, see regular.py), each
         region's value under the conjunction of its patterns' schemas, or additionalProperties
         where none matches; all keys restricted by propertyNames. _CANNOT when a named required
         key is ruled out by propertyNames."""
         pats = self.pattern_languages(schema, ptr)
-        allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
         if allowed is not None:
             required = schema.get("required", [])
             if any(not allowed.accepts(k) for k in required):
@@ -1358,7 +1429,8 @@ def _presence_sets(subs: list) -> list[tuple[str, ...]] | None:
     """The required-sets of branches that only say `required` (None if any branch says more)."""
     out = []
     for b in subs:
-        if not isinstance(b, dict) or set(b) - ANNOTATIONS != {"required"} or not isinstance(b["required"], list):
+        if not isinstance(b, dict) or set(b) - ANNOTATIONS != {"required"} or not isinstance(b["required"], list) \
+                or not all(isinstance(k, str) for k in b["required"]):
             return None
         out.append(tuple(b["required"]))
     return out
@@ -1452,13 +1524,44 @@ def _with_length(e: Expr, lo: int, hi: int | None):
 
 def _both(x: Any, y: Any) -> Any:
     """A schema for "valid under x and under y"."""
-    if x is True or x == y:
+    if x is True or json_equal(x, y):
         return y
     if y is True:
         return x
     if x is False or y is False:
         return False
     return {"allOf": [x, y]}
+
+
+def _item_schemas(s: dict) -> tuple[list, Any]:
+    """Pop a schema's item keywords as (the schemas of the first positions, the schema of the rest
+    or None); `additionalItems` means something only after a draft 4-2019 `items` array."""
+    if "prefixItems" in s:
+        prefix, rest = s.pop("prefixItems"), s.pop("items", None)
+        s.pop("additionalItems", None)
+    elif isinstance(s.get("items"), list):
+        prefix, rest = s.pop("items"), s.pop("additionalItems", None)
+    else:
+        prefix, rest = [], s.pop("items", None)
+        s.pop("additionalItems", None)
+    if not isinstance(prefix, list):
+        raise SchemaError("prefixItems must be an array", "")
+    return prefix, rest
+
+
+def _merge_items(a: dict, b: dict) -> None:
+    """Move the item keywords of `b` into `a`, for arrays valid under both: position by position,
+    each side's rest schema applying from the end of its own prefix."""
+    (pa, ra), (pb, rb) = _item_schemas(a), _item_schemas(b)
+
+    def at(prefix: list, rest: Any, i: int) -> Any:
+        return prefix[i] if i < len(prefix) else (True if rest is None else rest)
+
+    prefix = [_both(at(pa, ra, i), at(pb, rb, i)) for i in range(max(len(pa), len(pb)))]
+    if prefix:
+        a["prefixItems"] = prefix
+    if ra is not None or rb is not None:
+        a["items"] = _both(True if ra is None else ra, True if rb is None else rb)
 
 
 def _bool_excl(a: dict, b: dict) -> bool:
