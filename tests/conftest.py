@@ -1,12 +1,17 @@
-"""Shared fixtures: real vocabularies from ../shared beside the checkout, and a small hand-made one."""
+"""Shared fixtures: real vocabularies from ../shared beside the checkout, and a small hand-made one.
+
+`XG2_SHARED_DIR` points the tests at another copy of the shared data; setting it to a missing
+directory shows which tests need the real data (they skip, saying so) and that the rest run without it.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = Path(os.environ.get("XG2_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared")
 TOKENIZERS = SHARED / "tokenizers"
 
 
@@ -55,6 +60,43 @@ def small_info():
     vocab += [b"\xe4", b"\xe4\xb8", b"\xf0\x9f"]
     vocab += ["</s>"]
     return xg2.TokenizerInfo(vocab, xg2.VocabType.RAW, stop_token_ids=[len(vocab) - 1])
+
+
+#: Pieces of JSON text a real vocabulary would hold as single tokens, so that tokens cross structure
+#: (a key's quote and colon, a value and the comma after it) as they do with a model's tokenizer.
+JSON_PIECES = [
+    '{"', '"}', '":', '": ', '",', '", "', '":"', '"]', '["', '[{', '}]', '},', '}, {', '],', ', ', ': ', ',"',
+    "true", "false", "null", "tr", "ue", "nu", "ll", "fal", "se", "-1", "0.", ".5", "e+", "e-", "1e", "10",
+    "00", "123", "  ", "    ", "\n", "\n  ", "\n    ", '\\"', "\\n", "\\u", "\\u00", "\\\\", "name", "type",
+    "id", "value", "a", "ab", "abc", '"a', 'a"', "é", "ä", "一", "中文", "😀", "http", "://", ".com", "@",
+]
+
+
+@pytest.fixture(scope="session")
+def json_info():
+    """A small vocabulary for language tests that need no real tokenizer: every single byte (so any
+    UTF-8 text has a path) plus common JSON pieces, and a stop token."""
+    import xg2
+
+    vocab = [bytes([b]) for b in range(256)]
+    vocab += [w.encode() for w in dict.fromkeys(JSON_PIECES) if len(w.encode()) > 1]
+    vocab += [b"</s>"]
+    return xg2.TokenizerInfo(vocab, xg2.VocabType.RAW, stop_token_ids=[len(vocab) - 1])
+
+
+@pytest.fixture(scope="session")
+def format_checker():
+    """jsonschema's format checker, with every format xg2 implements present: a checker exists only
+    when its optional package imports, and a missing one would judge every string valid, letting a
+    test that compares against it pass without checking anything."""
+    import jsonschema
+
+    from xg2.grammar.formats import FORMAT_PATTERNS
+
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    missing = sorted(set(FORMAT_PATTERNS) - set(checker.checkers))
+    assert not missing, f"jsonschema has no checker for {missing}: install the test extra (jsonschema[format-nongpl])"
+    return checker
 
 
 @pytest.fixture(scope="session")
