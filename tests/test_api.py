@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -40,15 +44,18 @@ def test_apply_bitmask(backend):
         assert out[row, 5] == logits[row, 5]
 
 
-def test_apply_bitmask_indices_and_vocab_size():
+def test_apply_bitmask_indices_mask_their_own_rows():
+    """Each listed row i of the logits is masked by bitmask row i (xgrammar's convention: the bitmask
+    rows line up with the logits); unlisted rows are untouched. The side-by-side comparison with
+    xgrammar over every argument combination is tests/test_conventions.py."""
     torch = pytest.importorskip("torch")
     logits = torch.zeros(3, 40)
-    mask = torch.full((1, 2), -1, dtype=torch.int32)
-    mask[0, 0] = 0b1010
-    xg2.apply_token_bitmask_inplace(logits, mask, indices=[1], vocab_size=36)
+    mask = torch.zeros(3, 2, dtype=torch.int32)
+    for row in range(3):
+        mask[row, 0] = 1 << row
+    xg2.apply_token_bitmask_inplace(logits, mask, indices=[1])
     assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[2]).all()
-    row = torch.isfinite(logits[1]).nonzero().flatten().tolist()
-    assert row == [1, 3] + list(range(32, 36))
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [1]
 
 
 def test_fill_into_torch_and_numpy_rows(small_info):
@@ -71,14 +78,80 @@ def test_fill_into_torch_and_numpy_rows(small_info):
 def test_bad_bitmask_inputs(small_info):
     compiled = xg2.GrammarCompiler(small_info).compile_grammar('root ::= "ab"')
     m = xg2.GrammarMatcher(compiled)
-    with pytest.raises(TypeError):
-        m.fill_next_token_bitmask(np.zeros((1, 20), dtype=np.int64))
-    with pytest.raises(ValueError):
-        m.fill_next_token_bitmask(np.zeros((1, 2), dtype=np.int32))
-    with pytest.raises(IndexError):
+    n_words = (small_info.vocab_size + 31) // 32
+    bad = [np.zeros((1, n_words), dtype=np.int64), np.zeros((1, 2), dtype=np.int32),
+           np.zeros((1, n_words + 1), dtype=np.int32), np.zeros((1, 1, n_words), dtype=np.int32),
+           np.zeros(2 * n_words, dtype=np.int32), np.zeros((2, 2 * n_words), dtype=np.int32)[:, ::2]]
+    for bitmask in bad:
+        with pytest.raises(xg2.UsageError):
+            m.fill_next_token_bitmask(bitmask)
+        assert not bitmask.any(), "nothing is written into a refused bitmask"
+    with pytest.raises(xg2.UsageError):
         m.fill_next_token_bitmask(xg2.allocate_token_bitmask(1, small_info.vocab_size, backend="numpy"), 1)
+    with pytest.raises(xg2.UsageError):
+        m.fill_next_token_bitmask(np.zeros(n_words, dtype=np.int32), 1)
+    with pytest.raises(TypeError):
+        m.fill_next_token_bitmask(xg2.allocate_token_bitmask(2, small_info.vocab_size, backend="numpy"), 1.0)
     with pytest.raises(TypeError):
         m.fill_next_token_bitmask([0] * 20)
+    # UsageError is what xgrammar raises for these checks: ValueError for some, RuntimeError for others
+    assert issubclass(xg2.UsageError, ValueError) and issubclass(xg2.UsageError, RuntimeError)
+
+
+def test_accept_token_and_rollback_argument_types(small_info):
+    m = xg2.GrammarMatcher(xg2.GrammarCompiler(small_info).compile_grammar('root ::= "ab" "c"*'))
+    for bad in ["97", 97.0, None, b"a", np.float64(97), np.array(97)]:
+        with pytest.raises(TypeError):
+            m.accept_token(bad)
+    for out_of_range in [-1, small_info.vocab_size, 2**31, 2**32 + 97, 2**63, -2**63 - 1, 10**30]:
+        assert m.accept_token(out_of_range) is False
+    assert m.accept_token(np.int64(ord("a"))) and m.accept_token(np.int32(ord("b")))
+    for bad in ["1", 1.0, None]:
+        with pytest.raises(TypeError):
+            m.rollback(bad)
+    for too_many in [3, 2**31, 2**63, -1]:
+        with pytest.raises(xg2.UsageError):
+            m.rollback(too_many)
+    m.rollback(np.int64(1))
+    assert not m.is_completed() and m.accept_token(ord("b")) and m.is_completed()
+
+
+RACE_CHILD = """
+import sys, threading
+import numpy as np
+import xg2
+assert "torch" not in sys.modules, "the race needs torch's first import to happen in the threads"
+N = 8
+barrier = threading.Barrier(N)
+failures = []
+def work(i):
+    barrier.wait()
+    try:
+        if i % 2:   # a numpy call while torch is half imported by another thread
+            xg2.apply_token_bitmask_inplace(np.zeros((1, 64), np.float32), np.full((1, 2), -1, np.int32))
+        bitmask = xg2.allocate_token_bitmask(1, 64)
+        logits = bitmask.new_zeros((1, 64)).float()
+        xg2.apply_token_bitmask_inplace(logits, bitmask)
+    except BaseException as exc:
+        failures.append(repr(exc))
+threads = [threading.Thread(target=work, args=(i,)) for i in range(N)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not failures, failures
+"""
+
+
+def test_lazy_torch_import_is_thread_safe():
+    """Several threads' first calls at once import torch once; none sees the half-initialised module
+    (`AttributeError: partially initialized module 'torch'`). A fresh interpreter each run, so the
+    first import happens in the threads; before the fix every run failed."""
+    pytest.importorskip("torch")
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", RACE_CHILD], check=False, capture_output=True, text=True,
+                              timeout=120, cwd=Path(__file__).resolve().parents[1])
+        assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_bad_grammar_and_api_inputs(small_info):
@@ -102,6 +175,9 @@ def test_bad_grammar_and_api_inputs(small_info):
     assert not m.accept_token(-1) and not m.accept_token(10**9)
     with pytest.raises(ValueError):
         m.rollback(5)
+    assert m.accept_token(ord("a")) and m.accept_token(small_info.stop_token_ids[0])
+    with pytest.raises(xg2.UsageError):      # no next-token mask after the stop token, as in xgrammar
+        m.fill_next_token_bitmask(xg2.allocate_token_bitmask(1, small_info.vocab_size))
 
 
 def test_compiler_cache_and_override_stop(small_info):

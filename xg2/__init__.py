@@ -13,6 +13,7 @@ from .errors import (
     SchemaWarning,
     StructuralTagError,
     TokenizerError,
+    UsageError,
     XG2Error,
 )
 from .grammar.grammar import Grammar
@@ -42,6 +43,7 @@ __all__ = [
     "StructuralTagError",
     "TokenizerError",
     "TokenizerInfo",
+    "UsageError",
     "VocabType",
     "XG2Error",
     "allocate_token_bitmask",

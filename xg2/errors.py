@@ -64,3 +64,10 @@ class ModelFormatError(XG2Error, ValueError):
 
 class SchemaWarning(UserWarning):
     """In lenient mode, a JSON Schema keyword that could not be enforced and was relaxed instead."""
+
+
+class UsageError(XG2Error, ValueError, RuntimeError):
+    """An engine call that xgrammar refuses too: a bitmask or logits of the wrong shape, dtype, device
+    or layout, a row index or rollback count out of range, a mask asked for after the stop token.
+    xgrammar raises ValueError for some of these checks and RuntimeError for others; this is both, so
+    an engine written against either catches it."""

@@ -1,33 +1,51 @@
 """Token bitmasks: allocation and application to logits, for numpy arrays and torch tensors.
 
 A bitmask is int32 of shape (batch, ceil(vocab_size / 32)); bit (i % 32) of word i // 32 is set when
-token i is allowed. Torch tensors on any device go through torch ops, so a CUDA tensor is masked on
-its own device without a host copy.
+token i is allowed. `apply_token_bitmask_inplace` follows xgrammar's call convention exactly (engines
+such as vLLM and SGLang call it with xgrammar's semantics; a difference is a wrong mask in production).
+Torch tensors on any device go through plain torch ops, so a CUDA tensor is masked on its own device
+without a host copy; numpy arrays get the same semantics (xgrammar itself takes only torch tensors).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import operator
 import sys
+import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .errors import UsageError
 
-def _torch():
-    """torch if installed (imported on first need: importing it costs seconds), else None."""
-    if "torch" in sys.modules:
-        return sys.modules["torch"]
-    if importlib.util.find_spec("torch") is None:
-        return None
-    import torch
+_torch_lock = threading.Lock()
+_torch_state: list[Any] = []      # [torch module or None] once the first import has finished
 
-    return torch
+
+def _torch() -> Any:
+    """torch if installed, else None; imported on first need (importing it costs seconds).
+
+    The first import runs under a lock: while one thread is still initialising torch,
+    ``"torch" in sys.modules`` is already true and the module is half built, so another thread must
+    wait for the import rather than look it up.
+    """
+    if not _torch_state:
+        with _torch_lock:
+            if not _torch_state:
+                module = None
+                if importlib.util.find_spec("torch") is not None:
+                    import torch as module
+                _torch_state.append(module)
+    return _torch_state[0]
 
 
 def is_torch_tensor(x: Any) -> bool:
-    return "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor)
+    # getattr: torch may be half initialised by another thread; no tensor exists before its class does.
+    tensor_type = getattr(sys.modules.get("torch"), "Tensor", None)
+    return tensor_type is not None and isinstance(x, tensor_type)
 
 
 def get_bitmask_shape(batch_size: int, vocab_size: int) -> tuple[int, int]:
@@ -51,56 +69,110 @@ def reset_token_bitmask(bitmask: Any) -> None:
     bitmask.fill(-1) if isinstance(bitmask, np.ndarray) else bitmask.fill_(-1)
 
 
-def _unpack_numpy(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
-    bits = np.unpackbits(bitmask.astype("<i4").view(np.uint8), axis=-1, bitorder="little")
-    return bits[..., :vocab_size].astype(bool)
+_NUMPY_LOGITS = (np.dtype(np.float32), np.dtype(np.float16))
+_TORCH_LOGITS = ("torch.float32", "torch.float16", "torch.bfloat16")
 
 
-def _unpack_torch(bitmask: Any, vocab_size: int) -> Any:
-    torch = sys.modules["torch"]
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(*bitmask.shape[:-1], -1)[..., :vocab_size].bool()
+def _row_list(indices: Any) -> list[int]:
+    """Indices as ints. A list, tuple, numpy array or tensor all mean the rows they hold (xgrammar's
+    CPU kernel ignores a tuple or an array and masks every row; its GPU kernel honours them)."""
+    if is_torch_tensor(indices) or isinstance(indices, np.ndarray):
+        if indices.ndim != 1:
+            raise UsageError("indices must be one-dimensional")
+        indices = indices.tolist()
+    if not isinstance(indices, Sequence) or isinstance(indices, (str, bytes)):
+        raise TypeError("indices must be a list, tuple, numpy array or tensor of ints")
+    return [operator.index(i) for i in indices]
+
+
+def _check_and_shape(logits: Any, bitmask: Any, vocab_size: int | None,
+                     indices: Sequence[int] | Any | None) -> tuple[Any, Any, int, list[int] | None]:
+    """The checks xgrammar makes, in its order: the 2-D views, the vocabulary size, the rows."""
+    is_np = isinstance(logits, np.ndarray)
+    if is_np:
+        if not isinstance(bitmask, np.ndarray):
+            raise UsageError("logits and bitmask should be on the same device (both numpy arrays or both tensors)")
+        logits_ok, bitmask_ok = logits.dtype in _NUMPY_LOGITS, bitmask.dtype == np.int32
+    elif is_torch_tensor(logits):
+        if not is_torch_tensor(bitmask) or bitmask.device != logits.device:
+            where = bitmask.device if is_torch_tensor(bitmask) else type(bitmask).__name__
+            raise UsageError(f"logits and bitmask should be on the same device; got {logits.device} and {where}")
+        logits_ok, bitmask_ok = str(logits.dtype) in _TORCH_LOGITS, str(bitmask.dtype) == "torch.int32"
+    else:
+        raise TypeError("logits must be a numpy array or a torch tensor")
+    if not bitmask_ok:
+        raise UsageError(f"bitmask must be of type int32, not {bitmask.dtype}")
+    if logits.ndim not in (1, 2):
+        raise UsageError(f"logits should be 1D or 2D, but got {logits.ndim}D")
+    if bitmask.ndim not in (1, 2):
+        raise UsageError(f"bitmask should be 1D or 2D, but got {bitmask.ndim}D")
+    if not logits_ok:
+        raise UsageError(f"logits must be of type float32, float16 or bfloat16, not {logits.dtype}")
+    logits_2d = logits[None] if logits.ndim == 1 else logits
+    bitmask_2d = bitmask[None] if bitmask.ndim == 1 else bitmask
+    width, covered = logits_2d.shape[1], bitmask_2d.shape[1] * 32
+    if vocab_size is None:
+        if covered < width:
+            warnings.warn(f"The bitmask covers only {covered} tokens but logits have {width}, so "
+                          f"logits[..., {covered}:] are left unmasked. Allocate the bitmask with the "
+                          "full vocab size, or pass vocab_size explicitly.", stacklevel=3)
+        vocab_size = min(width, covered)
+    vocab_size = operator.index(vocab_size)
+    if vocab_size < 0:
+        # xgrammar masks nothing here; a negative size is never meant, and masking nothing is silent.
+        raise UsageError(f"vocab_size must not be negative, got {vocab_size}")
+    if vocab_size > covered or vocab_size > width:
+        raise UsageError(f"vocab_size {vocab_size} exceeds the bitmask ({covered} tokens) or the "
+                         f"logits ({width} tokens)")
+    if indices is None:
+        if logits_2d.shape[0] != bitmask_2d.shape[0]:
+            raise UsageError(f"when indices is not provided, logits and bitmask need the same batch size; "
+                             f"got {logits_2d.shape[0]} and {bitmask_2d.shape[0]}")
+        return logits_2d, bitmask_2d, vocab_size, None
+    rows = _row_list(indices)
+    limit = min(logits_2d.shape[0], bitmask_2d.shape[0])
+    for i in rows:
+        if not 0 <= i < limit:
+            raise UsageError(f"index {i} is out of range for logits of {logits_2d.shape[0]} rows and a "
+                             f"bitmask of {bitmask_2d.shape[0]} rows")
+    return logits_2d, bitmask_2d, vocab_size, rows
 
 
 def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, vocab_size: int | None = None,
-                                indices: Sequence[int] | None = None) -> None:
-    """Set logits of disallowed tokens to -inf, in place.
+                                indices: Sequence[int] | Any | None = None) -> None:
+    """Set the logits of disallowed tokens to -inf, in place, with xgrammar's semantics.
 
-    `logits` is (batch, V) or (V,); `bitmask` is (batch, W) or (W,). `indices` picks the logits rows
-    to mask, each masked by the bitmask row of the same position (xgrammar's convention). Tokens at or
-    beyond `vocab_size` (default: the smaller of the logits width and 32 * W) are masked out.
+    `logits` is (batch, V) or (V,), float32, float16 or bfloat16; `bitmask` is int32 (batch, W) or
+    (W,). For each row i (every row, or each i in `indices`), logits[i, :vocab_size] is masked by
+    bitmask[i]: the bitmask rows line up with the logits rows, and a free request's row is simply not
+    listed. Columns at or past `vocab_size` (default min(V, 32 * W)) are left as they are.
     """
-    is_np = isinstance(logits, np.ndarray)
-    if is_np != isinstance(bitmask, np.ndarray):
-        raise TypeError("logits and bitmask must both be numpy arrays or both torch tensors")
-    if logits.ndim not in (1, 2) or bitmask.ndim not in (1, 2):
-        raise ValueError("logits and bitmask must be 1-D or 2-D")
-    if logits.ndim == 1:
-        logits_2d, bitmask_2d = logits[None], bitmask.reshape(1, -1)
+    logits_2d, bitmask_2d, vs, rows = _check_and_shape(logits, bitmask, vocab_size, indices)
+    if vs == 0 or rows == []:
+        return
+    n_words = (vs + 31) // 32
+    if isinstance(logits_2d, np.ndarray):
+        words = bitmask_2d[:, :n_words] if rows is None else bitmask_2d[rows, :n_words]
+        bits = np.unpackbits(np.ascontiguousarray(words, dtype="<i4").view(np.uint8), axis=1, bitorder="little")
+        banned = bits[:, :vs] == 0
+        target = logits_2d[:, :vs]
+        if rows is None:
+            target[banned] = -np.inf
+        else:
+            sub = target[rows]
+            sub[banned] = -np.inf
+            target[rows] = sub
+        return
+    torch = _torch()
+    device = logits_2d.device
+    words = bitmask_2d[:, :n_words]
+    if rows is not None:
+        idx = torch.tensor(rows, dtype=torch.long, device=device)
+        words = words.index_select(0, idx)
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    banned = ((words.unsqueeze(-1) >> shifts) & 1).reshape(words.shape[0], -1)[:, :vs] == 0
+    target = logits_2d[:, :vs]
+    if rows is None:
+        target.masked_fill_(banned, float("-inf"))
     else:
-        logits_2d, bitmask_2d = logits, bitmask if bitmask.ndim == 2 else bitmask.reshape(1, -1)
-    width = logits_2d.shape[-1]
-    vs = min(width, bitmask_2d.shape[-1] * 32) if vocab_size is None else vocab_size
-    if vs > width or vs > bitmask_2d.shape[-1] * 32:
-        raise ValueError("vocab_size exceeds the logits or the bitmask width")
-    rows = list(range(logits_2d.shape[0])) if indices is None else list(indices)
-    if indices is None and bitmask_2d.shape[0] != logits_2d.shape[0]:
-        raise ValueError("bitmask and logits have different batch sizes")
-    if indices is not None and len(rows) > bitmask_2d.shape[0]:
-        raise ValueError("more indices than bitmask rows")
-    masks = bitmask_2d[: len(rows)] if indices is not None else bitmask_2d
-    if is_np:
-        allowed = _unpack_numpy(masks, vs)
-        sub = logits_2d[rows]
-        sub[:, :vs][~allowed] = -np.inf
-        sub[:, vs:] = -np.inf
-        logits_2d[rows] = sub
-    else:
-        torch = sys.modules["torch"]
-        allowed = _unpack_torch(masks.to(logits.device), vs)
-        idx = torch.as_tensor(rows, device=logits.device, dtype=torch.long)
-        sub = logits_2d.index_select(0, idx)
-        sub[:, :vs].masked_fill_(~allowed, float("-inf"))
-        sub[:, vs:] = float("-inf")
-        logits_2d.index_copy_(0, idx, sub)
+        target[idx] = target.index_select(0, idx).masked_fill_(banned, float("-inf"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,39 +10,59 @@ import numpy as np
 
 from ._ext.core import MatcherCore
 from .compiler import CompiledGrammar
+from .errors import UsageError
 from .kernels import is_torch_tensor
 
 #: Upper bound on the jump-forward string, in bytes.
 MAX_JUMP_FORWARD_BYTES = 4096
 
 
-def _row_address(bitmask: Any, index: int, n_words: int) -> int:
-    """Address of row `index` of an int32 CPU bitmask, after checking shape, dtype and layout."""
+_log = logging.getLogger("xg2")
+
+
+def _int_arg(value: Any, name: str) -> int:
+    """An int argument as xgrammar takes it: a Python int (bool included) or a numpy integer; a float,
+    a string or a 0-d array is a TypeError, never silently converted."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+
+
+def _row_address(bitmask: Any, index: int, n_words: int) -> tuple[int, int]:
+    """Address of row `index` of an int32 CPU bitmask, after the checks xgrammar makes.
+
+    The bitmask is (rows, n_words), or a single row (n_words,) with index 0, exactly as wide as the
+    vocabulary needs. A 3-D or a flattened batch is refused, not taken as one wide row; a strided
+    view is refused (xgrammar ignores strides and writes outside the view's rows).
+    """
     if isinstance(bitmask, np.ndarray):
         if bitmask.dtype != np.int32:
-            raise TypeError("bitmask must have dtype int32")
-        arr = bitmask if bitmask.ndim == 2 else bitmask.reshape(1, -1)
-        if not arr.flags.c_contiguous or not arr.flags.writeable:
-            raise ValueError("bitmask must be a writeable C-contiguous array")
-        base = arr.ctypes.data
-        width, rows, itemsize = arr.shape[1], arr.shape[0], 4
+            raise UsageError(f"bitmask must have dtype int32, not {bitmask.dtype}")
+        if not bitmask.flags.c_contiguous or not bitmask.flags.writeable:
+            raise UsageError("bitmask must be a writeable C-contiguous array")
+        base, shape = bitmask.ctypes.data, bitmask.shape
     elif is_torch_tensor(bitmask):
         if str(bitmask.dtype) != "torch.int32":
-            raise TypeError("bitmask must have dtype torch.int32")
+            raise UsageError(f"bitmask must have dtype torch.int32, not {bitmask.dtype}")
         if bitmask.device.type != "cpu":
-            raise ValueError("fill_next_token_bitmask writes a CPU bitmask; copy it to the device afterwards")
-        arr = bitmask if bitmask.dim() == 2 else bitmask.reshape(1, -1)
-        if not arr.is_contiguous():
-            raise ValueError("bitmask must be contiguous")
-        base = arr.data_ptr()
-        width, rows, itemsize = arr.shape[1], arr.shape[0], 4
+            raise UsageError("fill_next_token_bitmask writes a CPU bitmask; copy it to the device afterwards")
+        if not bitmask.is_contiguous():
+            raise UsageError("bitmask must be contiguous")
+        base, shape = bitmask.data_ptr(), tuple(bitmask.shape)
     else:
         raise TypeError("bitmask must be a numpy array or a torch tensor")
-    if not 0 <= index < rows:
-        raise IndexError(f"bitmask row {index} out of range for {rows} rows")
-    if width < n_words:
-        raise ValueError(f"bitmask has {width} words per row; the vocabulary needs {n_words}")
-    return base + index * width * itemsize, width
+    if len(shape) == 1:
+        if shape[0] != n_words:
+            raise UsageError(f"a 1-D bitmask is one row of {n_words} words; got {shape[0]} "
+                             "(a batch of rows must be 2-D)")
+        if index != 0:
+            raise UsageError(f"the index must be 0 for a 1-D bitmask, got {index}")
+        return base, n_words
+    if len(shape) != 2 or shape[1] != n_words:
+        raise UsageError(f"bitmask shape {shape} is not (batch_size, {n_words})")
+    if not 0 <= index < shape[0]:
+        raise UsageError(f"bitmask row {index} out of range for {shape[0]} rows")
+    return base + index * n_words * 4, n_words
 
 
 class GrammarMatcher:
@@ -80,10 +101,18 @@ class GrammarMatcher:
         return self._max_rollback
 
     def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
-        """Advance by one token; a disallowed token returns False and leaves the state unchanged."""
+        """Advance by one token; False and no change if the grammar does not allow it here.
+
+        As in xgrammar, an id outside the vocabulary or of a special token is a rejected token
+        (False, logged), and a non-integer is a TypeError.
+        """
+        token_id = _int_arg(token_id, "token_id")
         if self.is_terminated():
             return False
-        ok = self._core.accept_token(int(token_id))
+        if not 0 <= token_id < self._vocab_size:
+            _log.warning("token id %d is out of range [0, %d); rejecting it", token_id, self._vocab_size)
+            return False
+        ok = self._core.accept_token(token_id)
         if ok and self._max_rollback >= 0:
             self._core.forget_history(self._max_rollback)
         return bool(ok)
@@ -101,8 +130,13 @@ class GrammarMatcher:
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0, *, debug_print: bool = False) -> bool:
         """Write the allowed next tokens into row `index`; the mask is computed without the GIL.
 
-        After termination nothing is allowed and False is returned.
+        Refused with UsageError, nothing written, as xgrammar refuses them: a bitmask that is not
+        int32 on the CPU, not (rows, words) or one (words,) row, a row index out of range, and a mask
+        asked for after the stop token was accepted.
         """
+        index = _int_arg(index, "index")
+        if self._core.terminated:
+            raise UsageError("the matcher has accepted the stop token; there is no next token mask")
         last = self._last_row
         if (last is not None and last[0] is bitmask and last[1] == index and bitmask.data_ptr() == last[2]
                 and bitmask.shape == last[3] and bitmask.stride() == last[4]):
@@ -112,7 +146,7 @@ class GrammarMatcher:
             if is_torch_tensor(bitmask):
                 self._last_row = (bitmask, index, bitmask.data_ptr(), bitmask.shape, bitmask.stride(), address, width)
         self._core.fill_bitmask(address, width)
-        return not self._core.terminated
+        return True
 
     def is_terminated(self) -> bool:
         if self._core.terminated:
@@ -124,7 +158,16 @@ class GrammarMatcher:
         return bool(self._core.terminated or self._core.can_end())
 
     def rollback(self, num_tokens: int = 1) -> None:
-        self._core.rollback(int(num_tokens))
+        """Undo the last `num_tokens` accepted tokens (a non-integer is a TypeError).
+
+        More than were accepted is a UsageError, as in xgrammar; so is a negative count, which
+        xgrammar ignores (a silent no-op would hide the caller's bug).
+        """
+        num_tokens = _int_arg(num_tokens, "num_tokens")
+        held = self._core.num_tokens
+        if not 0 <= num_tokens <= held:
+            raise UsageError(f"cannot roll back {num_tokens} tokens; {held} can be rolled back")
+        self._core.rollback(num_tokens)
 
     def reset(self) -> None:
         self._core.reset()
