@@ -54,7 +54,7 @@ from .optimize import map_leaves
 from .regex import ANY_CHAR, regex_to_expr
 from .regular import KeyDFA, intersect, to_rules
 from .regular import from_expr as regular_from_expr
-from .validator import Validator, json_equal
+from .validator import MAX_VALIDATION_DEPTH, Validator, json_equal
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
@@ -406,7 +406,7 @@ class _Converter:
         if values is not None:
             if not all(isinstance(v, str) for v in values):
                 return False
-            checker = Validator(self.root, self.resolve)
+            checker = self.checker()
             value = _choice([Literal(v) for v in values if checker.valid(v, schema, ptr)])
         elif self.types(schema, ptr) == ["string"] and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "not")):
             value = self.string_value(schema, ptr, raw=True)
@@ -474,8 +474,14 @@ class _Converter:
             self.level -= 1
 
     # schema lowering --------------------------------------------------------------------------
+    def checker(self) -> Validator:
+        """A validator for listed values, with the stack the lowering has left it: each nested
+        schema costs the lowering about 4 interpreter frames and the validator about 6."""
+        return Validator(self.root, self.resolve, max(8, min(MAX_VALIDATION_DEPTH, (700 - 4 * self.level) // 6)))
+
     def enter(self, ptr: str) -> None:
         self.level += 1
+        self.where = ptr
         if self.level > MAX_SCHEMA_DEPTH:
             self.level -= 1
             raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels at {ptr}")
@@ -714,7 +720,7 @@ class _Converter:
         if values is not None:
             # The schema names its values: keep those valid under all of it (every keyword counts,
             # including the ones with no grammar form).
-            checker = Validator(self.root, self.resolve)
+            checker = self.checker()
             return _choice([self.const(v, d, where) for v in values if checker.valid(v, schema, ptr)])
         if "not" in schema:
             positive = self.negate(schema, ptr)
@@ -805,7 +811,7 @@ class _Converter:
                 if shared:
                     b = self.merge(shared, b, where)
             branches.append((b, where))
-        checker = Validator(self.root, self.resolve)
+        checker = self.checker()
         return all(self.disjoint(a, b, checker, pa, pb) for i, (a, pa) in enumerate(branches)
                    for b, pb in branches[i + 1:])
 
@@ -886,11 +892,15 @@ class _Converter:
             finally:
                 self.level -= 1
         if isinstance(neg.get("anyOf"), list):  # none of the branches: each negated in turn
-            for branch in neg["anyOf"]:
-                rest = self.negate({**rest, "not": branch}, ptr)
-                if rest is None or rest is _CANNOT:
-                    return rest
-            return rest
+            self.enter(_ptr(ptr, "not", "anyOf"))
+            try:
+                for branch in neg["anyOf"]:
+                    rest = self.negate({**rest, "not": branch}, ptr)
+                    if rest is None or rest is _CANNOT:
+                        return rest
+                return rest
+            finally:
+                self.level -= 1
         if "type" in neg:
             banned = set([neg["type"]] if isinstance(neg["type"], str) else neg["type"])
             if "number" in banned:
@@ -1644,7 +1654,13 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
             raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
     conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt, any_order,
                       lenient, style)
-    body = conv.lower(schema, "", 0)
+    try:
+        body = conv.lower(schema, "", 0)
+    except RecursionError:
+        # Every descent is bounded (MAX_SCHEMA_DEPTH, the validator's and the regex parser's
+        # depths), but they can stack up past the interpreter's limit together; the caller's
+        # own stack counts too. Nothing is kept from the converter.
+        raise GrammarLimitError(f"schema nested too deep for the interpreter's stack at {conv.where or '/'}") from None
     if body is None:
         raise SchemaError("the schema accepts no JSON value", "")
     return GrammarIR(rules=[Rule("root", body), *conv.rules], root="root")

@@ -18,8 +18,9 @@ from .formats import format_expr
 from .fsm import rule_automaton
 from .regex import regex_to_expr
 
-#: Nested schema applications before giving up (recursive `$ref`s on deep values).
-MAX_VALIDATION_DEPTH = 256
+#: Nested schema applications before giving up (recursive `$ref`s on deep values). Each costs about
+#: 6 interpreter frames, so this stays well within Python's default limit of 1000.
+MAX_VALIDATION_DEPTH = 100
 
 _TYPE_CHECKS = {
     "null": lambda v: v is None,
@@ -86,8 +87,9 @@ def _matches(expr, text: str) -> bool:
 class Validator:
     """Validates instances against subschemas of one root schema (for local `$ref`s)."""
 
-    def __init__(self, root: Any, resolve):
+    def __init__(self, root: Any, resolve, max_depth: int = MAX_VALIDATION_DEPTH):
         self.root = root
+        self.max_depth = max_depth
         self.resolve = resolve  # (ref, pointer) -> (target schema, its pointer)
         self._enums: dict[int, tuple[list, set]] = {}  # id(enum list) -> (the list, its scalar keys)
 
@@ -103,8 +105,8 @@ class Validator:
         return any(json_equal(x, e) for e in values)
 
     def valid(self, value: Any, schema: Any, ptr: str, depth: int = 0) -> bool:
-        if depth > MAX_VALIDATION_DEPTH:
-            raise GrammarLimitError(f"validation nested deeper than {MAX_VALIDATION_DEPTH} levels at {ptr}")
+        if depth > self.max_depth:
+            raise GrammarLimitError(f"validation nested deeper than {self.max_depth} levels at {ptr}")
         if schema is True or schema == {}:
             return True
         if schema is False:
