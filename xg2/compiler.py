@@ -402,8 +402,8 @@ class GrammarCompiler:
                 return None
             try:
                 text = _ENCODER.encode(branch)
-            except (TypeError, ValueError, OverflowError):
-                return None
+            except (TypeError, ValueError, OverflowError, RecursionError):
+                return None     # nested too deep to encode: lowering the whole schema reports where
             if b'"$ref"' in text:
                 branch = _localize_refs(branch, f"#/anyOf/{i}")
                 if branch is None:
