@@ -142,6 +142,8 @@ class Formats:
         info = self.infos[self.vocab(model)]
         bitmask = xg2.allocate_token_bitmask(1, info.vocab_size)
         for t in self.encode(model, text):
+            if matcher.is_terminated():
+                return False            # text after the stop token; no mask is asked for (xgrammar raises)
             if check_masks:
                 matcher.fill_next_token_bitmask(bitmask)
                 allowed = bool(int(bitmask[0, t // 32]) >> (t % 32) & 1)
