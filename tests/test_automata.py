@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 
 import pytest
+from conftest import SHARED
 
 import xg2
 from xg2.grammar import fsm as F
@@ -23,7 +24,7 @@ from xg2.grammar.optimize import inline_small_rules
 from xg2.grammar.repetition import compress_repetitions
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMAS = ROOT.parent / "shared" / "data" / "jsonschemabench"
+SCHEMAS = SHARED / "data" / "jsonschemabench"
 RECORDS_PER_SUBSET = 10
 #: Bounds on the schema corpus that keep this file near 30 s: very large schemas take the front-end
 #: seconds each, and one subset (Github_ultra) would otherwise contribute most bodies.
