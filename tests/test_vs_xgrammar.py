@@ -1,30 +1,36 @@
-"""Differential test: xg2's token bitmasks must equal xgrammar's.
+"""Differential test: xg2's token bitmasks must equal xgrammar's, bit for bit.
 
 For every grammar of the benchmark corpus (benchmarks/grammars) and four real
 vocabularies (DeepSeek-V3 byte-level BPE, Mistral v3 SentencePiece with byte
 fallback, o200k_base and Qwen tiktoken raw-byte vocabularies), walk the tokens
-of each sample and, at every step, compare the two engines' masks on all
-ordinary token ids; then accept the token in both.
+of each sample and, at every step, compare the two engines' whole masks (stop
+and special token ids included); then accept the token in both. Each sample is
+also accepted whole as text, where the mask must allow the stop tokens and
+nothing the grammar cannot continue with, and the stop token must end both.
 
 Both engines get the same vocabulary through ``TokenizerInfo(encoded_vocab,
 vocab_type, vocab_size=..., stop_token_ids=...)``.  Steps per sample are capped
 (``MAX_STEPS``) to keep the module within a few minutes on 2 cores.
 
-Set ``XG2_VS_XGRAMMAR_SELF_CHECK=1`` to run the harness with xgrammar standing
-in for xg2 (checks the harness itself while xg2's core is not built).
+xgrammar and numpy are declared test dependencies (with the tokenizer libraries) and xg2 is the package under
+test: an import failure of any of them fails this module, never skips it.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import sentencepiece as spm
+import tiktoken
+import tokenizers
+import xgrammar as xgr
+from tiktoken.load import load_tiktoken_bpe
 
-xgr = pytest.importorskip("xgrammar")
-np = pytest.importorskip("numpy")
+import xg2
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
@@ -33,24 +39,6 @@ sys.path.insert(0, str(BENCH))
 
 from conftest import longest_match
 from corpus import grammar_names, load_case
-
-
-def _load_xg2():
-    if os.environ.get("XG2_VS_XGRAMMAR_SELF_CHECK") == "1":
-        return xgr
-    try:
-        import xg2
-    except Exception as exc:  # noqa: BLE001 - a broken core import is a skip, not an error
-        pytest.skip(f"xg2 is not importable: {exc!r}", allow_module_level=True)
-    missing = [n for n in ("TokenizerInfo", "VocabType", "GrammarCompiler", "GrammarMatcher",
-                           "allocate_token_bitmask") if not hasattr(xg2, n)]
-    if missing:
-        pytest.skip(f"xg2's compiled core is missing ({', '.join(missing)} not available)",
-                    allow_module_level=True)
-    return xg2
-
-
-xg2 = _load_xg2()
 
 # Per-sample step caps: the first N tokens of every sample are compared.  A few
 # grammars make xgrammar itself slow (~0.5 s per mask on a 200k vocabulary for
@@ -95,7 +83,6 @@ def _require(path: Path) -> Path:
 
 
 def _deepseek() -> Vocab:
-    tokenizers = pytest.importorskip("tokenizers")
     tok = tokenizers.Tokenizer.from_file(str(_require(TOKENIZERS / "deepseek_v3_tokenizer.json")))
     vocab = tok.get_vocab(with_added_tokens=True)
     encoded = [""] * (max(vocab.values()) + 1)
@@ -118,7 +105,6 @@ def _greedy_encoder(pieces: list[bytes], skip: set[int]):
 
 
 def _mistral() -> Vocab:
-    spm = pytest.importorskip("sentencepiece")
     sp = spm.SentencePieceProcessor(model_file=str(_require(TOKENIZERS / "mistral_v3_sentencepiece.model")))
     encoded = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
     special = {i for i in range(len(encoded)) if sp.is_control(i) or sp.is_unknown(i)}
@@ -133,9 +119,6 @@ def _mistral() -> Vocab:
 
 
 def _tiktoken(name: str, filename: str) -> Vocab:
-    tiktoken = pytest.importorskip("tiktoken")
-    from tiktoken.load import load_tiktoken_bpe
-
     ranks = load_tiktoken_bpe(str(_require(TOKENIZERS / filename)))
     encoded = [b""] * (max(ranks.values()) + 1)
     for piece, idx in ranks.items():
@@ -163,12 +146,7 @@ def get_vocab(name: str) -> Vocab:
 @functools.cache
 def get_infos(name: str):
     vocab = get_vocab(name)
-    ref, ours = vocab.info(xgr), vocab.info(xg2)
-    excluded = set(vocab.stop_ids) | set(ref.special_token_ids) | set(ref.stop_token_ids)
-    excluded |= set(ours.special_token_ids) | set(ours.stop_token_ids)
-    keep = np.ones(vocab.size, dtype=bool)
-    keep[[i for i in excluded if i < vocab.size]] = False
-    return ref, ours, keep
+    return vocab.info(xgr), vocab.info(xg2)
 
 
 def _bits(bitmask, size: int):
@@ -184,11 +162,35 @@ def _describe(vocab: Vocab, ids) -> str:
 # ------------------------------------------------------------------------ test
 
 
+def _compare(vocab: Vocab, ref_mask, our_mask, where: str, tokens=()) -> None:
+    a, b = _bits(ref_mask, vocab.size), _bits(our_mask, vocab.size)
+    diff = np.flatnonzero(a ^ b)
+    if diff.size:
+        prefix = b"".join(vocab.encoded[t] if isinstance(vocab.encoded[t], bytes)
+                          else vocab.encoded[t].encode() for t in tokens)
+        only_ref = [int(i) for i in diff if a[i]]
+        only_ours = [int(i) for i in diff if b[i]]
+        pytest.fail(
+            f"{where} (after {prefix[-60:]!r}): masks differ on {diff.size} ids\n"
+            f"  allowed only by xgrammar: {_describe(vocab, only_ref)}\n"
+            f"  allowed only by xg2:      {_describe(vocab, only_ours)}"
+        )
+
+
+@pytest.mark.parametrize("vocab_name", VOCABS)
+def test_tokenizer_info_matches_xgrammar(vocab_name: str) -> None:
+    """The ids whose mask bits are special (never allowed) or stops (allowed at the end) agree."""
+    ref, ours = get_infos(vocab_name)
+    assert ours.vocab_size == ref.vocab_size
+    assert list(ours.stop_token_ids) == list(ref.stop_token_ids)
+    assert sorted(ours.special_token_ids) == sorted(ref.special_token_ids)
+
+
 @pytest.mark.parametrize("grammar", GRAMMARS)
 @pytest.mark.parametrize("vocab_name", VOCABS)
 def test_bitmask_matches_xgrammar(vocab_name: str, grammar: str) -> None:
     vocab = get_vocab(vocab_name)
-    ref_info, our_info, keep = get_infos(vocab_name)
+    ref_info, our_info = get_infos(vocab_name)
     case = load_case(grammar)
 
     ref_compiled = xgr.GrammarCompiler(ref_info, max_threads=1).compile_grammar(case.ebnf)
@@ -203,19 +205,24 @@ def test_bitmask_matches_xgrammar(vocab_name: str, grammar: str) -> None:
         for step, token in enumerate(tokens):
             ref.fill_next_token_bitmask(ref_mask, 0)
             ours.fill_next_token_bitmask(our_mask, 0)
-            a, b = _bits(ref_mask, vocab.size), _bits(our_mask, vocab.size)
-            diff = np.flatnonzero((a ^ b) & keep)
-            if diff.size:
-                prefix = b"".join(vocab.encoded[t] if isinstance(vocab.encoded[t], bytes)
-                                  else vocab.encoded[t].encode() for t in tokens[:step])
-                only_ref = [int(i) for i in diff if a[i]]
-                only_ours = [int(i) for i in diff if b[i]]
-                pytest.fail(
-                    f"{grammar} / {vocab_name}: sample {sample_idx}, step {step} "
-                    f"(after {prefix[-60:]!r}): masks differ on {diff.size} ids\n"
-                    f"  allowed only by xgrammar: {_describe(vocab, only_ref)}\n"
-                    f"  allowed only by xg2:      {_describe(vocab, only_ours)}"
-                )
-            assert a[token], f"{grammar}/{vocab_name}: sample token {token} not allowed by xgrammar at step {step}"
+            _compare(vocab, ref_mask, our_mask, f"{grammar} / {vocab_name}: sample {sample_idx}, step {step}",
+                     tokens[:step])
+            assert _bits(ref_mask, vocab.size)[token], \
+                f"{grammar}/{vocab_name}: sample token {token} not allowed by xgrammar at step {step}"
             assert ref.accept_token(token), f"xgrammar rejected token {token} at step {step}"
             assert ours.accept_token(token), f"xg2 rejected token {token} at step {step}"
+
+        # The end of the whole sample: the grammar may end here, so the stop tokens' bits are set
+        # (with whatever could still continue), and a stop token ends both matchers.
+        ref = xgr.GrammarMatcher(ref_compiled)
+        ours = xg2.GrammarMatcher(our_compiled)
+        assert ref.accept_string(sample), f"xgrammar rejected sample {sample_idx} of {grammar}"
+        assert ours.accept_string(sample), f"xg2 rejected sample {sample_idx} of {grammar}"
+        assert ours.is_completed() == ref.is_completed()
+        ref.fill_next_token_bitmask(ref_mask, 0)
+        ours.fill_next_token_bitmask(our_mask, 0)
+        _compare(vocab, ref_mask, our_mask, f"{grammar} / {vocab_name}: end of sample {sample_idx}")
+        assert _bits(ref_mask, vocab.size)[vocab.stop_ids].any(), "the end of a sample allows a stop token"
+        stop = vocab.stop_ids[0]
+        assert ours.accept_token(stop) == ref.accept_token(stop)
+        assert ours.is_terminated() == ref.is_terminated()
