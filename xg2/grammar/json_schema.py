@@ -910,8 +910,8 @@ class _Converter:
                 return _CANNOT  # numbers that are not integers have no grammar form here
             return {**rest, "type": kept} if kept else None
         if "required" in neg and isinstance(neg["required"], list) and len(neg["required"]) == 1:
-            name = neg["required"][0]
-            return self.merge(rest, {"properties": {name: False}}, ptr)
+            name = neg["required"][0]     # every non-object meets `required`, so only objects are left
+            return self.merge(rest, {"type": "object", "properties": {name: False}}, ptr)
         return _CANNOT
 
     def types(self, schema: dict, ptr: str) -> list[str]:
@@ -1338,8 +1338,19 @@ class _Converter:
         if "$ref" in names_schema:
             names_schema = self.inline_ref(names_schema, ptr)
         parts: list[Expr] = []
+        out = None
         for k, v in names_schema.items():
             if k in ANNOTATIONS:
+                continue
+            if k == "allOf" and isinstance(v, list):    # as merged allOf members leave it
+                self.enter(ptr)
+                try:
+                    for i, sub in enumerate(v):
+                        dfa = self.key_language(sub, _ptr(ptr, "allOf", i))
+                        if dfa is not None:
+                            out = dfa if out is None else intersect(out, dfa)
+                finally:
+                    self.level -= 1
                 continue
             if k == "type":
                 if "string" not in ([v] if isinstance(v, str) else v):
@@ -1359,7 +1370,6 @@ class _Converter:
                 parts.append(Repeat(CharClass(((0, 0x10FFFF),)), lo, hi))
             else:
                 return self.unsupported(k, _ptr(ptr, k), f"propertyNames keyword {k!r} cannot be enforced")
-        out = None
         for part in parts:
             dfa = _key_dfa(part)
             out = dfa if out is None else intersect(out, dfa)
