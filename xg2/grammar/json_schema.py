@@ -204,6 +204,7 @@ class _Converter:
         self.names: set[str] = set()
         self.cache: dict[Any, str] = {}
         self.level = 0
+        self.where = ""     # the schema being lowered, for an error that has no better pointer
 
     # layout -----------------------------------------------------------------------------------
     def dkey(self, d: int) -> int:
