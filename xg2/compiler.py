@@ -18,7 +18,15 @@ import numpy as np
 
 from ._ext.core import ClassTrie, CompiledCore, EntryPool, Vocab
 from .errors import GrammarError, TokenizerError, XG2Error
-from .grammar.fsm import RuleFSM, byte_tables, nullable_rules, productive_rules, prune, rule_automaton
+from .grammar.fsm import (
+    RuleFSM,
+    byte_tables,
+    nullable_rules,
+    productive_rules,
+    prune,
+    rule_automaton,
+    strongly_connected,
+)
 from .grammar.grammar import Grammar
 from .grammar.hashing import GrammarKeys, grammar_keys
 from .grammar.ir import GrammarIR
@@ -64,26 +72,44 @@ class LoweredGrammar:
 MAX_RESUMES = 4
 
 
-def _resumes(rule: int, fsms: list[RuleFSM], sites: list[list[tuple[int, int, int]]], root: int):
-    """The caller nodes (rule, node) where calls of `rule` resume, looking through tail calls (a
-    resume node that is final with no way on hands over to that rule's own callers). None when the
-    root is among the callers seen through tail calls (the text may end there)."""
-    out: set[tuple[int, int]] = set()
-    seen = {rule}
-    work = [rule]
-    while work:
-        r = work.pop()
-        if r == root:
-            return None
+def _all_resumes(fsms: list[RuleFSM], sites: list[list[tuple[int, int, int]]], root: int) -> list[set | None]:
+    """Per rule, the caller nodes (rule, node) where its calls resume, looking through tail calls
+    (a resume node that is final with no way on hands over to that rule's own callers); None when
+    the root is among the callers seen through tail calls (the text may end there) or there are
+    more than MAX_RESUMES. One pass over the tail-call graph's components, callers first: a walk
+    up the chain per rule would be quadratic in a chain of thousands of tail-calling rules."""
+    n = len(fsms)
+    direct: list[set[tuple[int, int]] | None] = [set() for _ in range(n)]
+    tail: list[list[int]] = [[] for _ in range(n)]      # rule -> rules it hands over to
+    for r in range(n):
         for p, _u, v in sites[r]:
-            if v in fsms[p].finals and not fsms[p].byte_edges[v] and not fsms[p].rule_edges[v]:
-                if p not in seen:
-                    seen.add(p)
-                    work.append(p)
-            else:
-                out.add((p, v))
-                if len(out) > MAX_RESUMES:
-                    return None
+            f = fsms[p]
+            if v in f.finals and not f.byte_edges[v] and not f.rule_edges[v]:
+                tail[r].append(p)
+            elif direct[r] is not None:
+                direct[r].add((p, v))
+                if len(direct[r]) > MAX_RESUMES:
+                    direct[r] = None
+    out: list[set | None] = [None] * n
+    for comp in strongly_connected(n, tail):    # the rules a component hands over to come first
+        acc: set[tuple[int, int]] | None = set()
+        for r in comp:
+            if r == root or direct[r] is None:
+                acc = None
+                break
+            acc |= direct[r]
+            for p in tail[r]:
+                if p in comp:
+                    continue
+                if out[p] is None:
+                    acc = None
+                    break
+                acc |= out[p]
+            if acc is None or len(acc) > MAX_RESUMES:
+                acc = None
+                break
+        for r in comp:
+            out[r] = acc
     return out
 
 
@@ -161,8 +187,7 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
         ctx_item.extend(sorted((p << 32) | (int(base[p]) + u) for p, u, _v in sites[r]))
         ctx_start[r + 1] = len(ctx_item)
     ctx_resume = np.full((len(fsms), MAX_RESUMES), -1, np.int32)
-    for r in range(len(fsms)):
-        resumes = _resumes(r, fsms, sites, root)
+    for r, resumes in enumerate(_all_resumes(fsms, sites, root)):
         if resumes is not None and len(resumes) <= MAX_RESUMES:
             ctx_resume[r, : len(resumes)] = sorted(int(base[p]) + v for p, v in resumes)
     follows = {}

@@ -113,10 +113,9 @@ def seq(*items: Expr | None) -> Expr | None:
 
 def choice(alts: list[Expr | None]) -> Expr | None:
     """A choice with None (the empty language) and duplicate alternatives dropped; None if none is left."""
-    out: list[Expr] = []
-    for a in alts:
-        if a is not None and a not in out:
-            out.append(a)
+    # A set, not list membership: a choice of thousands of alternatives (an enum, an object's
+    # members) would cost a quadratic number of deep comparisons.
+    out = list(dict.fromkeys(a for a in alts if a is not None))
     if not out:
         return None
     return out[0] if len(out) == 1 else Choice(tuple(out))

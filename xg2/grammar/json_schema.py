@@ -202,6 +202,7 @@ class _Converter:
         self.depth_layout = indent is not None and not any_whitespace
         self.rules: list[Rule] = []
         self.names: set[str] = set()
+        self.next_suffix: dict[str, int] = {}
         self.cache: dict[Any, str] = {}
         self.level = 0
         self.where = ""     # the schema being lowered, for an error that has no better pointer
@@ -268,10 +269,12 @@ class _Converter:
         base = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in hint)[:40]
         if not base or base[0].isdigit():
             base = "r" + base
-        name, i = base, 1
+        i = self.next_suffix.get(base, 1)     # names below it are taken: no quadratic probing
+        name = base if i == 1 else f"{base}_{i}"
         while name in self.names or name == "root":
             i += 1
             name = f"{base}_{i}"
+        self.next_suffix[base] = i
         self.names.add(name)
         return name
 

@@ -54,10 +54,24 @@ def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = (), tokens: tu
     if free_tokens:
         others = Choice((others, _chars(free_tokens)))
     n = len(goto)
-    start, final = n, n + 1
+    start, final, hub, hub_b = n, n + 1, n + 2, n + 3
     # edges[p][q]: the expression of the characters (or epsilon) leading from p to q
-    edges: dict[int, dict[int, Expr]] = {s: {} for s in range(n + 2)}
+    edges: dict[int, dict[int, Expr]] = {s: {} for s in range(n + 4)}
     edges[start][0] = EPSILON
+    # Hubs read the first character of a string as the root does. A state that reads a first
+    # character as the root does (no string goes on with it from there) hands over to a hub by
+    # epsilon instead of an edge per first character: otherwise the states of different strings
+    # all reach each other, and the eliminated expression grows exponentially in their number.
+    # `hub` reads the first characters no string goes on with anywhere (every state hands over to
+    # it); `hub_b` the others, for the states where none of them goes on.
+    steps = {s: {ch: _step(goto, fail, s, ch) for ch in alphabet} for s in range(n) if s not in dead and s not in done}
+    firsts = set(goto[0])
+    deviate = {s: {ch for ch in firsts if st[ch] != goto[0][ch]} for s, st in steps.items()}
+    busy = set().union(*deviate.values())      # first characters some string goes on with
+    for ch in sorted(firsts):
+        t = goto[0][ch]
+        if t not in dead:
+            _add(edges, hub_b if ch in busy else hub, t, _chars([ch]))
     for s in range(n):
         if s in dead:
             continue
@@ -66,16 +80,24 @@ def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = (), tokens: tu
             continue
         if not ends:
             edges[s][final] = EPSILON       # no end string: the text may stop anywhere
+        _add(edges, s, hub, EPSILON)
+        routed = firsts - busy
+        if not deviate[s]:
+            _add(edges, s, hub_b, EPSILON)
+            routed = firsts
         by_target: dict[int, list[str]] = {}
-        for ch in alphabet:
-            t = _step(goto, fail, s, ch)
-            if t not in dead:
+        for ch, t in steps[s].items():
+            if t not in dead and ch not in routed:
                 by_target.setdefault(t, []).append(ch)
         for t, chars in by_target.items():
             _add(edges, s, t, _chars(chars))
         if 0 not in dead:
             _add(edges, s, 0, others)
-    for q in sorted(range(n), key=lambda s: -depth[s]):      # deepest states first
+    for q in (hub, hub_b):
+        if not edges[q]:                # a hub that reads nothing leads nowhere
+            for e in edges.values():
+                e.pop(q, None)
+    for q in [*sorted(range(n), key=lambda s: -depth[s]), hub_b, hub]:      # deepest states first
         loop = edges[q].pop(q, None)
         star = Repeat(loop, 0, None) if loop is not None else None
         ins = [(p, e.pop(q)) for p, e in edges.items() if q in e]
