@@ -799,3 +799,195 @@ def test_members_share_bounded_string_and_key_rules():
     names = [r.name for r in ir.rules]
     assert names.count("string_0_128") == 1 and names.count("string_0_50") == 1
     assert sum(n == "key" or n.startswith("key_") and not n.startswith("key_state") for n in names) == 1
+
+
+# --- issue 15: sibling-dependent keywords, propertyNames, open objects, depth --------------------
+
+#: A vocabulary of every byte and a stop token: JSON Schema tests need no real tokenizer.
+TINY_VOCAB = [bytes([b]) for b in range(256)] + [b"</s>"]
+
+
+@pytest.fixture(scope="module")
+def tiny_compiler():
+    return xg2.GrammarCompiler(xg2.TokenizerInfo(TINY_VOCAB, xg2.VocabType.RAW, stop_token_ids=[256]))
+
+
+def _accepts(compiled, text: str) -> bool:
+    m = xg2.GrammarMatcher(compiled)
+    return m.accept_string(text) and m.accept_token(256)
+
+
+@pytest.mark.parametrize("schema,docs", [
+    ({"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}}, [[3, 5], [3], [5, 5], [5, 4], [3, 6, 4]]),
+    ({"allOf": [{"items": {"minimum": 5}}], "prefixItems": [{"minimum": 3}]}, [[3, 5], [5], [3], [5, 4]]),
+    ({"$defs": {"p": {"prefixItems": [{"type": "integer"}, {"type": "string"}]}}, "$ref": "#/$defs/p",
+      "prefixItems": [{"minimum": 1}], "items": {"type": ["string", "integer"]}}, [[1, "a", 2], [0, "a"], [1, 2], [1]]),
+    ({"allOf": [{"patternProperties": {"^a": {}}}], "additionalProperties": False}, [{"ab": 1}, {}, {"b": 1}]),
+    ({"anyOf": [{"patternProperties": {"^a": {"type": "integer"}}}], "properties": {"b": {}},
+      "additionalProperties": False}, [{"ab": 1}, {"b": 1}, {"b": 1, "ab": 2}]),
+    ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}], "patternProperties": {"^b": {}}},
+     [{"a": 1}, {"b": 1}, {"ab": 1}, {}]),
+    ({"allOf": [{"patternProperties": {"^a": {"maximum": 1}}, "additionalProperties": {"type": "string"}}],
+      "properties": {"ab": {}, "c": {}}}, [{"ab": 1}, {"ab": 2}, {"c": "s"}, {"c": 1}, {"ab": 1, "c": "s"}]),
+    ({"allOf": [{"patternProperties": {"^a": {"type": "integer"}}}, {"additionalProperties": {"type": "string"}}]},
+     [{"ab": 1}, {"ab": "s"}, {"b": "s"}, {"b": 1}]),
+    ({"propertyNames": False, "properties": {"ab": {}}}, [{"ab": 1}, {}]),
+    ({"propertyNames": {"maxLength": 1}, "properties": {"a": {}, "ab": {}}}, [{"a": 1}, {"ab": 1}, {}]),
+    ({"allOf": [{"propertyNames": {"maxLength": 1}}], "propertyNames": {"pattern": "^[ab]"},
+      "properties": {"a": {}, "ab": {}, "c": {}}}, [{"a": 1}, {"ab": 1}, {"c": 1}, {"b": 1}]),
+    ({"type": "object", "oneOf": [{"required": ["foo", "bar"]}, {"required": ["foo", "baz"]}]},
+     [{"foo": 1, "bar": 2}, {"foo": 1, "baz": 2}, {"foo": 1, "bar": 2, "baz": 3}, {"foo": 1}, {}]),
+    ({"not": {"required": ["a"]}}, [{}, {"a": 1}, 1, "s", None]),
+    ({"type": "string", "contentMediaType": "application/json", "contentEncoding": "base64",
+      "contentSchema": {"type": "object"}}, ["eyJ9", "x", 1]),
+])
+@pytest.mark.parametrize("strict", [True, False])
+def test_issue15_cases_against_the_validator(tiny_compiler, schema, docs, strict):
+    """Each compiles and never accepts a document jsonschema rejects; on these documents the result is
+    exact too, except where strict_mode closes an object (then only fewer are accepted)."""
+    compiled = tiny_compiler.compile_json_schema(schema, strict_mode=strict, any_whitespace=False)
+    oracle = jsonschema.Draft202012Validator(schema)
+    for doc in docs:
+        got = _accepts(compiled, json.dumps(doc))
+        if strict:
+            assert not got or oracle.is_valid(doc), doc
+        else:
+            assert got == oracle.is_valid(doc), doc
+
+
+def test_issue15_exact_cases(tiny_compiler):
+    def acc(schema, text):
+        return _accepts(tiny_compiler.compile_json_schema(schema), text)
+
+    items = {"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}}
+    assert acc(items, "[5, 5, 9]") and not acc(items, "[3, 5]") and not acc(items, "[5, 4]")
+    members = {"allOf": [{"patternProperties": {"^a": {}}}], "additionalProperties": False}
+    assert acc(members, "{}") and not acc(members, '{"ab": 1}')
+    names = {"propertyNames": False, "properties": {"ab": {}}}
+    assert acc(names, "{}") and not acc(names, '{"ab": 1}')
+    with pytest.raises(SchemaError, match="accepts no JSON value"):  # a required name ruled out by propertyNames
+        json_schema_to_ir({"type": "object", "propertyNames": {"maxLength": 1}, "properties": {"ab": {}}, "required": ["ab"]})
+
+
+def test_lenient_one_of_over_required_sets_not_listed(tiny_compiler):
+    import warnings
+
+    schema = {"type": "object", "oneOf": [{"required": ["foo", "bar"]}, {"required": ["foo", "baz"]}]}
+    for strict in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")      # enforced exactly: nothing is relaxed
+            compiled = tiny_compiler.compile_json_schema(schema, lenient=True, strict_mode=strict)
+        assert _accepts(compiled, '{"foo": 1, "bar": 2}') and _accepts(compiled, '{"foo": 1, "baz": 2}')
+        for bad in ('{"foo": 1, "bar": 2, "baz": 3}', '{"foo": 1}', "{}"):
+            assert not _accepts(compiled, bad)
+        assert _accepts(compiled, '{"foo": 1, "bar": 2, "q": 3}') != strict  # strict: closed to the named keys
+
+
+def test_content_keywords_are_annotations():
+    for kw, value in [("contentSchema", {"type": "object"}), ("contentMediaType", "application/json"),
+                      ("contentEncoding", "base64")]:
+        json_schema_to_ir({"type": "string", kw: value})
+        json_schema_to_ir({"enum": ["a"], kw: value})       # the validator ignores them too
+
+
+#: Object schemas and documents, compiled side by side with xgrammar in both strict modes. Left out,
+#: where xgrammar is not sound: `required` without `properties` (xgrammar drops the member, so
+#: strict mode gives `{}` only) and `minProperties` in strict mode (xgrammar refuses it).
+OPEN_OBJECTS = [
+    {"type": "object"}, {}, {"type": "object", "title": "free-form"}, {"type": "object", "properties": {}},
+    {"type": "object", "properties": {"x": {}}}, {"type": "object", "patternProperties": {"^a": {}}},
+    {"type": "object", "patternProperties": {}}, {"type": "object", "propertyNames": {"pattern": "^a"}},
+    {"type": "object", "propertyNames": {"maxLength": 3}}, {"type": "object", "additionalProperties": True},
+    {"type": "object", "additionalProperties": {"type": "integer"}}, {"type": "object", "maxProperties": 2},
+    {"type": "object", "dependentRequired": {}}, {"type": "object", "unevaluatedProperties": False},
+    {"type": "object", "properties": {"o": {"type": "object"}}},
+    {"type": "object", "allOf": [{"properties": {"x": {}}}]},
+    {"type": "object", "propertyNames": {"pattern": "^a"}, "properties": {"b": {}}},
+    {"type": "array"}, {"type": "array", "prefixItems": [{"type": "integer"}]},
+]
+OPEN_DOCS = ["{}", '{"a": 1}', '{"x": 1}', '{"a": {"b": [1]}}', '{"o": {"a": 1}}', '{"b": 1}', '{"x": 1, "a": 2}',
+             "[]", "[1]", "[1, 2]"]
+
+
+def test_open_objects_as_in_xgrammar(tiny_compiler):
+    import xgrammar as xgr  # a declared test dependency: its absence fails the test
+    info = xgr.TokenizerInfo([chr(b) if 32 <= b < 127 else f"<0x{b:02X}>" for b in range(256)] + ["</s>"],
+                             xgr.VocabType.BYTE_FALLBACK, stop_token_ids=[256])
+    theirs = xgr.GrammarCompiler(info)
+    for schema in OPEN_OBJECTS:
+        for strict in (True, False):
+            ours = tiny_compiler.compile_json_schema(schema, strict_mode=strict)
+            other = theirs.compile_json_schema(json.dumps(schema), strict_mode=strict)
+            valid = jsonschema.Draft202012Validator(schema).is_valid
+            for doc in OPEN_DOCS:
+                m = xgr.GrammarMatcher(other)
+                expected = m.accept_string(doc) and m.accept_token(256)
+                if expected and not valid(json.loads(doc)):
+                    expected = False    # xgrammar accepts an invalid document; xg2 never does
+                elif not strict and not expected and valid(json.loads(doc)):
+                    expected = True     # without strict_mode, xgrammar closes patternProperties objects
+                assert _accepts(ours, doc) == expected, (schema, strict, doc)
+
+
+# Deep nesting, as dicts: every walk over tenant input is bounded (a typed error, never RecursionError).
+def _nest(wrap, n: int, leaf=None):
+    s = {"type": "integer"} if leaf is None else leaf
+    for i in range(n):
+        s = wrap(s, i)
+    return s
+
+
+def _ref_chain(n: int, extra: dict) -> dict:
+    defs = {f"a{i}": {"$ref": f"#/$defs/a{i + 1}", **extra} for i in range(n)}
+    defs[f"a{n}"] = {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/a0"}
+
+
+DEEP_VALUE = _nest(lambda s, i: [s], 5000, 1)
+DEEP_SCHEMAS = {
+    "anyOf": _nest(lambda s, i: {"anyOf": [s]}, 600),
+    "anyOf_two_branches": _nest(lambda s, i: {"anyOf": [s, {"type": "null"}]}, 600),
+    "allOf": _nest(lambda s, i: {"allOf": [s], "minimum": i}, 600),
+    "oneOf": _nest(lambda s, i: {"oneOf": [s, {"type": "string"}]}, 600),
+    "not": _nest(lambda s, i: {"not": s}, 600),
+    "not_anyOf": {"not": _nest(lambda s, i: {"anyOf": [s]}, 10000, {"type": "null"})},
+    "properties": _nest(lambda s, i: {"type": "object", "properties": {"a": s}}, 10000),
+    "items": _nest(lambda s, i: {"type": "array", "items": s}, 10000),
+    "prefixItems": _nest(lambda s, i: {"type": "array", "prefixItems": [s]}, 10000),
+    "additionalProperties": _nest(lambda s, i: {"type": "object", "additionalProperties": s}, 10000),
+    "patternProperties": _nest(lambda s, i: {"type": "object", "patternProperties": {"^a": s}}, 10000),
+    "propertyNames": {"propertyNames": _nest(lambda s, i: {"allOf": [s]}, 10000, {"maxLength": 3})},
+    "merged_properties": {"allOf": [_nest(lambda s, i: {"properties": {"a": s}}, 10000)] * 2},
+    "enum_value": {"enum": [DEEP_VALUE]},
+    "const_value": {"const": _nest(lambda s, i: {"a": s}, 5000, 1)},
+    "merged_enums": {"allOf": [{"enum": [DEEP_VALUE]}, {"enum": [_nest(lambda s, i: [s], 5000, 1)]}]},
+    "validated_deep": _nest(lambda s, i: {"type": "array", "items": s}, 120,
+                            {"enum": [_nest(lambda s, i: [s], 250, 1)], **_nest(lambda s, i: {"items": s}, 250, {})}),
+    "ref_chain": _ref_chain(10000, {}),
+    "ref_chain_merged": _ref_chain(10000, {"minimum": 0}),
+    "ref_cycle": {"$defs": {"a": {"$ref": "#/$defs/b", "minimum": 1}, "b": {"$ref": "#/$defs/a", "maximum": 5}},
+                  "$ref": "#/$defs/a"},
+    "not_ref_cycle": {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "not": {"$ref": "#/$defs/a"}},
+    "definitions": {"$defs": _nest(lambda s, i: {"x": {"$defs": s}}, 10000, {"y": {"type": "integer"}}),
+                    "$ref": "#/$defs" + "/x/$defs" * 10000 + "/y"},
+    "unevaluated": _nest(lambda s, i: {"allOf": [s], "unevaluatedProperties": False}, 600),
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP_SCHEMAS))
+def test_deep_nesting_is_typed(tiny_compiler, name):
+    import warnings
+
+    schema = DEEP_SCHEMAS[name]
+    for compile_it in (lambda: json_schema_to_ir(schema), lambda: tiny_compiler.compile_json_schema(schema),
+                       lambda: json_schema_to_ir(schema, strict_mode=False, lenient=True)):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", xg2.SchemaWarning)
+                compile_it()
+        except GrammarLimitError as exc:
+            assert "nested" in str(exc) and " at /" in str(exc), exc    # says where
+        except SchemaError as exc:
+            assert exc.pointer, exc
+    if name == "definitions":   # deep but short: a reference straight to the leaf
+        assert _accepts(tiny_compiler.compile_json_schema(schema), "12")
