@@ -107,7 +107,7 @@ class GrammarMatcher:
         (False, logged), and a non-integer is a TypeError.
         """
         token_id = _int_arg(token_id, "token_id")
-        if self.is_terminated():
+        if self._core.terminated:
             return False
         if not 0 <= token_id < self._vocab_size:
             _log.warning("token id %d is out of range [0, %d); rejecting it", token_id, self._vocab_size)
@@ -119,7 +119,7 @@ class GrammarMatcher:
 
     def accept_string(self, input_str: str | bytes, *, debug_print: bool = False) -> bool:
         """Advance by raw text (not tokens); False and no change if the text does not fit."""
-        if self.is_terminated():
+        if self._core.terminated:
             return False
         data = input_str.encode("utf-8") if isinstance(input_str, str) else bytes(input_str)
         ok = self._core.accept_bytes(data)
@@ -149,9 +149,11 @@ class GrammarMatcher:
         return True
 
     def is_terminated(self) -> bool:
+        """The stop token was accepted; with `terminate_without_stop_token`, the grammar could end
+        here (xgrammar's meaning: tokens that continue the grammar are still accepted)."""
         if self._core.terminated:
             return True
-        return self._terminate_without_stop and self._core.can_end() and not self._core.allowed_bytes()
+        return self._terminate_without_stop and self._core.can_end()
 
     def is_completed(self) -> bool:
         """The grammar could end here (a stop token would be accepted) or has ended."""

@@ -1,0 +1,406 @@
+"""Engine call conventions side by side with xgrammar 0.2.8: the same inputs go to both libraries and
+their outputs, or the classes of the exceptions they raise, must agree.
+
+vLLM and SGLang call `apply_token_bitmask_inplace`, `fill_next_token_bitmask`, `accept_token` and
+`rollback` with xgrammar's semantics, so a difference is a wrong mask in production. Nothing here is
+an expected value written by hand: xgrammar is the oracle. Where xg2 deliberately departs from
+xgrammar (xgrammar wraps an id to 32 bits, ignores strides, or silently does nothing), the test says
+why and compares with what xgrammar does for an input of the same kind it handles soundly.
+
+xgrammar takes torch tensors only; xg2 also takes numpy arrays, with the torch semantics, so numpy
+calls are compared with xgrammar's answer on the same data as tensors. Everything runs on a small
+vocabulary built here, so no shared data is needed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import xgrammar as xgr
+
+import xg2
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def outcome(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[str, Any, list[type]]:
+    """("ok", value, warnings) or ("raise", exception, warnings) of call(*args, **kwargs)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            value = call(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the exception class is what is compared
+            return "raise", exc, [w.category for w in caught]
+    return "ok", value, [w.category for w in caught]
+
+
+def assert_same_outcome(ref: tuple, ours: tuple, case: str) -> None:
+    """Both succeed (same value and warning categories), or both raise and xg2's exception is an
+    instance of xgrammar's class (the same class or a subclass: an engine's `except` still works)."""
+    if ref[0] == "raise":
+        assert ours[0] == "raise", f"{case}: xgrammar raised {ref[1]!r}, xg2 did not (returned {ours[1]!r})"
+        assert isinstance(ours[1], type(ref[1])), \
+            f"{case}: xgrammar raised {type(ref[1]).__name__}, xg2 raised {type(ours[1]).__name__}: {ours[1]}"
+        return
+    assert ours[0] == "ok", f"{case}: xg2 raised {ours[1]!r}, xgrammar returned {ref[1]!r}"
+    assert ours[1] == ref[1], f"{case}: xgrammar returned {ref[1]!r}, xg2 {ours[1]!r}"
+    assert ours[2] == ref[2], f"{case}: warnings differ: xgrammar {ref[2]}, xg2 {ours[2]}"
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+# ------------------------------------------------------------------- apply_token_bitmask_inplace
+
+BATCH = 3
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: (logits width, bitmask words): exact, a bitmask wider than the logits, one narrower (its last
+#: columns left unmasked, with a warning), a width that is a multiple of 32.
+WIDTHS = [(70, 3), (40, 3), (100, 3), (64, 2)]
+#: the rows to mask; None is every row. [] masks nothing, [1, 1] repeats, [3] and [-1] are outside.
+INDICES = [None, [1], [0, 2], [2, 0], [1, 1], [], [3], [-1]]
+#: tuples, numpy arrays and tensors of indices: xgrammar's GPU kernel honours them all, its CPU kernel
+#: only lists and tensors (a tuple or an array is dropped and every row masked, against its own
+#: documentation). xg2 honours them all; they are compared with xgrammar's answer for the list.
+CONTAINERS = {"list": list, "tuple": tuple, "ndarray": lambda rows: np.array(rows, dtype=np.int64),
+              "tensor": lambda rows: torch.tensor(rows, dtype=torch.int64)}
+
+
+def _vocab_sizes(width: int, words: int) -> list[int | None]:
+    covered = 32 * words
+    return sorted({None, 0, 1, 33, width - 5, min(width, covered), width, covered, max(width, covered) + 1},
+                  key=lambda v: -1 if v is None else v)
+
+
+def _inputs(seed: int, width: int, words: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng(seed)
+    logits = torch.tensor(rng.standard_normal((BATCH, width)), dtype=dtype)
+    bitmask = torch.tensor(rng.integers(-2**31, 2**31, (BATCH, words), dtype=np.int64).astype(np.int32))
+    return logits, bitmask
+
+
+def _apply_both(backend: str, logits: torch.Tensor, bitmask: torch.Tensor, case: str, *,
+                shape: Callable[[Any], Any] = lambda x: x, ref_kwargs: dict, our_kwargs: dict) -> None:
+    """Apply with xgrammar on tensors and with xg2 on tensors or numpy copies; compare the outcome and
+    the logits afterwards (all of them: untouched rows and columns must stay untouched).
+
+    Whether a call is refused (and with which class, and which warnings) is xgrammar's default CPU
+    kernel's answer. The masked values are those of xgrammar's pure-torch kernel (`torch_native`,
+    the same semantics in plain torch ops): the CPU kernel of 0.2.8 also masks the first disallowed
+    token of the last bitmask word when it lies past `vocab_size` -- past the row's end when
+    vocab_size is the logits width, so into the next row's first logit (see
+    test_apply_never_writes_past_vocab_size).
+    """
+    ref = outcome(xgr.apply_token_bitmask_inplace, shape(logits.clone()), shape(bitmask.clone()), **ref_kwargs)
+    if backend == "numpy":
+        our_logits = as_numpy(logits.clone()).copy()
+        our_mask = bitmask.numpy().copy()
+    else:
+        our_logits, our_mask = logits.clone(), bitmask.clone()
+    ours = outcome(xg2.apply_token_bitmask_inplace, shape(our_logits), shape(our_mask), **our_kwargs)
+    assert_same_outcome(ref, ours, case)
+    expected = logits.clone()
+    if ref[0] == "ok":
+        native_logits, native_mask = shape(expected), shape(bitmask.clone())
+        kwargs = dict(ref_kwargs)
+        if kwargs.get("indices") is not None and not isinstance(kwargs["indices"], torch.Tensor):
+            kwargs["indices"] = list(kwargs["indices"])
+        if kwargs.get("indices") is None or len(kwargs["indices"]):    # torch_native cannot index by []
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")     # the narrow-bitmask warning, compared above
+                xgr.apply_token_bitmask_inplace(native_logits.view(-1, native_logits.shape[-1]),
+                                                native_mask.view(-1, native_mask.shape[-1]),
+                                                backend="torch_native", **kwargs)
+    got = our_logits if backend == "numpy" else as_numpy(our_logits)
+    np.testing.assert_array_equal(got, as_numpy(expected), err_msg=case)
+
+
+#: numpy has no bfloat16 dtype
+BACKEND_DTYPES = [(b, d) for b in ("torch", "numpy") for d in DTYPES if (b, d) != ("numpy", "bfloat16")]
+
+
+@pytest.mark.parametrize(("backend", "dtype"), BACKEND_DTYPES)
+def test_apply_2d_every_indices_and_vocab_size(backend: str, dtype: str) -> None:
+    count = 0
+    for (width, words), rows, seed in itertools.product(WIDTHS, INDICES, [0]):
+        for vocab_size in _vocab_sizes(width, words):
+            containers = ["list"] if rows is None else list(CONTAINERS)
+            for container in containers:
+                logits, bitmask = _inputs(seed + count, width, words, DTYPES[dtype])
+                kwargs: dict[str, Any] = {} if vocab_size is None else {"vocab_size": vocab_size}
+                ref_kwargs, our_kwargs = dict(kwargs), dict(kwargs)
+                if rows is not None:
+                    our_kwargs["indices"] = CONTAINERS[container](rows)
+                    ref_kwargs["indices"] = our_kwargs["indices"] if container in ("list", "tensor") else list(rows)
+                case = f"{backend} {dtype} logits {width} words {words} indices {container} {rows} vocab_size {vocab_size}"
+                _apply_both(backend, logits, bitmask, case, ref_kwargs=ref_kwargs, our_kwargs=our_kwargs)
+                count += 1
+    assert count > 300
+
+
+@pytest.mark.parametrize(("backend", "dtype"), BACKEND_DTYPES)
+@pytest.mark.parametrize("layout", ["1d logits, 1d bitmask", "1d logits, 2d bitmask", "2d logits, 1d bitmask",
+                                    "2d logits of 3 rows, 1d bitmask", "3d logits", "3d bitmask"])
+def test_apply_1d_and_other_ranks(backend: str, dtype: str, layout: str) -> None:
+    for (width, words), vocab_size, rows in itertools.product(WIDTHS, [None, 33, 40], [None, [0], [1]]):
+        logits, bitmask = _inputs(width + words, width, words, DTYPES[dtype])
+        logits_rows = 3 if layout.startswith("2d logits of 3") or layout == "3d logits" else 1
+        logits = logits[:logits_rows]
+        if layout.startswith("1d logits"):
+            logits = logits[0]
+        elif layout == "3d logits":
+            logits = logits[None]
+        bitmask = bitmask[0] if "1d bitmask" in layout else (bitmask[None, :1] if layout == "3d bitmask" else bitmask[:1])
+        kwargs: dict[str, Any] = {} if vocab_size is None else {"vocab_size": vocab_size}
+        if rows is not None:
+            kwargs["indices"] = rows
+        case = f"{backend} {dtype} {layout} logits {width} words {words} vocab_size {vocab_size} indices {rows}"
+        _apply_both(backend, logits, bitmask, case, ref_kwargs=kwargs, our_kwargs=kwargs)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_apply_row_strided_views(backend: str) -> None:
+    """Logits and bitmasks that are row slices of wider buffers (a padded vocabulary, a bitmask buffer
+    sized for the largest vocabulary). Column-strided logits are not compared: xgrammar's CPU kernel
+    ignores the column stride and writes the wrong elements."""
+    logits, bitmask = _inputs(5, 96, 4, torch.float32)
+    for vocab_size, rows in itertools.product([None, 60, 64], [None, [2, 0]]):
+        kwargs: dict[str, Any] = {} if vocab_size is None else {"vocab_size": vocab_size}
+        if rows is not None:
+            kwargs["indices"] = rows
+        _apply_both(backend, logits, bitmask, f"{backend} strided rows vocab_size {vocab_size} indices {rows}",
+                    shape=lambda x: x[:, :70] if x.shape[1] == 96 else x[:, :3], ref_kwargs=kwargs, our_kwargs=kwargs)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_apply_dtype_requirements(backend: str) -> None:
+    logits, bitmask = _inputs(1, 64, 2, torch.float32)
+    bad_logits = [torch.float64, torch.int32, torch.int64] if backend == "torch" else [torch.float64, torch.int32]
+    for dtype in bad_logits:
+        _apply_both(backend, logits.to(dtype), bitmask, f"{backend} logits {dtype}", ref_kwargs={}, our_kwargs={})
+    for dtype in (torch.int64, torch.int16, torch.float32):
+        _apply_both(backend, logits, bitmask.to(dtype), f"{backend} bitmask {dtype}", ref_kwargs={}, our_kwargs={})
+
+
+def test_apply_mixed_devices_and_kinds() -> None:
+    """Logits and bitmask on different devices: xgrammar raises ValueError before touching anything.
+    A numpy array with a tensor is the same mistake for xg2 (xgrammar sees them as two devices)."""
+    logits, bitmask = _inputs(2, 64, 2, torch.float32)
+    pairs = {
+        "cpu logits, meta bitmask": (lambda: logits.clone(), lambda: bitmask.to("meta")),
+        "meta logits, cpu bitmask": (lambda: logits.to("meta"), lambda: bitmask.clone()),
+        "numpy logits, tensor bitmask": (lambda: logits.numpy().copy(), lambda: bitmask.clone()),
+        "tensor logits, numpy bitmask": (lambda: logits.clone(), lambda: bitmask.numpy().copy()),
+    }
+    for case, (make_logits, make_mask) in pairs.items():
+        ref_logits, our_logits = make_logits(), make_logits()
+        ref = outcome(xgr.apply_token_bitmask_inplace, ref_logits, make_mask())
+        ours = outcome(xg2.apply_token_bitmask_inplace, our_logits, make_mask())
+        assert_same_outcome(ref, ours, case)
+        if not case.startswith("meta"):
+            np.testing.assert_array_equal(np.asarray(our_logits), np.asarray(ref_logits), err_msg=case)
+
+
+def test_apply_never_writes_past_vocab_size() -> None:
+    """The last word of a row allows the tokens below vocab_size and bans one past it. xgrammar
+    0.2.8's CPU kernel masks that banned token anyway: one past the row's end, which is the next
+    row's first logit (or past the buffer for the last row). xg2 masks what xgrammar's pure-torch
+    kernel masks: nothing beyond vocab_size."""
+    logits = torch.zeros(2, 70)
+    bitmask = torch.full((2, 3), -1, dtype=torch.int32)
+    bitmask[0, 2] = 0b111111           # tokens 64..69 allowed, 70..95 (past the vocabulary) banned
+    native = logits.clone()
+    xgr.apply_token_bitmask_inplace(native, bitmask, backend="torch_native")
+    for backend in ("torch", "numpy"):
+        ours = logits.clone() if backend == "torch" else logits.numpy().copy()
+        xg2.apply_token_bitmask_inplace(ours, bitmask if backend == "torch" else bitmask.numpy())
+        np.testing.assert_array_equal(np.asarray(ours), native.numpy(), err_msg=backend)
+
+
+def test_apply_negative_vocab_size_is_refused() -> None:
+    """xgrammar masks nothing for a negative vocab_size; xg2 refuses it (a silent no-op would leave a
+    structured request unconstrained), with the class xgrammar raises for a vocab_size that is too
+    large, and leaves the logits as xgrammar leaves them."""
+    logits, bitmask = _inputs(3, 64, 2, torch.float32)
+    too_large = outcome(xgr.apply_token_bitmask_inplace, logits.clone(), bitmask, vocab_size=65)
+    ours = outcome(xg2.apply_token_bitmask_inplace, logits.clone(), bitmask, vocab_size=-1)
+    assert_same_outcome(too_large, ours, "vocab_size -1")
+    ref_logits = logits.clone()
+    xgr.apply_token_bitmask_inplace(ref_logits, bitmask, vocab_size=-1)
+    assert torch.equal(ref_logits, logits)
+
+
+# ----------------------------------------------------------------------------- matcher: a vocabulary
+
+#: every byte, a few multi-byte tokens, a stop token, an empty (special) token, and 5 padding ids.
+ENCODED = [bytes([b]) for b in range(256)] + [b"ab", b"abc", b"cc", b"</s>", b""]
+STOP = ENCODED.index(b"</s>")
+VOCAB_SIZE = len(ENCODED) + 5
+N_WORDS = (VOCAB_SIZE + 31) // 32
+GRAMMAR = 'root ::= "ab" "c"*'
+
+
+def _matchers(**kwargs: Any) -> tuple[Any, Any]:
+    pair = []
+    for module in (xgr, xg2):
+        info = module.TokenizerInfo(ENCODED, module.VocabType.RAW, vocab_size=VOCAB_SIZE, stop_token_ids=[STOP])
+        pair.append(module.GrammarMatcher(module.GrammarCompiler(info).compile_grammar(GRAMMAR), **kwargs))
+    return pair[0], pair[1]
+
+
+def test_tokenizer_info_ids_agree() -> None:
+    ref = xgr.TokenizerInfo(ENCODED, xgr.VocabType.RAW, vocab_size=VOCAB_SIZE, stop_token_ids=[STOP])
+    ours = xg2.TokenizerInfo(ENCODED, xg2.VocabType.RAW, vocab_size=VOCAB_SIZE, stop_token_ids=[STOP])
+    assert (ours.vocab_size, list(ours.stop_token_ids)) == (ref.vocab_size, list(ref.stop_token_ids))
+    assert sorted(ours.special_token_ids) == sorted(ref.special_token_ids)
+
+
+def _same_state(ref: Any, ours: Any, case: str) -> None:
+    """The next-token masks (whole, stop and special ids included) and the end flags agree."""
+    assert ours.is_terminated() == ref.is_terminated(), case
+    assert ours.is_completed() == ref.is_completed(), case
+    if ref.is_terminated():
+        return
+    a, b = torch.zeros(1, N_WORDS, dtype=torch.int32), torch.zeros(1, N_WORDS, dtype=torch.int32)
+    assert ours.fill_next_token_bitmask(b) == ref.fill_next_token_bitmask(a), case
+    assert torch.equal(a, b), f"{case}: masks differ"
+
+
+# -------------------------------------------------------------------------- fill_next_token_bitmask
+
+def _bitmasks() -> dict[str, Callable[[], Any]]:
+    """Fresh, distinct buffers (zeros, so a written row shows) of every shape and kind a caller might pass."""
+    t = lambda *shape, dtype=torch.int32: torch.zeros(shape, dtype=dtype)
+    n = lambda *shape, dtype=np.int32: np.zeros(shape, dtype=dtype)
+    return {
+        "torch (2, W)": lambda: t(2, N_WORDS), "torch (1, W)": lambda: t(1, N_WORDS),
+        "torch (W,)": lambda: t(N_WORDS), "torch flattened (2W,)": lambda: t(2 * N_WORDS),
+        "torch (1, 2, W)": lambda: t(1, 2, N_WORDS), "torch (2, 1, W)": lambda: t(2, 1, N_WORDS),
+        "torch (1, W - 1)": lambda: t(1, N_WORDS - 1), "torch (1, W + 1)": lambda: t(1, N_WORDS + 1),
+        "torch (0, W)": lambda: t(0, N_WORDS), "torch int64": lambda: t(2, N_WORDS, dtype=torch.int64),
+        "torch uint32": lambda: t(2, N_WORDS, dtype=torch.uint32),
+        "torch float32": lambda: t(2, N_WORDS, dtype=torch.float32),
+        "numpy (2, W)": lambda: n(2, N_WORDS), "numpy (W,)": lambda: n(N_WORDS),
+        "numpy flattened (2W,)": lambda: n(2 * N_WORDS), "numpy (1, 2, W)": lambda: n(1, 2, N_WORDS),
+        "numpy (1, W - 1)": lambda: n(1, N_WORDS - 1), "numpy int64": lambda: n(2, N_WORDS, dtype=np.int64),
+        "a list": lambda: [[0] * N_WORDS],
+    }
+
+
+INDEX_VALUES = [0, 1, 2, -1, 2**31, True, np.int64(1), np.int32(0), 1.0, "1", None]
+
+
+@pytest.mark.parametrize("state", ["start", "after a", "after abc (can end)"])
+def test_fill_shapes_dtypes_and_indices(state: str) -> None:
+    for (name, make), index in itertools.product(_bitmasks().items(), INDEX_VALUES):
+        ref, ours = _matchers()
+        for m in (ref, ours):
+            assert m.accept_string({"start": "", "after a": "a", "after abc (can end)": "abc"}[state])
+        ref_mask, our_mask = make(), make()
+        case = f"{state}: {name} index {index!r}"
+        assert_same_outcome(outcome(ref.fill_next_token_bitmask, ref_mask, index),
+                            outcome(ours.fill_next_token_bitmask, our_mask, index), case)
+        # the whole buffer: the filled row alone written, or nothing at all when refused
+        assert np.array_equal(np.asarray(our_mask), np.asarray(ref_mask)), case
+        _same_state(ref, ours, case)
+
+
+def test_fill_after_the_stop_token_and_without_one() -> None:
+    for kwargs in ({}, {"terminate_without_stop_token": True}):
+        ref, ours = _matchers(**kwargs)
+        for m in (ref, ours):
+            assert m.accept_string("abc")
+        if not kwargs:
+            assert ours.accept_token(STOP) == ref.accept_token(STOP)
+        ref_mask, our_mask = torch.zeros(1, N_WORDS, dtype=torch.int32), torch.zeros(1, N_WORDS, dtype=torch.int32)
+        assert_same_outcome(outcome(ref.fill_next_token_bitmask, ref_mask),
+                            outcome(ours.fill_next_token_bitmask, our_mask), f"fill after the end {kwargs}")
+        assert torch.equal(our_mask, ref_mask), kwargs
+        assert ours.is_terminated() == ref.is_terminated()
+
+
+def test_fill_refuses_strided_views() -> None:
+    """xgrammar takes a strided bitmask but ignores its strides: it writes row i at i * W words from
+    the start, outside the view's rows, or over words of other rows of the buffer. xg2 refuses the
+    view with the class xgrammar raises for a bitmask of a wrong shape, and writes nothing."""
+    ref, ours = _matchers()
+    wrong_shape = outcome(ref.fill_next_token_bitmask, torch.zeros(1, N_WORDS + 1, dtype=torch.int32))
+    for name, buffer, view in [
+        ("columns", torch.zeros(2, 2 * N_WORDS, dtype=torch.int32), lambda b: b[:, ::2]),
+        ("rows of a wider buffer", torch.zeros(2, 2 * N_WORDS, dtype=torch.int32), lambda b: b[:, :N_WORDS]),
+        ("transposed", torch.zeros(N_WORDS, 2, dtype=torch.int32), lambda b: b.T),
+        ("numpy columns", np.zeros((2, 2 * N_WORDS), dtype=np.int32), lambda b: b[:, ::2]),
+    ]:
+        assert_same_outcome(wrong_shape, outcome(ours.fill_next_token_bitmask, view(buffer), 1), name)
+        assert not np.asarray(buffer).any(), name
+
+
+# ------------------------------------------------------------------------- accept_token, rollback
+
+#: arguments whose handling xgrammar defines: ints (bool is an int), numpy integers, non-integers
+#: (TypeError), and ids outside [0, vocab) within int64 (rejected: False). A special id and the
+#: stop token before the end are rejected tokens.
+TOKEN_VALUES = [97, ord("b"), True, False, np.int64(97), np.int32(97), np.uint8(97), np.int64(-1), "97", 97.0,
+                np.float64(97), None, b"a", [97], np.array(97), torch.tensor(97), -1, VOCAB_SIZE - 1,
+                VOCAB_SIZE, VOCAB_SIZE + 1, 2**31 - 1, 2**31, -2**31, -2**63, len(ENCODED) - 1, STOP]
+
+
+@pytest.mark.parametrize("prefix", ["", "a", "abc"])
+def test_accept_token_argument_types(prefix: str) -> None:
+    for value in TOKEN_VALUES:
+        ref, ours = _matchers()
+        for m in (ref, ours):
+            assert m.accept_string(prefix)
+        case = f"after {prefix!r}: accept_token({value!r})"
+        assert_same_outcome(outcome(ref.accept_token, value), outcome(ours.accept_token, value), case)
+        _same_state(ref, ours, case)
+
+
+def test_accept_token_ids_xgrammar_mangles() -> None:
+    """xgrammar truncates an id to 32 bits (2**32 + 97 is accepted as 97) and raises TypeError for
+    one past int64. Both are ids outside the vocabulary: xg2 rejects them as xgrammar rejects any
+    other such id, never raising OverflowError."""
+    for value in [2**32 + 97, 2**32 + ord("a"), 2**63, -2**63 - 1, 10**30]:
+        ref, ours = _matchers()
+        case = f"accept_token({value})"
+        assert_same_outcome(outcome(ref.accept_token, VOCAB_SIZE), outcome(ours.accept_token, value), case)
+        _same_state(ref, ours, case)
+
+
+ROLLBACK_VALUES = [0, 1, 2, 3, True, np.int64(1), np.int32(2), "1", 1.0, None, np.float64(1)]
+
+
+def test_rollback_argument_types() -> None:
+    for value in ROLLBACK_VALUES:
+        ref, ours = _matchers()
+        for m in (ref, ours):
+            assert m.accept_token(ord("a")) and m.accept_token(ord("b"))
+        case = f"rollback({value!r}) after 2 tokens"
+        assert_same_outcome(outcome(ref.rollback, value), outcome(ours.rollback, value), case)
+        _same_state(ref, ours, case)
+    ref, ours = _matchers()
+    for m in (ref, ours):
+        assert m.accept_token(ord("a")) and m.accept_token(ord("b"))
+    assert_same_outcome(outcome(ref.rollback), outcome(ours.rollback), "rollback() after 2 tokens")
+    _same_state(ref, ours, "rollback() after 2 tokens")
+
+
+def test_rollback_counts_xgrammar_mangles() -> None:
+    """xgrammar ignores a negative count, truncates one to 32 bits (2**32 + 1 rolls back 1 token;
+    2**31 becomes negative and is ignored) and raises TypeError past int64. xg2 refuses all of them
+    with the class xgrammar raises for rolling back more tokens than were accepted, and changes
+    nothing."""
+    for value in [-1, 2**31, 2**32 + 1, 2**63]:
+        ref, ours = _matchers()
+        for m in (ref, ours):
+            assert m.accept_token(ord("a")) and m.accept_token(ord("b"))
+        case = f"rollback({value})"
+        assert_same_outcome(outcome(ref.rollback, 3), outcome(ours.rollback, value), case)
+        _same_state(ref, ours, case)
