@@ -277,12 +277,12 @@ def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
 
     Front-ends emit the same bodies again and again (JSON strings, numbers, whitespace, the same
     property member in many schemas), and building an automaton in Python costs far more than
-    looking it up. The memo is keyed by the body and the names it calls, with calls numbered
-    locally; the result is renumbered to this grammar's rule indices. Memoised automata are shared,
+    looking it up. The memo is keyed by the body with calls numbered locally (not by name); the
+    result is renumbered to this grammar's rule indices. Memoised automata are shared,
     so nothing downstream may mutate a RuleFSM in place.
     """
-    text, refs = _body_key(body)
-    fsm = _memo_automaton(body, text, refs)
+    key, refs = _body_key(body)
+    fsm = _memo_automaton(body, key, refs)
     if not refs:
         return fsm
     remap = [rule_index[n] for n in refs]
@@ -351,13 +351,12 @@ def pure_nodes(fsm: RuleFSM) -> tuple[bool, ...]:
 
 
 #: Memoised rule automata, most recently used last, keyed by `_body_key` and the names called.
-_AUTOMATA: OrderedDict[tuple[bytes, tuple[str, ...]], RuleFSM] = OrderedDict()
+_AUTOMATA: OrderedDict[tuple[bytes, tuple[int, ...]], RuleFSM] = OrderedDict()
 _AUTOMATA_LOCK = threading.Lock()
 MAX_MEMO_AUTOMATA = 8192
 
 
-def _memo_automaton(body: Expr, text: bytes, refs: tuple[str, ...]) -> RuleFSM:
-    key = (text, refs)
+def _memo_automaton(body: Expr, key: tuple[bytes, tuple[int, ...]], refs: tuple[str, ...]) -> RuleFSM:
     with _AUTOMATA_LOCK:
         fsm = _AUTOMATA.get(key)
         if fsm is not None:
@@ -376,17 +375,20 @@ def clear_automata_memo() -> None:
         _AUTOMATA.clear()
 
 
-def _body_key(e: Expr) -> tuple[bytes, tuple[str, ...]]:
+def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
     """A body written out in prefix form with counts and lengths (so it reads back one way only),
-    and the names it calls, sorted.
+    calls written without their names, with the local number (in `refs`) of each call in order
+    beside it; and the names it calls, sorted, which the local numbers index.
 
-    The memo keeps these bytes rather than the bodies: a body is a tree of IR objects, each one
-    tracked by the cyclic garbage collector, and thousands of memoised bodies made every full
-    collection slower. Writing it out also costs less than the recursive hash of the dataclasses.
-    A composite body remembers what it was written as (IR is immutable, and front-ends share
-    sub-expressions between rules and schemas): a walk that meets it again copies the text."""
+    The key leaves names out so that bodies equal up to the names they call share one automaton
+    (a chain of thousands of rules `r_i ::= "a" r_j | "b"` builds it once). The memo keeps these
+    bytes rather than the bodies: a body is a tree of IR objects, each one tracked by the cyclic
+    garbage collector, and thousands of memoised bodies made every full collection slower.
+    Writing it out also costs less than the recursive hash of the dataclasses. A composite body
+    remembers what it was written as (IR is immutable, and front-ends share sub-expressions
+    between rules and schemas): a walk that meets it again copies the text."""
     out: list[str] = []
-    names: set[str] = set()
+    calls: list[str] = []
     stack = [e]
     while stack:
         x = stack.pop()
@@ -396,13 +398,13 @@ def _body_key(e: Expr) -> tuple[bytes, tuple[str, ...]]:
         elif t is CharClass:
             out.append(f"C{x.ranges!r}{x.negated:d}")
         elif t is RuleRef:
-            out.append(f"F{len(x.name)}:{x.name}")
-            names.add(x.name)
+            out.append("F")
+            calls.append(x.name)
         else:
             known = x.__dict__.get("_written")
             if known is not None:
                 out.append(known[0])
-                names.update(known[1])
+                calls.extend(known[1])
             elif t is Seq:
                 out.append(f"S{len(x.items)}")
                 stack.extend(reversed(x.items))
@@ -413,10 +415,11 @@ def _body_key(e: Expr) -> tuple[bytes, tuple[str, ...]]:
                 out.append(f"R{x.min},{x.max}")
                 stack.append(x.expr)
     text = "\x00".join(out)
-    refs = tuple(sorted(names))
     if type(e) in (Seq, Choice, Repeat) and len(text) <= MAX_WRITTEN:
-        e.__dict__["_written"] = (text, refs)
-    return text.encode("utf-8", "surrogatepass"), refs
+        e.__dict__["_written"] = (text, tuple(calls))
+    refs = tuple(sorted(set(calls)))
+    local = {n: i for i, n in enumerate(refs)}
+    return (text.encode("utf-8", "surrogatepass"), tuple(local[n] for n in calls)), refs
 
 
 #: Longest text a body keeps of itself (see `_body_key`).

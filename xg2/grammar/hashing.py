@@ -24,6 +24,7 @@ root.
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 
 from .fsm import RuleFSM, byte_tables, strongly_connected
@@ -154,17 +155,31 @@ def _cycle_digest(fsm: RuleFSM, key: list[bytes], start: int, members: set[int],
                           sorted((key[r], name(v)) for r, v in fsm.rule_edges[u])) for u in order]).encode())
 
 
+def _node_components(fsm: RuleFSM) -> list[list[int]]:
+    """The automaton's strongly connected components, successors first: they depend on its shape
+    only, which a memoised automaton shares with its renumbered copies (a chain of thousands of
+    rules of one shape computes them once)."""
+    comps = _memo_get(fsm, _COMPONENTS)
+    if comps is None:
+        n = fsm.n_nodes
+        succ = [sorted({v for *_, v in fsm.byte_edges[u]} | {v for _, v in fsm.rule_edges[u]}) for u in range(n)]
+        comps = tuple(tuple(c) for c in strongly_connected(n, succ))
+        if fsm.keys_memo is not None:
+            with _MEMO_LOCK:
+                fsm.keys_memo[_COMPONENTS] = comps      # kept apart from the evicted entries
+    return comps
+
+
 def _node_digests(fsm: RuleFSM, key: list[bytes]) -> list[bytes]:
     """Per node: a digest of what the rule reads from that node on (the sub-automaton it reaches,
     calls named by callee key). Nodes outside cycles get a Merkle digest of their edges and their
     targets' digests; a node on a cycle gets the serialisation of its cycle, numbered breadth-first
     from it, with exits named by digest (quadratic in the cycle's size, which is small in practice)."""
     n = fsm.n_nodes
-    succ = [sorted({v for *_, v in fsm.byte_edges[u]} | {v for _, v in fsm.rule_edges[u]}) for u in range(n)]
     dig: list[bytes] = [b""] * n
-    for comp in strongly_connected(n, succ):
-        if len(comp) == 1 and comp[0] not in succ[comp[0]]:
-            u = comp[0]
+    for comp in _node_components(fsm):
+        u = comp[0]
+        if len(comp) == 1 and all(v != u for *_, v in fsm.byte_edges[u]) and all(v != u for _, v in fsm.rule_edges[u]):
             dig[u] = _digest(repr((u in fsm.finals, [(lo, hi, dig[v]) for lo, hi, v in fsm.byte_edges[u]],
                                    sorted((key[r], dig[v]) for r, v in fsm.rule_edges[u]))).encode())
             continue
@@ -203,8 +218,9 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
         # is made of (for a cycle member: under the positions in its component).
         fsm = fsms[r]
         memo_key = _memo_key(fsm, key, b"rule")
-        if memo_key is not None and memo_key in fsm.keys_memo:
-            canon[r], part = fsm.keys_memo[memo_key]
+        known = _memo_get(fsm, memo_key)
+        if known is not None:
+            canon[r], part = known
             return part
         canon[r] = _canon(fsm, key)
         part = _digest(_serialize(fsm, key, canon[r]))      # a digest: what the memo keeps
@@ -232,7 +248,7 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
                 continue
             if p not in follow:
                 memo_key = _memo_key(fsms[p], rule, b"nodes")
-                follow[p] = fsms[p].keys_memo.get(memo_key) if memo_key is not None else None
+                follow[p] = _memo_get(fsms[p], memo_key)
                 if follow[p] is None:
                     follow[p] = _node_digests(fsms[p], rule)
                     if memo_key is not None:
@@ -259,10 +275,25 @@ def _memo_key(fsm: RuleFSM, key: list[bytes], kind: bytes) -> tuple | None:
     return (kind, *(key[r] for r in fsm.callees))
 
 
+#: Memoised automata are shared by every grammar, and grammars are compiled on many threads: the
+#: memo dicts are changed under this lock (a read is one dict lookup, atomic under the GIL).
+_MEMO_LOCK = threading.Lock()
+#: The memo entry of an automaton's components (shape only, never evicted).
+_COMPONENTS = ("components",)
+
+
+def _memo_get(fsm: RuleFSM, memo_key: tuple | None):
+    memo = fsm.keys_memo
+    return None if memo is None or memo_key is None else memo.get(memo_key)
+
+
 def _remember(fsm: RuleFSM, memo_key: tuple, value) -> None:
-    if len(fsm.keys_memo) >= MAX_KEYS_PER_AUTOMATON:
-        fsm.keys_memo.pop(next(iter(fsm.keys_memo)))
-    fsm.keys_memo[memo_key] = value
+    memo = fsm.keys_memo
+    with _MEMO_LOCK:
+        if len(memo) >= MAX_KEYS_PER_AUTOMATON:
+            oldest = next(k for k in memo if k is not _COMPONENTS)
+            del memo[oldest]
+        memo[memo_key] = value
 
 
 def context_key(is_root: bool, sites: list[tuple[bytes, bytes]]) -> bytes:
