@@ -23,8 +23,17 @@ Exactness notes (documented restrictions; everything else is exact):
 * `oneOf` is enforced when its branches are provably disjoint (types, also the parent's; listed
   values; a member both require whose schemas are disjoint; closed objects) or only require
   properties; otherwise it is an error (in lenient mode: anyOf, with a warning).
-* allOf members are merged keyword by keyword; two `anyOf` (or disjoint `oneOf`) meet as the
-  pairs of their branches, two `not`s as `not` of their `anyOf`.
+* allOf members (and `$ref` targets, and the branches of an `anyOf` with the keywords beside it)
+  are merged keyword by keyword; keywords that depend on their siblings are merged as the function
+  they define together (the schema of each item position; of each member key, from `properties`,
+  `patternProperties` and `additionalProperties`), exactly or not at all. Two `anyOf` (or disjoint
+  `oneOf`) meet as the pairs of their branches, two `not`s as `not` of their `anyOf`.
+* `strict_mode` closes an object to the keys it names (`properties`, `required`, patterns) and an
+  array to its `prefixItems`; an object that names and bounds no member (no `properties`,
+  `patternProperties`, `required`, min/maxProperties, dependencies, `additionalProperties` or
+  `unevaluatedProperties`) stays open, as in xgrammar.
+* A key may be written twice among additional members (a grammar cannot tell them apart; neither
+  can xgrammar's); `minProperties` counts the members written.
 * Length bounds count code points; a surrogate pair written as two escapes is one character, and a
   lone surrogate escape is never accepted.
 * With `indent` and `any_whitespace=False` the layout depends on nesting depth; values nested more
@@ -44,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import GrammarError, GrammarLimitError, SchemaError, SchemaWarning
+from . import budget
 from .formats import format_expr
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 from .ir import choice as _choice
@@ -641,11 +651,17 @@ class _Converter:
         for k in b:
             if k in UNSUPPORTED and k != "not":  # `not` is decided when lowered (see `negate`)
                 self.unsupported(k, _ptr(ptr, k))
-        # inline references first so that properties keep the order they are written in
-        if "$ref" in a and any(k in HANDLED for k in b):
-            a = self.inline_ref(a, ptr)
-        if "$ref" in b and any(k in HANDLED for k in a):
-            b = self.inline_ref(b, ptr)
+        # inline references first so that properties keep the order they are written in (a target
+        # may itself be a reference with siblings: followed, a bounded number of hops)
+        for _ in range(MAX_SCHEMA_DEPTH):
+            if "$ref" in a and any(k in HANDLED for k in b):
+                a = self.inline_ref(a, ptr)
+            elif "$ref" in b and any(k in HANDLED for k in a):
+                b = self.inline_ref(b, ptr)
+            else:
+                break
+        else:
+            raise GrammarLimitError(f"more than {MAX_SCHEMA_DEPTH} $ref hops merging the schemas at {ptr or '/'}")
         out = {k: v for k, v in a.items() if k not in ANNOTATIONS}
         bb = {k: v for k, v in b.items() if k not in ANNOTATIONS}
         # keywords that depend on their siblings are combined as the functions they define (a
