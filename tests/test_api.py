@@ -58,6 +58,17 @@ def test_apply_bitmask_indices_mask_their_own_rows():
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [1]
 
 
+def test_apply_runs_on_the_tensors_device():
+    """The torch path is torch ops on the tensors' own device (CUDA in production), checked here on
+    the meta device: it holds no data, so a host copy or a numpy conversion would raise."""
+    torch = pytest.importorskip("torch")
+    logits = torch.zeros(3, 70, device="meta")
+    bitmask = torch.zeros(3, 3, dtype=torch.int32, device="meta")
+    for kwargs in [{}, {"vocab_size": 40}, {"indices": [2, 0]}, {"indices": [1], "vocab_size": 64}]:
+        xg2.apply_token_bitmask_inplace(logits, bitmask, **kwargs)
+        xg2.apply_token_bitmask_inplace(logits[0], bitmask[0], **kwargs if "indices" not in kwargs else {})
+
+
 def test_fill_into_torch_and_numpy_rows(small_info):
     torch = pytest.importorskip("torch")
     compiled = xg2.GrammarCompiler(small_info).compile_grammar('root ::= "ab"')
@@ -73,6 +84,25 @@ def test_fill_into_torch_and_numpy_rows(small_info):
     bt.data = torch.full((4, bt.shape[1]), -1, dtype=torch.int32)
     m.fill_next_token_bitmask(bt, 3)
     assert torch.equal(bt[3], torch.from_numpy(bn[1])) and (bt[2] == -1).all()
+
+
+def test_fill_clears_the_bits_past_the_vocabulary(small_info):
+    """No token has the bits of the last word past the vocabulary, so a fill leaves them 0 whatever
+    the mask (xgrammar leaves them set when most tokens are allowed). Applied to logits wider than
+    the vocabulary with the default vocab_size, those columns are masked, not left open."""
+    n_words = (small_info.vocab_size + 31) // 32
+    past = 32 * n_words - small_info.vocab_size
+    assert past > 0, "the test vocabulary must not fill its last word"
+    compiler = xg2.GrammarCompiler(small_info)
+    for grammar in [r'root ::= [\x00-\U0010FFFF]*', 'root ::= [^a]*', 'root ::= "ab"', 'root ::= "ab" "c"?']:
+        m = xg2.GrammarMatcher(compiler.compile_grammar(grammar))
+        for text in ["", "ab"]:
+            if m.accept_string(text):
+                bitmask = np.full((1, n_words), -1, dtype=np.int32)
+                m.fill_next_token_bitmask(bitmask)
+                bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")
+                assert not bits[small_info.vocab_size:].any(), (grammar, text)
+                assert bits[: small_info.vocab_size].any(), (grammar, text)
 
 
 def test_bad_bitmask_inputs(small_info):
