@@ -7,6 +7,9 @@ of each sample and, at every step, compare the two engines' whole masks (stop
 and special token ids included); then accept the token in both. Each sample is
 also accepted whole as text, where the mask must allow the stop tokens and
 nothing the grammar cannot continue with, and the stop token must end both.
+Compared are the bits of every id below the vocabulary size; the bits of the
+last word past it belong to no token (xgrammar leaves them set in masks it
+builds from the tokens it rejects, xg2 clears them).
 
 Both engines get the same vocabulary through ``TokenizerInfo(encoded_vocab,
 vocab_type, vocab_size=..., stop_token_ids=...)``.  Steps per sample are capped
