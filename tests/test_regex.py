@@ -576,6 +576,10 @@ def test_unknown_format():
     ("email", "a.b@example.com", "a..b@example.com"),
     ("ipv6", "::ffff:1.2.3.4", "::ffff:1.2.3.400"),
     ("json-pointer", "/a~1b/\"q\"/\\", "/a~2"),
+    ("regex", r"^\d+(\.\d+)?\/\\$", "(?P<n>x)"),
+    ("regex", r"[\u00e9-]", r"\a"),
+    ("hostname", "www.example.com", "xn--X"),
+    ("time", "23:59:59+01:00", "23:59:60Z"),
 ])
 def test_formats_through_matcher(compiler, name, good, bad):
     """A format as the JSON string a schema front-end builds: quotes around the escaped body."""
