@@ -19,7 +19,15 @@ class GrammarError(XG2Error, ValueError):
 
 
 class GrammarLimitError(GrammarError):
-    """A grammar exceeds a resource limit (size, repetition bound, nesting depth, compile budget)."""
+    """A grammar exceeds a resource limit (size, repetition bound, nesting depth, compile budget).
+    Where the input was a JSON document (a schema, a structural tag), `pointer` is the JSON pointer
+    of the element at the limit; in EBNF, `line` and `column` say where."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None, *,
+                 pointer: str | None = None):
+        super().__init__(message if pointer is None else f"{message} (at {pointer or '/'})", line, column)
+        self.message = message
+        self.pointer = pointer
 
 
 class RegexError(GrammarError):

@@ -19,9 +19,16 @@ from typing import Any, Literal, Union
 
 import msgspec
 
-from ..errors import GrammarError, SchemaError, StructuralTagError
+from ..errors import GrammarError, GrammarLimitError, SchemaError, StructuralTagError
 from .ir import Choice, Expr, GrammarIR, Repeat, Rule, RuleRef, Seq
 from .ir import Literal as Text
+from .nesting import check_nesting
+
+#: Formats nested in formats (a tag's content, a sequence's elements, ...) before the tag is refused.
+MAX_FORMAT_DEPTH = 256
+#: Dicts and lists nested in the whole document (JSON Schemas inside included) before it is
+#: refused, measured before any decoder descends into it with the interpreter's stack.
+MAX_TAG_NESTING = 512
 
 
 class _Format(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
@@ -158,6 +165,8 @@ def parse_structural_tag(tag: Any) -> StructuralTag:
         return tag
     if hasattr(tag, "model_dump"):
         tag = tag.model_dump(mode="json", by_alias=True)
+    if not isinstance(tag, (str, bytes, bytearray)):
+        check_nesting(tag, MAX_TAG_NESTING, "structural tag")
     try:
         if isinstance(tag, (str, bytes, bytearray)):
             out = msgspec.json.decode(tag, type=StructuralTag)
@@ -173,6 +182,9 @@ def parse_structural_tag(tag: Any) -> StructuralTag:
         raise StructuralTagError(message, _pointer(where.rstrip("`"))) from None
     except msgspec.DecodeError as e:
         raise StructuralTagError(f"not valid JSON: {e}") from None
+    except RecursionError:
+        # JSON text is measured by the decoder itself, which gives up well past MAX_TAG_NESTING.
+        raise GrammarLimitError(f"structural tag nested deeper than {MAX_TAG_NESTING} levels", pointer="") from None
     _check(out.format, "/format")
     return out
 
@@ -199,22 +211,24 @@ def _pointer(path: str) -> str:
 
 def _check(fmt: Format, at: str) -> None:
     """What the types do not say, walked with an explicit stack (formats can nest deeply)."""
-    stack: list[tuple[Any, str]] = [(fmt, at)]
+    stack: list[tuple[Any, str, int]] = [(fmt, at, 1)]
     while stack:
-        f, at = stack.pop()
+        f, at, depth = stack.pop()
+        if depth > MAX_FORMAT_DEPTH:
+            raise GrammarLimitError(f"formats nested deeper than {MAX_FORMAT_DEPTH} levels", pointer=at)
         if isinstance(f, (SequenceFormat, OrFormat)):
             if not f.elements:
                 raise StructuralTagError(f"'{_name(f)}' needs at least one element", at + "/elements")
-            stack.extend((e, f"{at}/elements/{i}") for i, e in enumerate(f.elements))
+            stack.extend((e, f"{at}/elements/{i}", depth + 1) for i, e in enumerate(f.elements))
         elif isinstance(f, (OptionalFormat, PlusFormat, StarFormat)):
-            stack.append((f.content, at + "/content"))
+            stack.append((f.content, at + "/content", depth + 1))
         elif isinstance(f, RepeatFormat):
             if f.min < 0 or f.max < f.min:
                 raise StructuralTagError(f"'repeat' needs 0 <= min <= max, got min {f.min} and max {f.max}", at)
-            stack.append((f.content, at + "/content"))
+            stack.append((f.content, at + "/content", depth + 1))
         elif isinstance(f, TagFormat):
             _check_tag(f, at)
-            stack.append((f.content, at + "/content"))
+            stack.append((f.content, at + "/content", depth + 1))
         elif isinstance(f, (TriggeredTagsFormat, TagsWithSeparatorFormat, TokenTriggeredTagsFormat)):
             if not f.tags:
                 raise StructuralTagError(f"'{_name(f)}' needs at least one tag", at + "/tags")
@@ -231,7 +245,7 @@ def _check(fmt: Format, at: str) -> None:
                     raise StructuralTagError("a triggered tag must begin with one of the triggers", where + "/begin")
                 if isinstance(f, TokenTriggeredTagsFormat) and not isinstance(t.begin, TokenFormat):
                     raise StructuralTagError("a token-triggered tag must begin with a token", where + "/begin")
-                stack.append((t, where))
+                stack.append((t, where, depth + 1))
         elif isinstance(f, (DispatchFormat, TokenDispatchFormat)):
             if not f.rules:
                 raise StructuralTagError(f"'{_name(f)}' needs at least one rule", at + "/rules")
@@ -244,7 +258,7 @@ def _check(fmt: Format, at: str) -> None:
                 _check_tokens(f.exclude_tokens, at + "/exclude_tokens")
             if len(set(keys)) < len(keys):
                 raise StructuralTagError(f"'{_name(f)}' names a tag twice", at + "/rules")
-            stack.extend((r, f"{at}/rules/{i}/1") for i, (_, r) in enumerate(f.rules))
+            stack.extend((r, f"{at}/rules/{i}/1", depth + 1) for i, (_, r) in enumerate(f.rules))
         elif isinstance(f, AnyTextFormat):
             _check_strings(f.excludes, at + "/excludes", "excluded string")
             for name in ("max_tokens", "max_chars"):
@@ -436,7 +450,7 @@ class _Lowering:
             if isinstance(f.content, _FREE):      # text up to the first end string
                 return Seq((begin, self._text(f.content, at + "/content", tuple(ends))))
             end = Text(ends[0]) if len(ends) == 1 else Choice(tuple(Text(e) for e in ends))
-            return Seq((begin, parts[0], end))
+            return Seq((begin, self.named(parts[0]), end))
         if isinstance(f, _FREE):
             return self._text(f, at, ())
         if isinstance(f, (TriggeredTagsFormat, TokenTriggeredTagsFormat)):
@@ -451,7 +465,7 @@ class _Lowering:
             return _dispatching(dict(zip(keys, parts)), excludes, at + "/rules", loop=f.loop, tokens=tokens)
         if isinstance(f, TagsWithSeparatorFormat):
             # tags joined by the separator: none or more, at least one, or at most one of them
-            one = parts[0] if len(parts) == 1 else Choice(tuple(parts))
+            one = self.named(parts[0] if len(parts) == 1 else Choice(tuple(parts)))
             if f.stop_after_first:
                 return one if f.at_least_one else Repeat(one, 0, 1)
             many = Seq((one, Repeat(Seq((Text(f.separator), one)), 0, None)))
@@ -539,6 +553,17 @@ class _Lowering:
         if text is None:
             raise StructuralTagError("every end string of the tag contains an excluded string", at + "/excludes")
         return text
+
+    def named(self, body: Expr) -> Expr:
+        """A rule of its own for an expression that other forms repeat (a tag's content, the tags
+        of a separated list): the automata see a call instead of a copy, so nested tags grow the
+        grammar linearly rather than doubling it at every level."""
+        if isinstance(body, (Text, RuleRef)):
+            return body
+        self.n_embedded += 1
+        name = f"part{self.n_embedded}"
+        self.rules.append(Rule(name, body))
+        return RuleRef(name)
 
     def _embed(self, ir: GrammarIR, kind: str) -> Expr:
         """The rules of a sub-grammar under a fresh prefix; a reference to its root."""
