@@ -10,7 +10,7 @@ the rule whose entry it builds and for the context it checks leftover bytes agai
 
 from libc.stdint cimport uint8_t, int8_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, realloc, free, calloc, qsort
-from libc.string cimport memset, memcpy, memcmp
+from libc.string cimport memset, memcpy, memcmp, memmove
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, WAIT_LOCK)
 cimport numpy as cnp
@@ -2012,7 +2012,10 @@ cdef class CompiledCore:
             m_free(&self.memo)
 
     cdef MaskEntry* get_entry(self, int32_t node) noexcept nogil:
-        cdef MaskEntry* e = self.entries[node]
+        """A node's entry, built on first need. Fills on other threads read the table without the
+        lock, so an entry is published with a release store and read with an acquire load: a
+        reader that sees the pointer sees the entry's contents too."""
+        cdef MaskEntry* e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
         if e != NULL:
             return e
         PyThread_acquire_lock(self.lock, WAIT_LOCK)
@@ -2022,7 +2025,7 @@ cdef class CompiledCore:
             if e != NULL:
                 self.cache_bytes += e.nbytes
                 self.n_entries += 1
-                self.entries[node] = e
+                xg2_store_release(<void**>&self.entries[node], e)
         PyThread_release_lock(self.lock)
         return e
 
@@ -3110,8 +3113,9 @@ cdef class MatcherCore:
 
     def forget_history(self, int32_t keep):
         """Keep only the last `keep` token boundaries for rollback (bounds max_rollback_tokens)."""
-        if self.n_bound > keep:
-            memcpy(self.boundaries, self.boundaries + (self.n_bound - keep), keep * sizeof(int32_t))
+        if 0 <= keep < self.n_bound:
+            # Source and destination overlap when fewer than 2 * keep boundaries are held.
+            memmove(self.boundaries, self.boundaries + (self.n_bound - keep), keep * sizeof(int32_t))
             self.n_bound = keep
 
     def fill_bitmask(self, uintptr_t address, int32_t n_int32_words):
