@@ -547,6 +547,21 @@ def test_host_names_fit_253(name, format_checker):
     assert found > 150
 
 
+@pytest.mark.parametrize("longest,n", [(62, 8), (30, 3), (14, 1)])
+def test_idn_labels_fit_their_tier_as_a_labels(longest, n):
+    """The Punycode bound behind `_IDN_LONGEST`, tried on labels of its extreme letters (far apart
+    code points make the longest deltas): each A-label fits the tier's longest label."""
+    letters = ["\u00df", "\u00ff", "\u03ac", "\u045f", "\u3041", "\u4e00", "\u9fff", "\uac00", "\ud7a3", "a", "9"]
+    rng = random.Random(n)
+    worst = 0
+    for _ in range(4000):
+        label = "".join(rng.choice(letters) for _ in range(n))
+        if label.isascii():
+            continue
+        worst = max(worst, len(b"xn--" + label.encode("punycode")))
+    assert 0 < worst <= longest, worst
+
+
 def test_regex_format_is_ecmascript():
     """Strings of the `regex` format are valid ECMA-262 patterns, with and without the `u` flag,
     as judged by a JavaScript engine (node), and the issue's examples are rejected."""
