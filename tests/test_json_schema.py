@@ -991,3 +991,14 @@ def test_deep_nesting_is_typed(tiny_compiler, name):
             assert exc.pointer, exc
     if name == "definitions":   # deep but short: a reference straight to the leaf
         assert _accepts(tiny_compiler.compile_json_schema(schema), "12")
+
+
+def test_free_form_xml_arguments_are_open(tiny_compiler):
+    """A tool whose parameters name no member takes any arguments in the XML styles too."""
+    for style, arg in [("qwen_xml", "<parameter=x>\nhello\n</parameter>"),
+                       ("glm_xml", "<arg_key>x</arg_key><arg_value>1</arg_value>")]:
+        free = tiny_compiler.compile_grammar(xg2.Grammar(json_schema_to_ir({"type": "object"}, style=style)))
+        listed = tiny_compiler.compile_grammar(xg2.Grammar(json_schema_to_ir(
+            {"type": "object", "properties": {"a": {"type": "string"}}}, style=style)))
+        assert _accepts(free, "") and _accepts(free, arg)
+        assert _accepts(listed, "") and not _accepts(listed, arg)

@@ -54,6 +54,7 @@ from typing import Any
 
 from ..errors import GrammarError, GrammarLimitError, SchemaError, SchemaWarning
 from . import budget
+from .alternation import MAX_INLINE_CHARS, factor_literals
 from .formats import format_expr
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 from .ir import choice as _choice
@@ -741,7 +742,8 @@ class _Converter:
             # The schema names its values: keep those valid under all of it (every keyword counts,
             # including the ones with no grammar form).
             checker = self.checker()
-            return _choice([self.const(v, d, where) for v in values if checker.valid(v, schema, ptr)])
+            alts = [self.const(v, d, where) for v in values if checker.valid(v, schema, ptr)]
+            return _choice(factor_literals([a for a in alts if a is not None], self.add_rule, MAX_INLINE_CHARS))
         if "not" in schema:
             positive = self.negate(schema, ptr)
             if positive is not _CANNOT:
@@ -1058,6 +1060,9 @@ class _Converter:
         # closes the object to these; a named key's own schema is what JSON Schema gives it)
         named = [*required, *(k for group in schema.get(PRESENCE, ("", ()))[1] for k in group)]
         names = list(props) + [r for r in dict.fromkeys(named) if r not in props]
+        if self.xml and d == 0 and not names and (addl is True or addl == {}) and not any(
+                k in schema for k in ("patternProperties", "propertyNames", "minProperties", "maxProperties")):
+            return self.any_value(d)    # free-form arguments: any names, any values
         entries: list[tuple[str, Expr, bool]] = []  # (key, member rule, required)
         claims = self.claimed_by_patterns(schema, names, ptr)
         allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
