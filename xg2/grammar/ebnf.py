@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from xg2.errors import GrammarError, GrammarLimitError
+from xg2.grammar import budget
 from xg2.grammar.ir import (
     EPSILON,
     MAX_CODEPOINT,
@@ -305,6 +306,8 @@ def _tokenize(src: _Source) -> list[_Token]:
     class_cache: dict[str, CharClass] = {}
     pos = 0
     while pos < n:
+        if not len(toks) & 1023:
+            budget.check("reading the grammar")
         m = match(text, pos)
         if m is not None:
             group = m.lastgroup
@@ -711,6 +714,7 @@ def parse_ebnf(text: str, root_rule_name: str = "root") -> GrammarIR:
     rules: list[Rule] = []
     # Each rule body runs up to the next rule name, so every iteration starts at one.
     while toks[parser.i].kind != _EOF:
+        budget.check("parsing the grammar")
         rules.append(parser.parse_rule())
     # Stable sort: root first, the others in definition order.
     rules.sort(key=lambda r: r.name != root_rule_name)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from .._ext.automata import minimal_dfa, rule_dfa
 from ..errors import GrammarLimitError
+from .alternation import MIN_TRIE_LITERALS, factor_literals
 from .ir import CharClass, Choice, Expr, Literal, Repeat, RuleRef, Seq
 
 #: Upper bound on automaton nodes built for one rule (before minimisation).
@@ -281,6 +282,10 @@ def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
     result is renumbered to this grammar's rule indices. Memoised automata are shared,
     so nothing downstream may mutate a RuleFSM in place.
     """
+    if type(body) is Choice and len(body.alts) >= MIN_TRIE_LITERALS:
+        alts = factor_literals(list(body.alts))     # thousands of keywords: built as a trie
+        if len(alts) < len(body.alts):
+            body = alts[0] if len(alts) == 1 else Choice(tuple(alts))
     key, refs = _body_key(body)
     fsm = _memo_automaton(body, key, refs)
     if not refs:

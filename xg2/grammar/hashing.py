@@ -27,6 +27,7 @@ import hashlib
 import threading
 from dataclasses import dataclass
 
+from . import budget
 from .fsm import RuleFSM, byte_tables, strongly_connected
 
 _MARK = b"\xff" * 16
@@ -119,6 +120,7 @@ def _keys_in_order(n: int, succ: list[list[int]], serialize, fixed: dict[int, by
     for r, k in (fixed or {}).items():
         done[r] = k
     for comp in strongly_connected(n, succ):
+        budget.check("content keys")
         r = comp[0]
         if done[r] is not None and len(comp) == 1:
             continue

@@ -217,6 +217,7 @@ class _Converter:
         self.cache: dict[Any, str] = {}
         self.level = 0
         self.where = ""     # the schema being lowered, for an error that has no better pointer
+        self.embedded = _embedded_resource(root)
 
     # layout -----------------------------------------------------------------------------------
     def dkey(self, d: int) -> int:
@@ -280,6 +281,7 @@ class _Converter:
         base = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in hint)[:40]
         if not base or base[0].isdigit():
             base = "r" + base
+        budget.check("JSON Schema rules")       # every rule the converter writes passes here
         i = self.next_suffix.get(base, 1)     # names below it are taken: no quadratic probing
         name = base if i == 1 else f"{base}_{i}"
         while name in self.names or name == "root":
@@ -504,6 +506,9 @@ class _Converter:
     def resolve(self, ref: Any, ptr: str) -> tuple[Any, str]:
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise SchemaError(f"unsupported $ref {ref!r} (only local '#...' references)", ptr)
+        if self.embedded is not None:
+            self.unsupported("$id", self.embedded, "a subschema with its own $id starts a resource of its own, "
+                             "against which the $refs inside it resolve; such references are not supported")
         from urllib.parse import unquote
         frag = unquote(ref[1:])
         if frag and not frag.startswith("/"):
@@ -1468,6 +1473,25 @@ class _Converter:
 _CANNOT = object()
 #: Internal keyword carrying a oneOf/anyOf over required-sets down to the object lowering.
 PRESENCE = "\x00presence"
+
+
+#: Keywords whose values are data, not schemas: an `$id` key inside them names nothing.
+DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _embedded_resource(root: Any) -> str | None:
+    """The pointer of a subschema with an `$id` of its own (other than a plain fragment), if any:
+    `$ref`s inside it resolve against it, not the root (walked with an explicit stack)."""
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            if where and isinstance(node.get("$id"), str) and not node["$id"].startswith("#"):
+                return _ptr(where, "$id")
+            stack.extend((v, _ptr(where, k)) for k, v in node.items() if k not in DATA_KEYWORDS)
+        elif isinstance(node, list):
+            stack.extend((v, _ptr(where, i)) for i, v in enumerate(node))
+    return None
 
 
 def _presence_sets(subs: list) -> list[tuple[str, ...]] | None:

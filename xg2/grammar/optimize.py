@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from . import budget
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
 #: Largest (weighted) expression size inlined into a caller.
@@ -173,6 +174,7 @@ def inline_small_rules(ir: GrammarIR, keep: frozenset[str] = frozenset()) -> Gra
     # Bottom-up: a rule becomes a candidate once every rule it references was inlined.
     ready = [r.name for r in ir.rules if not missing[r.name]]
     while ready:
+        budget.check("inlining small rules")
         name = ready.pop()
         r = rules[name]
         if name == ir.root or r.lookahead is not None or name in followed or name in keep:

@@ -27,6 +27,7 @@ flattened to `e{0,a*b}`, the same language with one way to count.
 
 from __future__ import annotations
 
+from . import budget
 from .fsm import rule_automaton
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
@@ -242,5 +243,8 @@ def compress_repetitions(ir: GrammarIR) -> GrammarIR:
     if not any(todo):
         return ir
     comp = _Compressor(ir)
-    rules = [Rule(r.name, comp.expr(r.body) if rewrite else r.body, r.lookahead, r.follow) for r, rewrite in zip(ir.rules, todo)]
+    rules = []
+    for r, rewrite in zip(ir.rules, todo):
+        budget.check("compressing repetitions")
+        rules.append(Rule(r.name, comp.expr(r.body) if rewrite else r.body, r.lookahead, r.follow))
     return GrammarIR(rules + comp.rules, ir.root)
