@@ -1002,3 +1002,18 @@ def test_free_form_xml_arguments_are_open(tiny_compiler):
             {"type": "object", "properties": {"a": {"type": "string"}}}, style=style)))
         assert _accepts(free, "") and _accepts(free, arg)
         assert _accepts(listed, "") and not _accepts(listed, arg)
+
+
+def test_embedded_resources_are_refused():
+    """A `$ref` inside a subschema with its own `$id` resolves against that resource (here to an
+    integer, where the root's pointer would give a string): refused rather than resolved wrongly."""
+    schema = {"$defs": {"B": {"type": "string"},
+                        "A": {"$id": "http://example.com/a", "$defs": {"B": {"type": "integer"}}, "$ref": "#/$defs/B"}},
+              "$ref": "#/$defs/A"}
+    assert not jsonschema.Draft202012Validator(schema).is_valid("x")
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir(schema)
+    assert exc.value.pointer == "/$defs/A/$id"
+    # a plain-name fragment, or an $id that only appears in data, changes no base
+    json_schema_to_ir({"$defs": {"B": {"$id": "#b", "type": "string"}}, "$ref": "#/$defs/B"})
+    json_schema_to_ir({"$defs": {"B": {"const": {"$id": "http://example.com/x"}}}, "$ref": "#/$defs/B"})
