@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 
-from . import budget
 from .ir import EPSILON, CharClass, Choice, Expr, Literal, Repeat, Seq
 
 #: Largest automaton written out (states: one per distinct prefix of the strings, plus two).
@@ -99,7 +98,6 @@ def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = (), tokens: tu
             for e in edges.values():
                 e.pop(q, None)
     for q in [*sorted(range(n), key=lambda s: -depth[s]), hub_b, hub]:      # deepest states first
-        budget.check("free text automaton")
         loop = edges[q].pop(q, None)
         star = Repeat(loop, 0, None) if loop is not None else None
         ins = [(p, e.pop(q)) for p, e in edges.items() if q in e]
