@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import queue
 import threading
@@ -18,6 +19,7 @@ import numpy as np
 
 from ._ext.core import ClassTrie, CompiledCore, EntryPool, Vocab
 from .errors import GrammarError, TokenizerError, XG2Error
+from .grammar import budget
 from .grammar.fsm import (
     RuleFSM,
     byte_tables,
@@ -66,6 +68,25 @@ class LoweredGrammar:
     @property
     def n_nodes(self) -> int:
         return len(self.arrays["node_rule"])
+
+
+#: Default `compile_timeout_ms`: a few seconds. Every ordinary large input measured here (hundreds
+#: of properties, thousands of rules or alternatives, long regexes, tags with excluded strings;
+#: benchmarks/bench_compile.py) compiles in well under half a second, so the deadline never fires
+#: on them even on a loaded machine, while a tenant's pathological input cannot hold a compile
+#: thread for longer than a request's time to first token is worth.
+DEFAULT_COMPILE_TIMEOUT_MS = 5000.0
+
+
+def _budgeted(what: str):
+    """A public compile method run under its compiler's deadline (see grammar/budget.py)."""
+    def wrap(method):
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            with budget.deadline(self.compile_timeout_ms, what):
+                return method(self, *args, **kwargs)
+        return run
+    return wrap
 
 
 #: Caller nodes per rule the mask builder follows as certain contexts (the core's MAX_RESUMES).
@@ -146,13 +167,17 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
     ir = inline_small_rules(compress_repetitions(ir) if compress else ir, keep)
     names = [r.name for r in ir.rules]
     index = {n: i for i, n in enumerate(names)}
-    fsms = [rule_automaton(r.body, index) for r in ir.rules]
+    fsms = []
+    for r in ir.rules:
+        budget.check("rule automata")
+        fsms.append(rule_automaton(r.body, index))
     live = productive_rules(fsms)
     root = index[ir.root]
     if root not in live:
         raise GrammarError(f"the root rule {ir.root!r} accepts no string")
     fsms = [prune(f, live) if r in live else RuleFSM([[]], [[]], set()) for r, f in enumerate(fsms)]
     nullable = nullable_rules(fsms)
+    budget.check("rule automata")
 
     tables = [byte_tables(f) for f in fsms]
     sizes = np.array([f.n_nodes for f in fsms], np.int64)
@@ -186,6 +211,7 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
     for r in range(len(fsms)):
         ctx_item.extend(sorted((p << 32) | (int(base[p]) + u) for p, u, _v in sites[r]))
         ctx_start[r + 1] = len(ctx_item)
+    budget.check("call sites")
     ctx_resume = np.full((len(fsms), MAX_RESUMES), -1, np.int32)
     for r, resumes in enumerate(_all_resumes(fsms, sites, root)):
         if resumes is not None and len(resumes) <= MAX_RESUMES:
@@ -348,18 +374,25 @@ class GrammarCompiler:
     model's prefill; the rest are built on first visit. `jit=False` builds every entry at compile
     time and `repetition_compression=False` unrolls every bounded repetition: with both, and
     without the pool, the engine runs with every optimisation off (masks are the same).
+    Every compile (front-end, automata, keys, the first mask's entries, and with `jit=False` all
+    of them) stops with GrammarLimitError past `compile_timeout_ms` (None: no limit); the compiler
+    keeps nothing of it and stays usable.
     """
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, max_threads: int = 8, cache_enabled: bool = True,
                  cache_limit_bytes: int = -1, precompute_budget_ms: float = 40.0,
                  precompute_top_k: int | None = None, background_precompute: bool = False,
-                 jit: bool = True, cross_grammar_cache: bool = True, repetition_compression: bool = True):
+                 jit: bool = True, cross_grammar_cache: bool = True, repetition_compression: bool = True,
+                 compile_timeout_ms: float | None = DEFAULT_COMPILE_TIMEOUT_MS):
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise TypeError("tokenizer_info must be an xg2.TokenizerInfo")
         if max_threads < 1:
             raise ValueError("max_threads must be at least 1")
         if precompute_top_k is not None and precompute_top_k < 0:
             raise ValueError("precompute_top_k must be at least 0")
+        if compile_timeout_ms is not None and not compile_timeout_ms > 0:
+            raise ValueError("compile_timeout_ms must be positive (or None for no limit)")
+        self.compile_timeout_ms = compile_timeout_ms
         self.tokenizer_info = tokenizer_info
         self.max_threads = max_threads
         self.cache_enabled = cache_enabled
@@ -388,16 +421,23 @@ class GrammarCompiler:
     def entry_pool(self) -> EntryPool | None:
         return self._pool
 
+    @_budgeted("an EBNF grammar")
     def compile_grammar(self, grammar: str | Grammar, *, root_rule_name: str = "root") -> CompiledGrammar:
         if isinstance(grammar, str):
-            grammar = Grammar.from_ebnf(grammar, root_rule_name=root_rule_name)
-        elif not isinstance(grammar, Grammar):
+            text = grammar
+            return self._compile_source(("ebnf", text, root_rule_name),
+                                        lambda: Grammar.from_ebnf(text, root_rule_name=root_rule_name))
+        if not isinstance(grammar, Grammar):
             raise TypeError("grammar must be EBNF text or an xg2.Grammar")
         return self._compile(grammar)
 
+    @_budgeted("a regex")
     def compile_regex(self, regex: str) -> CompiledGrammar:
-        return self._compile(Grammar.from_regex(regex))
+        if not isinstance(regex, str):
+            raise TypeError("regex_string must be a str")
+        return self._compile_source(("regex", regex), lambda: Grammar.from_regex(regex))
 
+    @_budgeted("a JSON Schema")
     def compile_json_schema(self, schema: Any, *, any_whitespace: bool = True, indent: int | None = None,
                             separators: tuple[str, str] | None = None, strict_mode: bool = True,
                             max_whitespace_cnt: int | None = None, any_order: bool = False,
@@ -411,7 +451,30 @@ class GrammarCompiler:
                 compiled = self._compile_linked(schema, branches, options)
                 if compiled is not None:
                     return compiled
+            key = self._schema_key(schema, options)
+            if key is not None:
+                return self._compile_source(key, lambda: Grammar.from_json_schema(schema, **options))
             return self._compile(Grammar.from_json_schema(schema, **options))
+
+    @staticmethod
+    def _schema_key(schema: Any, options: dict[str, Any]) -> tuple | None:
+        """The compile cache's key of a schema: its JSON text and the options; None when it has
+        none (a pydantic class, values JSON cannot hold) or when compiling it warns (lenient mode:
+        the warnings are said again on every compile, which a cache hit would skip)."""
+        if options["lenient"] or not isinstance(schema, (dict, bool, str)):
+            return None
+        try:
+            return ("json", _ENCODER.encode(schema), tuple(options.values()))
+        except (TypeError, ValueError, OverflowError, RecursionError):   # the front-end says what is wrong
+            return None
+
+    def _compile_source(self, key: tuple, build: Callable[[], Grammar]) -> CompiledGrammar:
+        """Compiled and cached by the source text (`key`): printing a large grammar to key the
+        cache cost as much as compiling it, and a hit then skips the front-end too."""
+        hit = self._cached(key)
+        if hit is not None:
+            return hit
+        return self._compile(build(), key)
 
     def _linkable_branches(self, schema: Any) -> list[tuple[dict, bytes]] | None:
         """The branches of a top-level `anyOf` with their JSON text, when each is a schema of its
@@ -483,6 +546,8 @@ class GrammarCompiler:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 lowered = lower(build().ir, compress=self.repetition_compression, max_token_bytes=self._vocab.max_depth)
+        except budget.CompileTimeout:
+            raise
         except XG2Error:
             return None     # the whole schema is compiled next, which reports it with its full pointer
         module = Module(lowered, [(str(w.message), w.category) for w in caught])
@@ -496,6 +561,7 @@ class GrammarCompiler:
             self._evict()
         return module
 
+    @_budgeted("a structural tag")
     def compile_structural_tag(self, structural_tag: Any) -> CompiledGrammar:
         """A structural tag (xgrammar's JSON: dict, JSON text or pydantic objects), compiled. With
         the entry pool on, its JSON Schemas are modules lowered once per compiler and linked into
@@ -567,6 +633,7 @@ class GrammarCompiler:
                                    lowered, core)
         return self._finish(key, compiled, t0)
 
+    @_budgeted("the built-in JSON grammar")
     def compile_builtin_json_grammar(self) -> CompiledGrammar:
         return self._compile(Grammar.builtin_json_grammar())
 
@@ -597,11 +664,13 @@ class GrammarCompiler:
         cache[key] = value
         self._held_bytes += nbytes
 
-    def _compile(self, grammar: Grammar) -> CompiledGrammar:
-        key = (str(grammar), grammar.ir.root) if self.cache_enabled else None
-        hit = self._cached(key) if key is not None else None
-        if hit is not None:
-            return hit
+    def _compile(self, grammar: Grammar, key: tuple | None = None) -> CompiledGrammar:
+        """`key`: the source's cache key (else the grammar's normalised text, computed only here)."""
+        if key is None and self.cache_enabled:
+            key = (str(grammar), grammar.ir.root)
+            hit = self._cached(key)
+            if hit is not None:
+                return hit
         t0 = time.perf_counter()
         with _gc_paused():
             lowered = lower(grammar.ir, compress=self.repetition_compression, max_token_bytes=self._vocab.max_depth)
@@ -633,9 +702,13 @@ class GrammarCompiler:
         """Partial JIT: the entries the first mask needs now, then the costliest others (see
         `_precompute_costliest`), here or in a background thread."""
         core = compiled._core
-        core.precompute(core.initial_nodes())
+        for node in core.initial_nodes():      # one C call per node, the deadline checked between
+            budget.check("the first mask's entries")
+            core.precompute([node])
         if not self.jit:
-            core.precompute([node for node, _width in core.scannable_nodes()])
+            for node, _width in core.scannable_nodes():
+                budget.check("mask entries (jit=False)")
+                core.precompute([node])
         elif self.background_precompute:
             # One worker per compiler, in the order grammars were compiled; the budget counts from
             # the compile, so a job that waited past it (its prefill is over) is skipped.
