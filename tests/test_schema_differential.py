@@ -165,6 +165,8 @@ class SchemaGen:
             s["maxLength"] = rng.randint(1, 3)
         if rng.random() < 0.3:
             s["pattern"] = rng.choice(["^a", "b", "^[ab]*$", "^x"])
+        elif rng.random() < 0.15:   # formats whose checkers need no optional package
+            s["format"] = rng.choice(["date", "ipv4", "ipv6", "uuid", "email"])
         return s
 
     def siblings(self, depth: int) -> dict:
