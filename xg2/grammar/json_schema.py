@@ -705,6 +705,9 @@ class _Converter:
                 out[k] = list(out[k]) + list(v)
             elif k == "propertyNames":
                 out[k] = _both(out[k], v)   # every name is checked by both
+            elif k == "dependentRequired" and isinstance(out[k], dict) and isinstance(v, dict) and all(
+                    isinstance(x, list) for x in (*out[k].values(), *v.values())):
+                out[k] = {a: list(dict.fromkeys([*out[k].get(a, []), *v.get(a, [])])) for a in {**out[k], **v}}
             elif k in ("anyOf", "oneOf"):
                 out[k] = self.cross_branches(k, out[k], v, ptr)
             elif k == "not":
