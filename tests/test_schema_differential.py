@@ -460,7 +460,7 @@ def test_listed_values_validator_agrees_with_jsonschema():
     for _ in range(1500):
         schema = gen.top()
         ours = Validator(schema, _Converter(schema, True, None, None, True, None).resolve)
-        theirs = jsonschema.Draft202012Validator(schema)
+        theirs = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
         for _ in range(6):
             value = _value(rng)
             try:
