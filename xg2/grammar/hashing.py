@@ -157,6 +157,11 @@ def _cycle_digest(fsm: RuleFSM, key: list[bytes], start: int, members: set[int],
                           sorted((key[r], name(v)) for r, v in fsm.rule_edges[u])) for u in order]).encode())
 
 
+#: What _node_digests gives a node without edges, final or not.
+_END_DIGEST = _digest(repr((True, [], [])).encode())
+_DEAD_DIGEST = _digest(repr((False, [], [])).encode())
+
+
 def _node_components(fsm: RuleFSM) -> list[list[int]]:
     """The automaton's strongly connected components, successors first: they depend on its shape
     only, which a memoised automaton shares with its renumbered copies (a chain of thousands of
@@ -245,8 +250,14 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
     def ctx_part(r: int, key: list[bytes]) -> bytes:
         seen = set()
         for p, v in sites[r]:
-            if root_ctx is not None or fsms[p].n_nodes > MAX_DIGESTED_CALLER:
+            f = fsms[p]
+            if root_ctx is not None or f.n_nodes > MAX_DIGESTED_CALLER:
                 seen.add((rule[p] + (v if canon[p] is None else canon[p][v]).to_bytes(4, "little"), key[p]))
+                continue
+            if not f.byte_edges[v] and not f.rule_edges[v]:
+                # A tail call (or a dead end): the digest _node_digests gives a node without edges,
+                # without digesting the caller (a chain of thousands of tail calls digests none).
+                seen.add((_END_DIGEST if v in f.finals else _DEAD_DIGEST, key[p]))
                 continue
             if p not in follow:
                 memo_key = _memo_key(fsms[p], rule, b"nodes")

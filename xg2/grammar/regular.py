@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from ..errors import GrammarLimitError
+from . import budget
 from .ir import CharClass, Choice, Expr, Literal, Repeat, Rule, RuleRef, Seq
 
 MAX_CODEPOINT = 0x10FFFF
@@ -133,6 +134,8 @@ def from_expr(e: Expr) -> KeyDFA:
     moves: list[tuple[tuple[int, int, int], ...]] = []
     i = 0
     while i < len(order):
+        if not i & 63:
+            budget.check("key automata")
         cur = order[i]
         i += 1
         ranges = [(lo, hi, v) for u in cur for lo, hi, v in edges[u] if lo >= 0]
@@ -183,6 +186,8 @@ def intersect(a: KeyDFA, b: KeyDFA) -> KeyDFA:
     moves = []
     i = 0
     while i < len(order):
+        if not i & 63:
+            budget.check("key automata")
         x, y = order[i]
         i += 1
         points = sorted({lo for lo, _, _ in a.moves[x]} | {lo for lo, _, _ in b.moves[y]})
