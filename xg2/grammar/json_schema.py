@@ -501,7 +501,7 @@ class _Converter:
         self.where = ptr
         if self.level > MAX_SCHEMA_DEPTH:
             self.level -= 1
-            raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels at {ptr}")
+            raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels", pointer=ptr)
 
     def resolve(self, ref: Any, ptr: str) -> tuple[Any, str]:
         if not isinstance(ref, str) or not ref.startswith("#"):
@@ -566,7 +566,7 @@ class _Converter:
             else:
                 break
         else:
-            raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels at {ptr}")
+            raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels", pointer=ptr)
         s = dict(s)
         extra = s.pop("unevaluatedProperties")
         for kw in ("anyOf", "oneOf"):
@@ -667,7 +667,7 @@ class _Converter:
             else:
                 break
         else:
-            raise GrammarLimitError(f"more than {MAX_SCHEMA_DEPTH} $ref hops merging the schemas at {ptr or '/'}")
+            raise GrammarLimitError(f"more than {MAX_SCHEMA_DEPTH} $ref hops merging the schemas", pointer=ptr)
         out = {k: v for k, v in a.items() if k not in ANNOTATIONS}
         bb = {k: v for k, v in b.items() if k not in ANNOTATIONS}
         # keywords that depend on their siblings are combined as the functions they define (a
@@ -822,7 +822,7 @@ class _Converter:
             self.unsupported("oneOf", _ptr(ptr, kw), ONE_OF_OVERLAP)
         if len(xs) * len(ys) > MAX_CROSS_BRANCHES:
             raise GrammarLimitError(f"combining two {kw} keywords needs {len(xs) * len(ys)} branches, more "
-                                    f"than the limit of {MAX_CROSS_BRANCHES} (at {_ptr(ptr, kw)})")
+                                    f"than the limit of {MAX_CROSS_BRANCHES}", pointer=_ptr(ptr, kw))
         return [_both(x, y) for x in xs for y in ys]
 
     def one_of_disjoint(self, subs: list, ptr: str, context: dict | None = None) -> bool:
@@ -856,7 +856,7 @@ class _Converter:
                     return False
             else:
                 return b
-        raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels at {where}")
+        raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels", pointer=where)
 
     def disjoint(self, a: dict, b: dict, checker: Validator, pa: str, pb: str, depth: int = 0) -> bool:
         ta, tb = set(self.types(a, pa)), set(self.types(b, pb))
@@ -983,7 +983,7 @@ class _Converter:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (isinstance(v, float) and not v.is_integer()):
             raise SchemaError(f"{kw} must be a non-negative integer", _ptr(ptr, kw))
         if v > MAX_BOUND:
-            raise GrammarLimitError(f"{kw} {v} exceeds the limit of {MAX_BOUND} (at {_ptr(ptr, kw)})")
+            raise GrammarLimitError(f"{kw} {v} exceeds the limit of {MAX_BOUND}", pointer=_ptr(ptr, kw))
         return int(v)
 
     def numeric_bounds(self, schema: dict, ptr: str):
@@ -1301,7 +1301,7 @@ class _Converter:
         if not isinstance(pats, dict):
             raise SchemaError("patternProperties must be an object", _ptr(ptr, "patternProperties"))
         if len(pats) > MAX_KEY_PATTERNS:
-            raise GrammarLimitError(f"more than {MAX_KEY_PATTERNS} patternProperties (at {ptr})")
+            raise GrammarLimitError(f"more than {MAX_KEY_PATTERNS} patternProperties", pointer=_ptr(ptr, "patternProperties"))
         out = []
         for pat, sub in pats.items():
             where = _ptr(ptr, "patternProperties", pat)
@@ -1722,7 +1722,7 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
         # Every descent is bounded (MAX_SCHEMA_DEPTH, the validator's and the regex parser's
         # depths), but they can stack up past the interpreter's limit together; the caller's
         # own stack counts too. Nothing is kept from the converter.
-        raise GrammarLimitError(f"schema nested too deep for the interpreter's stack at {conv.where or '/'}") from None
+        raise GrammarLimitError("schema nested too deep for the interpreter's stack", pointer=conv.where) from None
     if body is None:
         raise SchemaError("the schema accepts no JSON value", "")
     return GrammarIR(rules=[Rule("root", body), *conv.rules], root="root")

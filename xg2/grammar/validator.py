@@ -106,7 +106,7 @@ class Validator:
 
     def valid(self, value: Any, schema: Any, ptr: str, depth: int = 0) -> bool:
         if depth > self.max_depth:
-            raise GrammarLimitError(f"validation nested deeper than {self.max_depth} levels at {ptr}")
+            raise GrammarLimitError(f"validation nested deeper than {self.max_depth} levels", pointer=ptr)
         if schema is True or schema == {}:
             return True
         if schema is False:
