@@ -32,6 +32,8 @@ Exactness notes (documented restrictions; everything else is exact):
   array to its `prefixItems`; an object that names and bounds no member (no `properties`,
   `patternProperties`, `required`, min/maxProperties, dependencies, `additionalProperties` or
   `unevaluatedProperties`) stays open, as in xgrammar.
+* `multipleOf` is decided in exact decimal arithmetic, as the specification says; the `jsonschema`
+  package divides binary floats and so rejects some true multiples (0.3 for `multipleOf: 0.1`).
 * A key may be written twice among additional members (a grammar cannot tell them apart; neither
   can xgrammar's); `minProperties` counts the members written.
 * Length bounds count code points; a surrogate pair written as two escapes is one character, and a
