@@ -67,6 +67,9 @@ from .optimize import map_leaves
 from .regex import ANY_CHAR, regex_to_expr
 from .regular import KeyDFA, intersect, to_rules
 from .regular import from_expr as regular_from_expr
+from .schema_merge import both as _both
+from .schema_merge import embedded_resource as _embedded_resource
+from .schema_merge import merge_items as _merge_items
 from .validator import MAX_VALIDATION_DEPTH, Validator, json_equal
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
@@ -677,7 +680,7 @@ class _Converter:
         if any(k in out for k in MEMBER_KEYWORDS) and any(k in bb for k in MEMBER_KEYWORDS):
             self.merge_members(out, bb, ptr)
         if any(k in out for k in ITEM_KEYWORDS) and any(k in bb for k in ITEM_KEYWORDS):
-            _merge_items(out, bb)
+            _merge_items(out, bb, ptr)
         for k, v in bb.items():
             if k not in out or json_equal(out[k], v):
                 out[k] = v
@@ -1480,25 +1483,6 @@ _CANNOT = object()
 PRESENCE = "\x00presence"
 
 
-#: Keywords whose values are data, not schemas: an `$id` key inside them names nothing.
-DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
-
-
-def _embedded_resource(root: Any) -> str | None:
-    """The pointer of a subschema with an `$id` of its own (other than a plain fragment), if any:
-    `$ref`s inside it resolve against it, not the root (walked with an explicit stack)."""
-    stack: list[tuple[Any, str]] = [(root, "")]
-    while stack:
-        node, where = stack.pop()
-        if isinstance(node, dict):
-            if where and isinstance(node.get("$id"), str) and not node["$id"].startswith("#"):
-                return _ptr(where, "$id")
-            stack.extend((v, _ptr(where, k)) for k, v in node.items() if k not in DATA_KEYWORDS)
-        elif isinstance(node, list):
-            stack.extend((v, _ptr(where, i)) for i, v in enumerate(node))
-    return None
-
-
 def _presence_sets(subs: list) -> list[tuple[str, ...]] | None:
     """The required-sets of branches that only say `required` (None if any branch says more)."""
     out = []
@@ -1594,48 +1578,6 @@ def _with_length(e: Expr, lo: int, hi: int | None):
         return None
     items[i] = Repeat(rep.expr, new_min, new_max)
     return Seq(tuple(items)) if len(items) > 1 else items[0]
-
-
-def _both(x: Any, y: Any) -> Any:
-    """A schema for "valid under x and under y"."""
-    if x is True or json_equal(x, y):
-        return y
-    if y is True:
-        return x
-    if x is False or y is False:
-        return False
-    return {"allOf": [x, y]}
-
-
-def _item_schemas(s: dict) -> tuple[list, Any]:
-    """Pop a schema's item keywords as (the schemas of the first positions, the schema of the rest
-    or None); `additionalItems` means something only after a draft 4-2019 `items` array."""
-    if "prefixItems" in s:
-        prefix, rest = s.pop("prefixItems"), s.pop("items", None)
-        s.pop("additionalItems", None)
-    elif isinstance(s.get("items"), list):
-        prefix, rest = s.pop("items"), s.pop("additionalItems", None)
-    else:
-        prefix, rest = [], s.pop("items", None)
-        s.pop("additionalItems", None)
-    if not isinstance(prefix, list):
-        raise SchemaError("prefixItems must be an array", "")
-    return prefix, rest
-
-
-def _merge_items(a: dict, b: dict) -> None:
-    """Move the item keywords of `b` into `a`, for arrays valid under both: position by position,
-    each side's rest schema applying from the end of its own prefix."""
-    (pa, ra), (pb, rb) = _item_schemas(a), _item_schemas(b)
-
-    def at(prefix: list, rest: Any, i: int) -> Any:
-        return prefix[i] if i < len(prefix) else (True if rest is None else rest)
-
-    prefix = [_both(at(pa, ra, i), at(pb, rb, i)) for i in range(max(len(pa), len(pb)))]
-    if prefix:
-        a["prefixItems"] = prefix
-    if ra is not None or rb is not None:
-        a["items"] = _both(True if ra is None else ra, True if rb is None else rb)
 
 
 def _bool_excl(a: dict, b: dict) -> bool:
