@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import functools
-import gc
 import queue
 import threading
 import time
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,29 +131,6 @@ def _all_resumes(fsms: list[RuleFSM], sites: list[list[tuple[int, int, int]]], r
         for r in comp:
             out[r] = acc
     return out
-
-
-_gc_lock = threading.Lock()
-_gc_holders = 0
-
-
-@contextmanager
-def _gc_paused():
-    """Compilation allocates many small objects that die young; collector passes over them cost
-    more than the build itself on large schemas (2-5x measured), so the cyclic collector is paused
-    while any compilation runs and restored after the last one ends."""
-    global _gc_holders
-    with _gc_lock:
-        was_enabled = gc.isenabled() if _gc_holders == 0 else True
-        _gc_holders += 1
-        gc.disable()
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_holders -= 1
-            if _gc_holders == 0 and was_enabled:
-                gc.enable()
 
 
 def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None = None,
@@ -362,6 +338,44 @@ def byte_classes(arrays: dict[str, np.ndarray]) -> bytes:
     return np.searchsorted(bounds, np.arange(256), side="right").astype(np.uint8).tobytes()
 
 
+def _precompute_worker(jobs: queue.SimpleQueue) -> None:
+    """A compiler's background precompute thread; None (put when the compiler is collected) ends it."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        core, t0, budget_ms, top_k, done = job
+        try:
+            _precompute_costliest(core, t0, budget_ms, top_k)
+        finally:
+            done.set()
+
+
+def _precompute_costliest(core: CompiledCore, t0: float, budget_ms: float, top_k: int | None) -> None:
+    """Costliest first, by an estimate of the trie they reach, since those are the ones a
+    mid-generation build would stall on; one predicted to overrun the budget (counted from
+    `t0`, from the time per estimated trie node seen so far) is left for later."""
+    deadline = t0 + budget_ms / 1e3
+    left = top_k
+    if time.perf_counter() >= deadline or left == 0:
+        return  # estimating every state's cost is itself work (a C call per scannable state)
+    nodes = sorted((-core.estimate_cost(node), node) for node, _width in core.scannable_nodes())
+    seconds_per_unit = 25e-9
+    for neg_cost, node in nodes:
+        now = time.perf_counter()
+        if now >= deadline:
+            break
+        if now - neg_cost * seconds_per_unit > deadline:
+            continue
+        core.precompute([node])
+        if neg_cost < -1000:
+            seconds_per_unit = max(seconds_per_unit, (time.perf_counter() - now) / -neg_cost)
+        if left is not None:
+            left -= 1
+            if left == 0:
+                break
+
+
 class GrammarCompiler:
     """Compiles grammars for one tokenizer.
 
@@ -445,16 +459,15 @@ class GrammarCompiler:
         options = {"any_whitespace": any_whitespace, "indent": indent, "separators": separators,
                    "strict_mode": strict_mode, "max_whitespace_cnt": max_whitespace_cnt, "any_order": any_order,
                    "lenient": lenient}
-        with _gc_paused():
-            branches = self._linkable_branches(schema)
-            if branches is not None:
-                compiled = self._compile_linked(schema, branches, options)
-                if compiled is not None:
-                    return compiled
-            key = self._schema_key(schema, options)
-            if key is not None:
-                return self._compile_source(key, lambda: Grammar.from_json_schema(schema, **options))
-            return self._compile(Grammar.from_json_schema(schema, **options))
+        branches = self._linkable_branches(schema)
+        if branches is not None:
+            compiled = self._compile_linked(schema, branches, options)
+            if compiled is not None:
+                return compiled
+        key = self._schema_key(schema, options)
+        if key is not None:
+            return self._compile_source(key, lambda: Grammar.from_json_schema(schema, **options))
+        return self._compile(Grammar.from_json_schema(schema, **options))
 
     @staticmethod
     def _schema_key(schema: Any, options: dict[str, Any]) -> tuple | None:
@@ -568,13 +581,12 @@ class GrammarCompiler:
         the tag's frame (linking.link_frame)."""
         from .grammar.structural_tag import parse_structural_tag
 
-        with _gc_paused():
-            tag = parse_structural_tag(structural_tag)
-            if self._pool is not None:
-                compiled = self._compile_framed(tag)
-                if compiled is not None:
-                    return compiled
-            return self._compile(Grammar.from_structural_tag(tag, self.tokenizer_info))
+        tag = parse_structural_tag(structural_tag)
+        if self._pool is not None:
+            compiled = self._compile_framed(tag)
+            if compiled is not None:
+                return compiled
+        return self._compile(Grammar.from_structural_tag(tag, self.tokenizer_info))
 
     def _impassable(self, literal: bytes) -> bool:
         """Whether no token of the vocabulary reads past `literal` (holds it with a byte after it)."""
@@ -672,11 +684,10 @@ class GrammarCompiler:
             if hit is not None:
                 return hit
         t0 = time.perf_counter()
-        with _gc_paused():
-            lowered = lower(grammar.ir, compress=self.repetition_compression, max_token_bytes=self._vocab.max_depth)
-            keys = lowered.core_keys() if self._pool is not None else None
-            core = CompiledCore(self._vocab, lowered.arrays, lowered.root, self._class_trie(lowered.arrays),
-                                self._pool, keys)
+        lowered = lower(grammar.ir, compress=self.repetition_compression, max_token_bytes=self._vocab.max_depth)
+        keys = lowered.core_keys() if self._pool is not None else None
+        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, self._class_trie(lowered.arrays),
+                            self._pool, keys)
         return self._finish(key, CompiledGrammar(grammar, self.tokenizer_info, lowered, core), t0)
 
     def _class_trie(self, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
@@ -711,50 +722,20 @@ class GrammarCompiler:
                 core.precompute([node])
         elif self.background_precompute:
             # One worker per compiler, in the order grammars were compiled; the budget counts from
-            # the compile, so a job that waited past it (its prefill is over) is skipped.
+            # the compile, so a job that waited past it (its prefill is over) is skipped. The worker
+            # holds the queue, not the compiler: when the compiler goes, a finalizer tells it to stop.
             with self._lock:
                 if self._worker is None:
-                    self._worker = threading.Thread(target=self._precompute_worker, name="xg2-precompute",
-                                                    daemon=True)
+                    self._worker = threading.Thread(target=_precompute_worker, args=(self._jobs,),
+                                                    name="xg2-precompute", daemon=True)
                     self._worker.start()
-            self._jobs.put((core, time.perf_counter(), compiled._precomputed))
+                    weakref.finalize(self, self._jobs.put, None)
+            self._jobs.put((core, time.perf_counter(), self.precompute_budget_ms, self.precompute_top_k,
+                            compiled._precomputed))
             return
         else:
-            self._precompute_costliest(core, t0)
+            _precompute_costliest(core, t0, self.precompute_budget_ms, self.precompute_top_k)
         compiled._precomputed.set()
-
-    def _precompute_worker(self) -> None:
-        while True:
-            core, t0, done = self._jobs.get()
-            try:
-                self._precompute_costliest(core, t0)
-            finally:
-                done.set()
-
-    def _precompute_costliest(self, core: CompiledCore, t0: float) -> None:
-        """Costliest first, by an estimate of the trie they reach, since those are the ones a
-        mid-generation build would stall on; one predicted to overrun the budget (counted from
-        `t0`, from the time per estimated trie node seen so far) is left for later."""
-        deadline = t0 + self.precompute_budget_ms / 1e3
-        left = self.precompute_top_k
-        if time.perf_counter() >= deadline or left == 0:
-            return  # estimating every state's cost is itself work (a C call per scannable state)
-        nodes = sorted((-core.estimate_cost(node), node) for node, _width in core.scannable_nodes())
-        seconds_per_unit = 25e-9
-        for neg_cost, node in nodes:
-            now = time.perf_counter()
-            if now >= deadline:
-                break
-            if now - neg_cost * seconds_per_unit > deadline:
-                continue
-            core.precompute([node])
-            if neg_cost < -1000:
-                seconds_per_unit = max(seconds_per_unit, (time.perf_counter() - now) / -neg_cost)
-            if left is not None:
-                left -= 1
-                if left == 0:
-                    break
-
 
     def _evict(self) -> None:
         """Least recently used compiled grammars go first, then pool entries (with self._lock)."""
