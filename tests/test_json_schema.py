@@ -1017,3 +1017,14 @@ def test_embedded_resources_are_refused():
     # a plain-name fragment, or an $id that only appears in data, changes no base
     json_schema_to_ir({"$defs": {"B": {"$id": "#b", "type": "string"}}, "$ref": "#/$defs/B"})
     json_schema_to_ir({"$defs": {"B": {"const": {"$id": "http://example.com/x"}}}, "$ref": "#/$defs/B"})
+
+
+def test_keywords_without_their_partner_mean_nothing(tiny_compiler):
+    for schema, docs in [({"type": "integer", "then": {"type": "string"}, "else": False}, ["1", '"a"']),
+                         ({"type": "array", "minContains": 2, "maxContains": 0}, ["[]", "[1, 2]", "1"])]:
+        compiled = tiny_compiler.compile_json_schema(schema)
+        for doc in docs:
+            assert _accepts(compiled, doc) == jsonschema.Draft202012Validator(schema).is_valid(json.loads(doc)), doc
+    with pytest.raises(SchemaError) as exc:     # with its partner, still not supported
+        json_schema_to_ir({"allOf": [{"if": {"type": "integer"}}], "then": {"minimum": 3}})
+    assert exc.value.pointer == "/allOf/0/if"

@@ -660,7 +660,7 @@ class _Converter:
         # sees only its own members, so it is settled before the members of `a` join them.
         b = self.close_unevaluated(b, ptr)
         for k in b:
-            if k in UNSUPPORTED and k != "not":  # `not` is decided when lowered (see `negate`)
+            if k in UNSUPPORTED and k != "not" and not _inert(k, b):  # `not`: see `negate`
                 self.unsupported(k, _ptr(ptr, k))
         # inline references first so that properties keep the order they are written in (a target
         # may itself be a reference with siblings: followed, a bounded number of hops)
@@ -762,7 +762,7 @@ class _Converter:
             if positive is not _CANNOT:
                 return None if positive is None else self.lower(positive, ptr, d)
         for k in schema:
-            if k in UNSUPPORTED:
+            if k in UNSUPPORTED and not _inert(k, schema):
                 self.unsupported(k, _ptr(ptr, k))
         if schema.get("uniqueItems", False) is not False:
             self.unsupported("uniqueItems", _ptr(ptr, "uniqueItems"))
@@ -1481,6 +1481,13 @@ class _Converter:
 _CANNOT = object()
 #: Internal keyword carrying a oneOf/anyOf over required-sets down to the object lowering.
 PRESENCE = "\x00presence"
+
+
+def _inert(keyword: str, schema: dict) -> bool:
+    """A keyword that means nothing without its partner (`then`/`else` without `if`, the contains
+    counts without `contains`): nothing to enforce, so nothing to refuse."""
+    partner = {"then": "if", "else": "if", "minContains": "contains", "maxContains": "contains"}.get(keyword)
+    return partner is not None and partner not in schema
 
 
 def _presence_sets(subs: list) -> list[tuple[str, ...]] | None:
