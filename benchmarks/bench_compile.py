@@ -55,8 +55,13 @@ def _chain(n: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _triggered_tags(n_excludes: int) -> dict:
-    """A tool-calling structural tag whose free text must not hold the first n template strings
+#: Excluded words with distinct first letters that also occur inside other words: the hardest
+#: shape for free text written as one expression (see grammar/text.py).
+WORDS = ("apple", "banana", "cherry", "delta", "echo", "foxtrot", "golf", "hotel")
+
+
+def _triggered_tags(n_excludes: int, strings: tuple[str, ...] = TEMPLATE_STRINGS) -> dict:
+    """A tool-calling structural tag whose free text must not hold the first n of `strings`
     (TagDispatch with excluded strings underneath)."""
     call = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
             "required": ["city"]}
@@ -64,7 +69,7 @@ def _triggered_tags(n_excludes: int) -> dict:
         "type": "triggered_tags", "triggers": ["<tool_call>"],
         "tags": [{"begin": "<tool_call>", "content": {"type": "json_schema", "json_schema": call},
                   "end": "</tool_call>"}],
-        "excludes": list(TEMPLATE_STRINGS[:n_excludes])}}
+        "excludes": list(strings[:n_excludes])}}
 
 
 def _alternation(n: int) -> str:
@@ -96,6 +101,7 @@ def cases() -> dict[str, tuple[str, object]]:
         "ebnf_chain_3000": ("ebnf", _chain(3000)),
         "triggered_tags_6_excludes": ("tag", _triggered_tags(6)),
         "triggered_tags_8_excludes": ("tag", _triggered_tags(8)),
+        "triggered_tags_8_words": ("tag", _triggered_tags(8, WORDS)),
         "alternation_5000_literals": ("ebnf", _alternation(5000)),
         "regex_log_line": ("regex", _regex()),
     }

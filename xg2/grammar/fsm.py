@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from .._ext.automata import minimal_dfa, rule_dfa
 from ..errors import GrammarLimitError
+from . import budget as deadline
 from .alternation import MIN_TRIE_LITERALS, factor_literals
 from .ir import CharClass, Choice, Expr, Literal, Repeat, RuleRef, Seq
 
@@ -39,11 +40,15 @@ _TOO_LARGE = "a rule's automaton is too large to build (nested or very large rep
 class _Budget:
     def __init__(self, left: int | None = None) -> None:
         self.left = MAX_CLOSURE_WORK if left is None else left
+        self.calls = 0
 
     def spend(self, n: int) -> None:
         self.left -= n
         if self.left < 0:
             raise GrammarLimitError(_TOO_LARGE)
+        self.calls += 1
+        if not self.calls & 255:
+            deadline.check("automaton construction")
 
 _UTF8_BOUNDS = ((0, 0x7F, 1), (0x80, 0x7FF, 2), (0x800, 0xFFFF, 3), (0x10000, 0x10FFFF, 4))
 
@@ -396,6 +401,10 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
     calls: list[str] = []
     stack = [e]
     while stack:
+        if len(stack) + len(out) > MAX_TREE_WALK:   # a DAG much larger as a tree: written once per node
+            text, written_calls = _written_dag(e)
+            out, calls = [text], list(written_calls)
+            break
         x = stack.pop()
         t = type(x)
         if t is Literal:
@@ -425,6 +434,51 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
     refs = tuple(sorted(set(calls)))
     local = {n: i for i, n in enumerate(refs)}
     return (text.encode("utf-8", "surrogatepass"), tuple(local[n] for n in calls)), refs
+
+
+#: Tokens a body is written as before _body_key writes it node by node of its DAG instead.
+MAX_TREE_WALK = 50_000
+
+
+def _leaf_text(x: Expr) -> str:
+    if type(x) is Literal:
+        return f"L{len(x.text)}:{x.text}"
+    if type(x) is CharClass:
+        return f"C{x.ranges!r}{x.negated:d}"
+    return "F"
+
+
+def _written_dag(e: Expr) -> tuple[str, tuple[str, ...]]:
+    """What _body_key writes for `e`, with each shared sub-expression written once (post-order, a
+    memo by identity): free text excluding strings is a DAG whose tree is hundreds of times larger."""
+    memo: dict[int, tuple[str, tuple[str, ...]]] = {}
+    stack: list[tuple[Expr, bool]] = [(e, False)]
+    while stack:
+        x, done = stack.pop()
+        kids = x.items if type(x) is Seq else x.alts if type(x) is Choice else (x.expr,)
+        if not done:
+            if id(x) in memo:
+                continue
+            known = x.__dict__.get("_written")
+            if known is not None:
+                memo[id(x)] = known
+                continue
+            stack.append((x, True))
+            stack.extend((k, False) for k in kids if type(k) in (Seq, Choice, Repeat))
+            continue
+        head = f"S{len(kids)}" if type(x) is Seq else f"A{len(kids)}" if type(x) is Choice else f"R{x.min},{x.max}"
+        parts, calls = [head], []
+        for k in kids:
+            if type(k) in (Seq, Choice, Repeat):
+                text, more = memo[id(k)]
+                parts.append(text)
+                calls.extend(more)
+            else:
+                parts.append(_leaf_text(k))
+                if type(k) is RuleRef:
+                    calls.append(k.name)
+        memo[id(x)] = ("\x00".join(parts), tuple(calls))
+    return memo[id(e)]
 
 
 #: Longest text a body keeps of itself (see `_body_key`).

@@ -49,11 +49,20 @@ def _ref_copies(e: Expr, into: dict[str, int]) -> list[str]:
     """The calls in `e` (one name per call site), adding to `into`, per rule, how many copies of it
     inlining into `e` would make: a call under `x{m,n}` counts n times (a block rule of a
     compressed repetition called as `B{40}` must stay a rule, or the compression is undone). One
-    walk for both, with the node types tested inline: bodies are large and this runs on all."""
+    walk for both, with the node types tested inline: bodies are large and this runs on all. A
+    body much larger as a tree than as a DAG (free text) is counted node by node of the DAG."""
     names: list[str] = []
+    weights: list[int] = []
     stack: list[tuple[Expr, int]] = [(e, 1)]
     pop, push = stack.pop, stack.append
+    steps = 0
     while stack:
+        steps += 1
+        if steps == MAX_TREE_STEPS:
+            counts = _ref_counts_dag(e)
+            for name, count in counts.items():
+                into[name] = into.get(name, 0) + count
+            return list(counts)     # each name once: callers use them as a set
         x, weight = pop()
         t = type(x)
         if t is Seq:
@@ -66,8 +75,41 @@ def _ref_copies(e: Expr, into: dict[str, int]) -> list[str]:
             push((x.expr, weight * max(1, x.max if x.max is not None else x.min + 1)))
         elif t is RuleRef:
             names.append(x.name)
-            into[x.name] = into.get(x.name, 0) + weight
+            weights.append(weight)
+    for name, weight in zip(names, weights):    # counted once the walk is known to be complete
+        into[name] = into.get(name, 0) + weight
     return names
+
+
+def _ref_counts_dag(e: Expr) -> dict[str, int]:
+    """Per rule called in `e`, its weighted number of call sites (as _ref_copies counts them),
+    post-order over the DAG with a memo by identity."""
+    memo: dict[int, dict[str, int]] = {}
+    stack: list[tuple[Expr, bool]] = [(e, False)]
+    while stack:
+        x, done = stack.pop()
+        if id(x) in memo:
+            continue
+        t = type(x)
+        if t is RuleRef:
+            memo[id(x)] = {x.name: 1}
+            continue
+        kids = _children(x)
+        if not done:
+            stack.append((x, True))
+            stack.extend((k, False) for k in kids if id(k) not in memo)
+            continue
+        factor = max(1, x.max if x.max is not None else x.min + 1) if t is Repeat else 1
+        out: dict[str, int] = {}
+        for k in kids:
+            for name, count in memo[id(k)].items():
+                out[name] = out.get(name, 0) + count * factor
+        memo[id(x)] = out
+    return memo[id(e)]
+
+
+#: Nodes _ref_copies visits as a tree before it counts node by node of the DAG instead.
+MAX_TREE_STEPS = 50_000
 
 
 def _more_nodes_than(e: Expr, limit: int) -> bool:

@@ -223,7 +223,11 @@ def _needs_rewrite(e: Expr) -> bool:
     runs over every rule body)."""
     stack = [e]
     pop, extend = stack.pop, stack.extend
+    steps = 0
     while stack:
+        steps += 1
+        if steps > MAX_TREE_STEPS:
+            return _needs_rewrite_dag(e)
         x = pop()
         t = type(x)
         if t is Seq:
@@ -234,6 +238,27 @@ def _needs_rewrite(e: Expr) -> bool:
             if _large(x) or type(x.expr) is Repeat:
                 return True
             stack.append(x.expr)
+    return False
+
+
+#: Nodes _needs_rewrite visits as a tree before it visits each shared node once instead.
+MAX_TREE_STEPS = 50_000
+
+
+def _needs_rewrite_dag(e: Expr) -> bool:
+    """_needs_rewrite visiting each node once (a predicate: a second visit answers the same)."""
+    seen = {id(e)}
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is Repeat and (_large(x) or type(x.expr) is Repeat):
+            return True
+        kids = x.items if t is Seq else x.alts if t is Choice else (x.expr,) if t is Repeat else ()
+        for k in kids:
+            if id(k) not in seen:
+                seen.add(id(k))
+                stack.append(k)
     return False
 
 
