@@ -437,7 +437,7 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
 
 
 #: Tokens a body is written as before _body_key writes it node by node of its DAG instead.
-MAX_TREE_WALK = 50_000
+MAX_TREE_WALK = 8_192
 
 
 def _leaf_text(x: Expr) -> str:

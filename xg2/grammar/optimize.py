@@ -109,7 +109,7 @@ def _ref_counts_dag(e: Expr) -> dict[str, int]:
 
 
 #: Nodes _ref_copies visits as a tree before it counts node by node of the DAG instead.
-MAX_TREE_STEPS = 50_000
+MAX_TREE_STEPS = 8_192
 
 
 def _more_nodes_than(e: Expr, limit: int) -> bool:

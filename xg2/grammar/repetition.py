@@ -242,7 +242,7 @@ def _needs_rewrite(e: Expr) -> bool:
 
 
 #: Nodes _needs_rewrite visits as a tree before it visits each shared node once instead.
-MAX_TREE_STEPS = 50_000
+MAX_TREE_STEPS = 8_192
 
 
 def _needs_rewrite_dag(e: Expr) -> bool:
