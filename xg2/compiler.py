@@ -579,14 +579,15 @@ class GrammarCompiler:
         """A structural tag (xgrammar's JSON: dict, JSON text or pydantic objects), compiled. With
         the entry pool on, its JSON Schemas are modules lowered once per compiler and linked into
         the tag's frame (linking.link_frame)."""
-        from .grammar.structural_tag import parse_structural_tag
+        from .grammar.structural_tag import parse_structural_tag, to_json
 
         tag = parse_structural_tag(structural_tag)
         if self._pool is not None:
             compiled = self._compile_framed(tag)
             if compiled is not None:
                 return compiled
-        return self._compile(Grammar.from_structural_tag(tag, self.tokenizer_info))
+        return self._compile_source(("structural_tag_whole", to_json(tag)),
+                                    lambda: Grammar.from_structural_tag(tag, self.tokenizer_info))
 
     def _impassable(self, literal: bytes) -> bool:
         """Whether no token of the vocabulary reads past `literal` (holds it with a byte after it)."""
@@ -647,7 +648,7 @@ class GrammarCompiler:
 
     @_budgeted("the built-in JSON grammar")
     def compile_builtin_json_grammar(self) -> CompiledGrammar:
-        return self._compile(Grammar.builtin_json_grammar())
+        return self._compile_source(("builtin_json",), Grammar.builtin_json_grammar)
 
     def _cached(self, key: tuple) -> CompiledGrammar | None:
         if not self.cache_enabled:
