@@ -102,3 +102,10 @@ def test_deep_json_schema_inside_a_tag_is_typed(compiler):
 @pytest.mark.parametrize("kind", KINDS)
 def test_text_and_dict_agree_within_the_limit(compiler, kind):
     assert json.loads(_nested_text(kind, 5)) == _nested(kind, 5)
+
+
+@pytest.mark.parametrize("depth", [1500, 100000])
+def test_deep_schema_text_is_a_limit_not_invalid_json(compiler, depth):
+    text = '{"anyOf": [' * depth + '{"type": "string"}' + "]}" * depth
+    with pytest.raises(xg2.GrammarLimitError):
+        compiler.compile_json_schema(text)

@@ -1663,7 +1663,10 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
-        except (ValueError, RecursionError) as exc:
+        except RecursionError:
+            # The decoder recurses; a document this deep is past MAX_SCHEMA_DEPTH many times over.
+            raise GrammarLimitError("schema text nested too deeply to decode", pointer="") from None
+        except ValueError as exc:
             raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
     conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt, any_order,
                       lenient, style)
