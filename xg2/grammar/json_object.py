@@ -1,0 +1,461 @@
+"""JSON Schema objects: members in order or in any order, counts, dependencies, and the key
+regions that `patternProperties`, `propertyNames` and `additionalProperties` divide the key space
+into. A mixin of the converter (json_schema._Converter), split off along the object seam: it uses the
+converter's layout, rule and reference methods through `self`."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..errors import GrammarError, GrammarLimitError, SchemaError
+from .formats import format_expr
+from .ir import CharClass, Choice, Expr, Literal, Repeat, Rule, RuleRef, Seq
+from .ir import choice as _choice
+from .ir import seq as _seq
+from .json_common import (
+    _CANNOT,
+    ANNOTATIONS,
+    CHAR,
+    CLOSING,
+    EMPTY,
+    MAX_ANY_ORDER,
+    MAX_KEY_PATTERNS,
+    MAX_OBJECT_STATES,
+    MAX_TRACKED_DEPENDENCIES,
+    NEVER,
+    PRESENCE,
+    SHORT_ESCAPES,
+    U_ESCAPE,
+    _canon_str,
+    _ptr,
+)
+from .json_string import json_string_body
+from .regex import regex_to_expr
+from .regular import KeyDFA, intersect, to_rules
+from .regular import from_expr as regular_from_expr
+from .schema_merge import both as _both
+
+
+@functools.lru_cache(maxsize=1024)
+def _key_dfa(e: Expr) -> KeyDFA:
+    return regular_from_expr(e)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spelling(c: str) -> Expr:
+    """The JSON spellings of one key character (`/` may be escaped)."""
+    out = [Literal(_canon_str(c)[1:-1])]
+    if c == "/":
+        out.append(Literal("\\/"))
+    return _choice(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_exits(codes: tuple[int, ...]) -> tuple[Expr, Expr | None]:
+    """How a string leaves an excluded-key trie node whose children are `codes`: (the ASCII
+    characters and escapes that are no child, the non-ASCII characters that are none when some
+    child is non-ASCII, else None). Keys share letters, so the same nodes come again and again."""
+    children = {chr(x) for x in codes}
+    taken = CharClass(((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), *((x, x) for x in codes), (0x80, 0x10FFFF)))
+    other: list[Expr] = [CharClass(taken.codepoint_ranges(), negated=True)]
+    short = [e for e, v in SHORT_ESCAPES.items() if v not in children]
+    if short:
+        other.append(Seq((Literal("\\"), CharClass(tuple(sorted((ord(e), ord(e)) for e in short))))))
+    if not codes:
+        other.append(Seq((Literal("\\"), U_ESCAPE)))
+    wide = [x for x in codes if x >= 0x80]
+    return _choice(other), (CharClass(((0, 0x7F), *((x, x) for x in wide)), negated=True) if wide else None)
+
+
+def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rule) -> Expr:
+    """A JSON string whose value is none of `keys` (spelt canonically; see the module notes).
+
+    `rest` is the rest of any string once it has left the keys' trie and `nonascii_rest` a non-ASCII
+    character followed by `rest`, both shared rules: the trie's nodes then do not each carry a copy
+    of the string loop or of the UTF-8 automaton, which made these rules the slowest to compile."""
+    trie: dict = {}
+    for k in keys:
+        node = trie
+        for c in k:
+            node = node.setdefault(c, {})
+        node[""] = True
+    # post-order over the trie without recursion; every 50th level becomes its own rule so the
+    # expression nesting stays shallow for very long keys
+    built: dict[int, Expr] = {}
+    stack: list[tuple[dict, int, bool]] = [(trie, 0, False)]
+    while stack:
+        node, depth, ready = stack.pop()
+        children = [c for c in node if c]
+        if not ready:
+            stack.append((node, depth, True))
+            stack.extend((node[c], depth + 1, False) for c in children)
+            continue
+        alts: list[Expr] = []
+        if "" not in node:
+            alts.append(Literal('"'))
+        for c in children:
+            alts.append(Seq((_spelling(c), built.pop(id(node[c])))))
+        other, wide = _key_exits(tuple(sorted(ord(c) for c in children)))
+        alts.append(Seq((other, rest)))
+        alts.append(nonascii_rest if wide is None else Seq((wide, rest)))
+        expr = _choice(alts)
+        built[id(node)] = make_rule("key_part", expr) if depth % 50 == 49 else expr
+    return Seq((Literal('"'), built[id(trie)]))
+
+
+class ObjectLowering:
+    """The object half of the converter; see the module notes."""
+
+    def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        props = schema.get("properties", {})
+        if not isinstance(props, dict):
+            raise SchemaError("properties must be an object", _ptr(ptr, "properties"))
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise SchemaError("required must be an array of strings", _ptr(ptr, "required"))
+        addl = schema.get("additionalProperties", self.open_by_default(schema))
+        addl_ptr = _ptr(ptr, "additionalProperties")
+        # keys the schema names: listed, required, or required by a presence branch (strict mode
+        # closes the object to these; a named key's own schema is what JSON Schema gives it)
+        named = [*required, *(k for group in schema.get(PRESENCE, ("", ()))[1] for k in group)]
+        names = list(props) + [r for r in dict.fromkeys(named) if r not in props]
+        if self.xml and d == 0 and not names and (addl is True or addl == {}) and not any(
+                k in schema for k in ("patternProperties", "propertyNames", "minProperties", "maxProperties")):
+            return self.any_value(d)    # free-form arguments: any names, any values
+        entries: list[tuple[str, Expr, bool]] = []  # (key, member rule, required)
+        claims = self.claimed_by_patterns(schema, names, ptr)
+        allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
+        for k in names:
+            if k in props:
+                p = _ptr(ptr, "properties", k)
+                own = props[k]
+            else:
+                p = addl_ptr
+                own = schema.get("additionalProperties", True) if k not in claims else True
+            for extra_schema in claims.get(k, ()):
+                own = _both(own, extra_schema)
+            if allowed is not None and not allowed.accepts(k):
+                own = False     # propertyNames rules the key out, listed or not
+            req = k in required
+            if self.xml and d == 0:
+                member = self.add_rule(f"m_{k}", self.xml_member(k, own, p))
+            else:
+                value = self.lower(own, p, d + 1)
+                member = None if value is None else self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
+            if member is None:
+                if req:
+                    return None
+                continue
+            entries.append((k, member, req))
+        extra = None
+        if "patternProperties" in schema or "propertyNames" in schema:
+            extra = self.key_regions(schema, names, addl, ptr, d, allowed)
+            if extra is _CANNOT:
+                return None
+            addl_value = None
+        elif self.xml and d == 0 and addl is not False:
+            addl_value = self.unsupported("additionalProperties", addl_ptr, "additional arguments beside the listed "
+                                          "properties in an XML style")
+        else:
+            addl_value = self.lower(addl, addl_ptr, d + 1)
+        if addl_value is not None:
+            rest = self.cached(("string_rest",), "string_rest", lambda: Seq((Repeat(CHAR, 0, None), Literal('"'))))
+            wide = self.cached(("string_wide_rest",), "string_wide_rest",
+                               lambda: Seq((CharClass(((0, 0x7F),), negated=True), rest)))
+            key = self.cached(("key_excluding", tuple(names)), "other_key",
+                              lambda: _string_excluding(names, rest, wide, self.add_rule))
+            extra = self.add_rule("m_other", Seq((key, self.colon(), addl_value)))
+        lo = self.bound(schema, "minProperties", ptr, 0)
+        hi = self.bound(schema, "maxProperties", ptr, None)
+        if hi is not None and lo > hi or sum(req for _k, _m, req in entries) > (hi if hi is not None else lo + len(entries)):
+            return None
+        deps = self.dependencies(schema, [k for k, _m, _r in entries], ptr)
+        if deps is None:
+            return None
+        presence = None
+        if PRESENCE in schema:
+            mode, sets = schema[PRESENCE]
+            index = {k: i for i, (k, _m, _r) in enumerate(entries)}
+            # every key of a group is named, so one missing from the entries cannot appear at all
+            presence = (mode, [{index[k] for k in group} for group in sets if all(k in index for k in group)])
+        return self.members(entries, extra, lo, hi, d, ptr, deps, presence)
+
+    def lower_allows_extra(self, schema: dict) -> bool:
+        return schema.get("additionalProperties", self.open_by_default(schema)) is not False or \
+            bool(schema.get("patternProperties"))
+
+    def open_by_default(self, schema: dict) -> bool:
+        """Whether members the schema does not name are allowed when it says nothing about them:
+        strict_mode forbids them, but an object that names and bounds no member stays open, as in
+        xgrammar (a tool's free-form parameters)."""
+        return not self.strict or not any(k in schema for k in CLOSING)
+
+    def dependencies(self, schema: dict, names: list[str], ptr: str) -> dict[int, set[int]] | None:
+        """dependentRequired (and draft 4-7 `dependencies` in array form, or schema form holding only
+        `required`) as entry indices: present a => present each b. None when a dependency names
+        a property that cannot appear, which makes its trigger impossible only if required."""
+        out: dict[int, set[int]] = {}
+        index = {k: i for i, k in enumerate(names)}
+        for kw in ("dependentRequired", "dependencies"):
+            spec = schema.get(kw, {})
+            if not isinstance(spec, dict):
+                raise SchemaError(f"{kw} must be an object", _ptr(ptr, kw))
+            for a, need in spec.items():
+                where = _ptr(ptr, kw, a)
+                if isinstance(need, dict) and set(need) - ANNOTATIONS <= {"required"}:
+                    need = need.get("required", [])
+                if need is True:
+                    continue
+                if not isinstance(need, list) or not all(isinstance(b, str) for b in need):
+                    return self.unsupported(kw, where, f"{kw} with a schema cannot be enforced", fallback={})
+                if a not in index or any(b not in index for b in need):
+                    if a in schema.get("required", []) and any(b not in index for b in need):
+                        return None
+                    if a in index or self.lower_allows_extra(schema):
+                        return self.unsupported(kw, where, f"{kw} involving a property that is not listed in "
+                                                "properties cannot be enforced", fallback={})
+                    continue  # the trigger can never be written
+                out.setdefault(index[a], set()).update(index[b] for b in need if b != a)
+        return out
+
+    def members(self, entries: list[tuple[str, Expr, bool]], extra: Expr | None, lo: int, hi: int | None,
+                d: int, ptr: str, deps: dict[int, set[int]] | None = None,
+                presence: tuple[str, list[set[int]]] | None = None) -> Expr | None:
+        """The object body as an automaton of rules over (what has been written, how many members).
+
+        In schema order (the default), a state is the last named entry written; with `any_order`,
+        the set of named entries written (additional members may then come anywhere). Counting
+        members, for minProperties/maxProperties, stops at the largest bound that matters."""
+        sep = self.sep(d)
+        n = len(entries)
+        cap = hi if hi is not None else lo
+        required = [i for i, (_k, _m, req) in enumerate(entries) if req]
+        deps = deps or {}
+        tracked = {i for a, bs in deps.items() for i in (a, *bs)}
+        if presence is not None:
+            tracked |= {i for group in presence[1] for i in group}
+
+        def present_ok(written: int) -> bool:
+            if presence is None:
+                return True
+            held = sum(all(written >> i & 1 for i in group) for group in presence[1])
+            return held == 1 if presence[0] == "oneOf" else held >= 1
+        if len(tracked) > MAX_TRACKED_DEPENDENCIES:
+            raise GrammarLimitError(f"dependencies among more than {MAX_TRACKED_DEPENDENCIES} properties (at {ptr or '/'})")
+        if self.any_order:
+            states = (1 << n) * (cap + 1)
+            if n > MAX_ANY_ORDER or states > MAX_OBJECT_STATES:
+                raise GrammarLimitError(f"any_order object with {n} properties and property counts up to {cap} "
+                                        f"needs more than {MAX_OBJECT_STATES} states (at {ptr or '/'})")
+        elif n * (cap + 1) > MAX_OBJECT_STATES:
+            raise GrammarLimitError(f"object with {n} properties and property counts up to {cap} needs more "
+                                    f"than {MAX_OBJECT_STATES} states (at {ptr or '/'})")
+
+        def clamp(c: int) -> int:
+            return min(c, cap) if hi is None else c
+
+        def room(c: int) -> bool:
+            return hi is None or c < hi
+
+        refs: dict[tuple[int, int, int], RuleRef] = {}
+        pending: list[tuple[int, int, int]] = []
+        skip_refs: dict[tuple[int, int, int], RuleRef] = {}
+        skip_pending: list[tuple[int, int, int]] = []
+
+        def state(key: tuple[int, int, int]) -> RuleRef:
+            if key not in refs:
+                refs[key] = RuleRef(self.new_name("tail"))
+                pending.append(key)
+            return refs[key]
+
+        if self.any_order:
+            def follow(mask: int, c: int, _w: int = 0) -> list[Expr | None]:
+                alts: list[Expr | None] = []
+                done = all(mask >> i & 1 for i in required) and c >= lo and present_ok(mask)
+                if done and all(mask >> b & 1 for a, bs in deps.items() if mask >> a & 1 for b in bs):
+                    alts.append(EMPTY)
+                if room(c):
+                    alts += [Seq((sep, entries[j][1], state((mask | 1 << j, clamp(c + 1), 0))))
+                             for j in range(n) if not mask >> j & 1]
+                    if extra is not None:
+                        alts.append(Seq((sep, extra, state((mask, clamp(c + 1), 0)))))
+                return alts
+
+            first = [Seq((entries[j][1], state((1 << j, clamp(1), 0)))) for j in range(n)]
+            if extra is not None:
+                first.append(Seq((extra, state((0, clamp(1), 0)))))
+        else:
+            def nexts(i: int, c: int, written: int, lead: Expr | None) -> list[Expr | None]:
+                """What may come after entry i (-1: nothing yet), with c members and the tracked
+                entries `written`; `lead` is the separator (None before the first member)."""
+                later = [r for r in required if r > i]
+                owed = {b for a, bs in deps.items() if written >> a & 1 for b in bs if not written >> b & 1}
+                alts: list[Expr | None] = []
+                if not later and not owed and present_ok(written):
+                    if extra is not None and (lead is not None or c < (hi if hi is not None else c + 1)):
+                        more_min = max(0, lo - c)
+                        more_max = None if hi is None else hi - c
+                        if lead is not None:
+                            alts.append(Repeat(Seq((sep, extra)), more_min, more_max))
+                        elif more_max is None or more_max > 0:
+                            alts.append(Seq((extra, Repeat(Seq((sep, extra)), max(0, more_min - 1),
+                                                           None if more_max is None else more_max - 1))))
+                    elif c >= lo and lead is not None:
+                        alts.append(EMPTY)
+                if room(c) and i + 1 < n:
+                    alts.append(_seq(lead or EMPTY, skips((i + 1, c, written))))
+                return alts
+
+            def skip_chain(j: int, c: int, written: int) -> list[Expr | None]:
+                """The next entry written is j or a later one: j and what may follow it, or (when j
+                may be left out) the same choice from j + 1 on. A chain of one rule per entry,
+                rather than a state per entry that lists every later entry, keeps an object's
+                grammar linear in its member count."""
+                alts: list[Expr | None] = []
+                if not any(b < j and not written >> b & 1 for b in deps.get(j, ())):
+                    now = written | (1 << j if j in tracked else 0)
+                    alts.append(_seq(entries[j][1], _choice(nexts(j, clamp(c + 1), now, sep))))
+                owed = any(written >> a & 1 and not written >> j & 1 for a, bs in deps.items() if j in bs)
+                if j + 1 < n and not entries[j][2] and not owed:     # a required or owed entry cannot be skipped
+                    alts.append(skips((j + 1, c, written)))
+                return alts
+
+            def skips(key: tuple[int, int, int]) -> Expr:
+                if key not in skip_refs:
+                    skip_refs[key] = RuleRef(self.new_name("members"))
+                    skip_pending.append(key)
+                return skip_refs[key]
+
+            first = nexts(-1, 0, 0, None)
+        if hi == 0:
+            first = []
+        k = 0
+        while k < len(pending):  # building one state's body may create others
+            key = pending[k]
+            self.rules.append(Rule(refs[key].name, _choice(follow(*key)) or NEVER))
+            k += 1
+        k = 0
+        while k < len(skip_pending):
+            skey = skip_pending[k]
+            self.rules.append(Rule(skip_refs[skey].name, _choice(skip_chain(*skey)) or NEVER))
+            k += 1
+        out: list[Expr | None] = []
+        body = _choice(first)
+        if body is not None:
+            out.append(_seq(self.open("{", d), body, self.close("}", d)))
+        if not required and lo == 0 and present_ok(0):
+            out.append(self.empty("{}", d))
+        return _choice(out)
+
+    def pattern_languages(self, schema: dict, ptr: str) -> list[tuple[KeyDFA, Any, str]]:
+        pats = schema.get("patternProperties", {})
+        if not isinstance(pats, dict):
+            raise SchemaError("patternProperties must be an object", _ptr(ptr, "patternProperties"))
+        if len(pats) > MAX_KEY_PATTERNS:
+            raise GrammarLimitError(f"more than {MAX_KEY_PATTERNS} patternProperties", pointer=_ptr(ptr, "patternProperties"))
+        out = []
+        for pat, sub in pats.items():
+            where = _ptr(ptr, "patternProperties", pat)
+            try:
+                out.append((_key_dfa(regex_to_expr(pat, search=True)), sub, where))
+            except GrammarLimitError:
+                raise
+            except GrammarError as exc:
+                raise SchemaError(f"pattern {pat!r}: {exc}", where) from None
+        return out
+
+    def claimed_by_patterns(self, schema: dict, names: list[str], ptr: str) -> dict[str, list]:
+        """Per named key, the patternProperties schemas whose pattern matches it (they apply too)."""
+        claims: dict[str, list] = {}
+        for dfa, sub, _where in self.pattern_languages(schema, ptr):
+            for k in names:
+                if dfa.accepts(k):
+                    claims.setdefault(k, []).append(sub)
+        return claims
+
+    def key_regions(self, schema: dict, names: list[str], addl: Any, ptr: str, d: int, allowed: KeyDFA | None):
+        """Members whose key is not a named property: the keys split into regions by which
+        patterns match them (regions need intersections and complements, see regular.py), each
+        region's value under the conjunction of its patterns' schemas, or additionalProperties
+        where none matches; all keys restricted by propertyNames. _CANNOT when a named required
+        key is ruled out by propertyNames."""
+        pats = self.pattern_languages(schema, ptr)
+        if allowed is not None:
+            required = schema.get("required", [])
+            if any(not allowed.accepts(k) for k in required):
+                return _CANNOT
+        base = _key_dfa(Repeat(CharClass(((0, 0x10FFFF),)), 0, None))
+        if names:
+            base = intersect(base, _key_dfa(Choice(tuple(Literal(k) for k in names))).complement())
+        if allowed is not None:
+            base = intersect(base, allowed)
+        members: list[Expr] = []
+        for picked in range(1 << len(pats)):
+            region = base
+            schemas = []
+            for i, (dfa, sub, _where) in enumerate(pats):
+                region = intersect(region, dfa if picked >> i & 1 else dfa.complement())
+                if picked >> i & 1:
+                    schemas.append(sub)
+            if region.is_empty():
+                continue
+            value_schema = addl if not schemas else schemas[0]
+            for sub in schemas[1:]:
+                value_schema = _both(value_schema, sub)
+            value = self.lower(value_schema, ptr if schemas else _ptr(ptr, "additionalProperties"), d + 1)
+            if value is None:
+                continue
+            # one key rule per key language: objects with the same patterns share its mask entries
+            key = self.cached(("key", region), "key", lambda r=region: to_rules(r, json_string_body, self.new_name,
+                                                                                self.rules))
+            members.append(Seq((Literal('"'), key, Literal('"'), self.colon(), value)))
+        return self.add_rule("m_other", _choice(members)) if members else None
+
+    def key_language(self, names_schema: Any, ptr: str) -> KeyDFA | None:
+        """The keys `propertyNames` allows, as an automaton (None: every key)."""
+        if names_schema is True or names_schema == {}:
+            return None
+        if names_schema is False:
+            return _key_dfa(NEVER)
+        if not isinstance(names_schema, dict):
+            raise SchemaError("propertyNames must be a schema", ptr)
+        if "$ref" in names_schema:
+            names_schema = self.inline_ref(names_schema, ptr)
+        parts: list[Expr] = []
+        out = None
+        for k, v in names_schema.items():
+            if k in ANNOTATIONS:
+                continue
+            if k == "allOf" and isinstance(v, list):    # as merged allOf members leave it
+                self.enter(ptr)
+                try:
+                    for i, sub in enumerate(v):
+                        dfa = self.key_language(sub, _ptr(ptr, "allOf", i))
+                        if dfa is not None:
+                            out = dfa if out is None else intersect(out, dfa)
+                finally:
+                    self.level -= 1
+                continue
+            if k == "type":
+                if "string" not in ([v] if isinstance(v, str) else v):
+                    return _key_dfa(NEVER)
+            elif k in ("enum", "const"):
+                values = v if k == "enum" else [v]
+                parts.append(_choice([Literal(x) for x in values if isinstance(x, str)]) or NEVER)
+            elif k == "pattern":
+                parts.append(regex_to_expr(v, search=True))
+            elif k == "format":
+                fx = format_expr(v)
+                if fx is not None:
+                    parts.append(fx)
+            elif k in ("minLength", "maxLength"):
+                lo = self.bound(names_schema, "minLength", ptr, 0)
+                hi = self.bound(names_schema, "maxLength", ptr, None)
+                parts.append(Repeat(CharClass(((0, 0x10FFFF),)), lo, hi))
+            else:
+                return self.unsupported(k, _ptr(ptr, k), f"propertyNames keyword {k!r} cannot be enforced")
+        for part in parts:
+            dfa = _key_dfa(part)
+            out = dfa if out is None else intersect(out, dfa)
+        return out
