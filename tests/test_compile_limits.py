@@ -15,8 +15,12 @@ import pytest
 
 import xg2
 from xg2.grammar import budget
+from xg2.grammar.ebnf import parse_ebnf, print_ebnf
+from xg2.grammar.fsm import _body_key, build_nfa, rule_automaton
 from xg2.grammar.grammar import Grammar
-from xg2.grammar.optimize import expr_size
+from xg2.grammar.ir import FreeText, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
+from xg2.grammar.optimize import expr_size, inline_small_rules
+from xg2.grammar.repetition import compress_repetitions, nullable_rule_names
 from xg2.grammar.text import dispatching, text_until
 
 
@@ -165,8 +169,10 @@ WORDS = ("apple", "banana", "cherry", "delta", "echo", "foxtrot", "golf", "hotel
                                                "</tool_response>", "<|endoftext|>", "[TOOL_CALLS]", "```")])
 def test_tag_dispatch_with_8_excluded_strings(compiler, excludes):
     """Free text excluding words with distinct first letters was an exponential expression (over
-    10^8 nodes written out for these eight words)."""
-    assert expr_size(dispatching({"<t>": None}, excludes)) < 1_000_000
+    10^8 nodes written out for these eight words, 480,000 with shared first characters); as a
+    FreeText leaf its automaton is built from the text automaton's states, linear in the strings."""
+    nfa, _start, _end = build_nfa(dispatching({"<t>": None}, excludes), {})
+    assert nfa.n_nodes < 40 * (sum(map(len, excludes)) + 10)
     grammar = ('root ::= TagDispatch(("<t>", call), stop_eos=true, excludes=('
                + ", ".join(json.dumps(w) for w in excludes) + '))\ncall ::= "x</t>"\n')
     compiled = compiler.compile_grammar(grammar)
@@ -192,3 +198,76 @@ def test_text_until_with_excluded_words_matches_a_direct_check():
             end = s.find("cc")
             want = end >= 0 and end + 2 == len(s) and not any(w in s[:end + 2] for w in excludes if w != "cc")
             assert accepts(g, s) == want, s
+
+
+def _first_end(text: str, ends: tuple[str, ...], excludes: tuple[str, ...]) -> bool:
+    """Direct check: `text` holds no excluded string and ends at its first end string (or, with no
+    end strings, is any such text)."""
+    for i in range(1, len(text) + 1):
+        if any(text[:i].endswith(x) for x in excludes):
+            return False
+        if any(text[:i].endswith(e) for e in ends):
+            return i == len(text)
+    return not ends
+
+
+@pytest.mark.parametrize(("ends", "excludes", "tokens"), [
+    ((), ("ab", "bc", "ca", "cab"), ()),                     # distinct first letters, each inside another
+    (("ba",), ("ab", "bc", "ca", "cab"), ()),
+    (("cc", "ab"), ("abc", "b"), ()),
+    (("a",), ("bab", "cbc", "aa"), ("\ud800",)),             # a special token the text may hold
+    ((), ("a\ud800b",), ("\ud800",)),                        # ... or that lies inside an excluded string
+    (("abab", "cbc"), ("bb", "cab"), ()),
+])
+def test_free_text_leaf_matches_a_direct_check(ends, excludes, tokens):
+    """The FreeText leaf's automaton (lowered from the text automaton's states, not from a written
+    expression) against a direct check over every string of up to 7 characters."""
+    from itertools import product
+
+    expr = text_until(ends, excludes, tokens)
+    assert isinstance(expr, FreeText)
+    fsm = rule_automaton(expr, {})
+    assert fsm.deterministic
+    letters = sorted({c for w in ends + excludes for c in w} | set(tokens) | {"x"})
+    for n in range(8):
+        for chars in product(letters, repeat=n):
+            s = "".join(chars)
+            want = _first_end(s, ends, excludes)
+            assert fsm.accepts(s.encode("utf-8", "surrogatepass")) == want, (s, want)
+
+
+def test_free_text_leaf_in_rules_with_calls_compiles_the_same_language(compiler):
+    """A FreeText inside a body that also calls rules and repeats it past the compression threshold
+    (the Python Thompson construction lowers such bodies) and through inlining."""
+    text = text_until(("</t>",), ("ab", "ba"))
+    ir = GrammarIR([Rule("root", Repeat(Seq((Literal("<t>"), RuleRef("t"), RuleRef("k"))), 0, 300)),
+                    Rule("t", text), Rule("k", Literal("!"))])
+    ir = compress_repetitions(inline_small_rules(ir))
+    g = compiler.compile_grammar(Grammar(ir))
+    assert accepts(g, "<t>xyz</t>!<t>a b</t>!")
+    assert accepts(g, "")
+    assert not accepts(g, "<t>xabz</t>!")
+    assert not accepts(g, "<t>x</t>y</t>!")
+    assert not accepts(g, "<t>x</t>")
+    assert accepts(g, "<t></t>!" * 300) and not accepts(g, "<t></t>!" * 301)
+
+
+def test_free_text_leaf_is_a_canonical_key_and_prints_back():
+    a = text_until(("b", "a"), ("y", "x", "y"))
+    assert a == text_until(("a", "b"), ("x", "y")) and a == FreeText(("a", "b"), ("x", "y"))
+    assert text_until(("abcabc",), ("bca",)) is None        # every text reaching the end holds "bca"
+    assert _body_key(a) == _body_key(text_until(("a", "b"), ("x", "y")))
+    assert _body_key(a) != _body_key(text_until(("a", "b"), ("x",)))
+    assert _body_key(a) != _body_key(Literal(_body_key(a)[0][0].decode()))
+    assert "t" in nullable_rule_names(GrammarIR([Rule("root", RuleRef("t")), Rule("t", text_until((), ("x",)))]))
+    assert "t" not in nullable_rule_names(GrammarIR([Rule("root", RuleRef("t")), Rule("t", a)]))
+    ir = parse_ebnf('root ::= "<" FreeText(ends=("a\\"", ">"), excludes=("x",)) r\nr ::= "!"\n')
+    assert ir.rules[0].body.items[1] == text_until(("a\"", ">"), ("x",))
+    assert parse_ebnf(print_ebnf(ir)) == ir
+    tagged = parse_ebnf('root ::= TagDispatch(("<a>", a), excludes=("zz", "q"))\na ::= "1"\n')
+    assert parse_ebnf(print_ebnf(tagged)) == tagged
+    for bad in ('FreeText(ends=(""))', 'FreeText(ends=("a"), ends=("b"))', 'FreeText(stop=("a"))',
+                'FreeText(ends=("a" "b"))', 'FreeText(ends=("a")', 'FreeText(ends=(x))',
+                'FreeText(ends=("ab"), excludes=("b"))'):
+        with pytest.raises(xg2.GrammarError):
+            parse_ebnf(f"root ::= {bad}\n")

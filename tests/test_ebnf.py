@@ -19,6 +19,7 @@ from xg2.grammar.ir import (
     EPSILON,
     CharClass,
     Choice,
+    FreeText,
     GrammarIR,
     Literal,
     Repeat,
@@ -84,8 +85,21 @@ def matches(ir: GrammarIR, s: str) -> bool:
                 yield from ends(alt, i)
         elif isinstance(e, Repeat):
             yield from rep(e, 0, i)
+        elif isinstance(e, FreeText):
+            for j in range(i, len(s) + 1):
+                if free_text(s[i:j], e):
+                    yield j
         else:  # pragma: no cover
             raise TypeError(e)
+
+    def free_text(t, e):
+        """Whether `t` is text up to the first end string holding no excluded one (a direct check)."""
+        for k in range(1, len(t) + 1):
+            if any(t[:k].endswith(x) for x in e.excludes):
+                return False
+            if any(t[:k].endswith(x) for x in e.ends):
+                return k == len(t)
+        return not e.ends
 
     def seq(items, k, i):
         if k == len(items):

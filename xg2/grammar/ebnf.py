@@ -40,6 +40,7 @@ from xg2.grammar.ir import (
     CharClass,
     Choice,
     Expr,
+    FreeText,
     GrammarIR,
     Literal,
     Repeat,
@@ -353,12 +354,13 @@ def _tokenize(src: _Source) -> list[_Token]:
             shown = repr(c) if c.isprintable() else f"U+{ord(c):04X}"
             raise src.error(f"unexpected character {shown}", pos)
     append(_Token(_EOF, n))
-    # '=' names an argument of TagDispatch and means nothing anywhere else.
-    depth = 0           # parentheses open inside a TagDispatch(...)
+    # '=' names an argument of TagDispatch or FreeText and means nothing anywhere else.
+    depth = 0           # parentheses open inside a TagDispatch(...) or FreeText(...)
     for i, tok in enumerate(toks):
         if depth:
             depth += (tok.kind in (_LPAREN, _LOOKAHEAD)) - (tok.kind == _RPAREN)
-        elif tok.kind == _LPAREN and i and toks[i - 1].kind == _NAME and toks[i - 1].value == "TagDispatch":
+        elif tok.kind == _LPAREN and i and toks[i - 1].kind == _NAME \
+                and toks[i - 1].value in ("TagDispatch", "FreeText"):
             depth = 1
         elif tok.kind == _EQUALS:
             raise src.error("unexpected character '='", tok.off)
@@ -563,6 +565,48 @@ class _Parser:
         sub = _Source(text)
         return _Parser(sub, _tokenize(sub), self.rule_names | {"tag_dispatch"}).parse_rule().body
 
+    def _free_text(self) -> Expr:
+        """`FreeText(ends=("s", ...), excludes=("s", ...))`, self.i at its name: the IR leaf of
+        text.text_until, written so that the printed form of TagDispatch and of structural tags'
+        free text parses back to the same IR."""
+        from .text import text_until
+
+        src, toks = self.src, self.toks
+        start = toks[self.i].off
+        self.i += 2
+        args: dict[str, tuple[str, ...]] = {}
+        while toks[self.i].kind != _RPAREN:
+            tok = toks[self.i]
+            if tok.kind != _NAME or tok.value not in ("ends", "excludes") or tok.value in args \
+                    or toks[self.i + 1].kind != _EQUALS or toks[self.i + 2].kind != _LPAREN:
+                raise src.error("FreeText takes ends=(\"s\", ...) and excludes=(\"s\", ...)", tok.off)
+            self.i += 3
+            strings = []
+            while toks[self.i].kind != _RPAREN:
+                s = toks[self.i]
+                if s.kind != _STRING:
+                    raise src.error(f"expected a string in FreeText, got {s.kind}", s.off)
+                if not s.value:
+                    raise src.error("the strings of FreeText must not be empty", s.off)
+                strings.append(str(s.value))
+                self.i += 1
+                if toks[self.i].kind == _COMMA:
+                    self.i += 1
+                elif toks[self.i].kind != _RPAREN:
+                    raise src.error(f"expected ',' or ')' in FreeText, got {toks[self.i].kind}", toks[self.i].off)
+            self.i += 1
+            args[str(tok.value)] = tuple(strings)
+            if toks[self.i].kind == _COMMA:
+                self.i += 1
+        self.i += 1
+        try:
+            expr = text_until(args.get("ends", ()), args.get("excludes", ()))
+        except ValueError as e:
+            raise src.error(str(e), start) from None
+        if expr is None:
+            raise src.error("no FreeText can end without an excluded string", start)
+        return expr
+
     def parse_rule(self) -> Rule:
         """Parse one rule; self.i is at its name."""
         src, toks = self.src, self.toks
@@ -590,6 +634,10 @@ class _Parser:
                 ref = str(tok.value)
                 if ref == "TagDispatch" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:
                     top.items.append(self._tag_dispatch())
+                    top.quantifiable = True
+                    continue
+                if ref == "FreeText" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:
+                    top.items.append(self._free_text())
                     top.quantifiable = True
                     continue
                 if ref not in self.rule_names:
@@ -788,6 +836,10 @@ def _print_expr(root: Expr) -> str:
             out.append(_print_class(e))
         elif isinstance(e, RuleRef):
             out.append(e.name)
+        elif isinstance(e, FreeText):
+            args = [f"{k}=({', '.join(map(_print_literal, v))})" for k, v in
+                    (("ends", e.ends), ("excludes", e.excludes), ("tokens", e.tokens)) if v]
+            out.append(f"FreeText({', '.join(args)})")
         elif isinstance(e, Repeat):
             todo: list[tuple] = [
                 ("expr", e.expr, _CTX_POSTFIX),

@@ -24,7 +24,8 @@ from .._ext.automata import minimal_dfa, rule_dfa
 from ..errors import GrammarLimitError
 from . import budget as deadline
 from .alternation import MIN_TRIE_LITERALS, factor_literals
-from .ir import CharClass, Choice, Expr, Literal, Repeat, RuleRef, Seq
+from .ir import CharClass, Choice, Expr, FreeText, Literal, Repeat, RuleRef, Seq
+from .text import text_graph
 
 #: Upper bound on automaton nodes built for one rule (before minimisation).
 MAX_NFA_NODES = 400_000
@@ -193,6 +194,16 @@ def build_nfa(body: Expr, rule_index: dict[str, int]) -> tuple[NFA, int, int]:
                 nfa.add(cur, 2, 0, 0, t)
         elif isinstance(e, RuleRef):
             nfa.add(s, 1, rule_index[e.name], 0, t)
+        elif isinstance(e, FreeText):
+            graph = text_graph(e)
+            if graph is None:       # the empty language: no way from s to t
+                continue
+            n_states, first, last, edges = graph
+            nodes = [nfa.node() for _ in range(n_states)]   # fresh: loops back to the start stay inside
+            nfa.add(s, 2, 0, 0, nodes[first])
+            nfa.add(nodes[last], 2, 0, 0, t)
+            for p, q, label in edges:
+                stack.append((label, nodes[p], nodes[q]))
         else:  # pragma: no cover - the IR is closed
             raise TypeError(f"unknown IR node {e!r}")
     return nfa, start, end
@@ -372,7 +383,7 @@ def _memo_automaton(body: Expr, key: tuple[bytes, tuple[int, ...]], refs: tuple[
         if fsm is not None:
             _AUTOMATA.move_to_end(key)
             return fsm
-    fsm = build_dfa(body, {n: i for i, n in enumerate(refs)})
+    fsm = build_dfa(body, {n: i for i, n in enumerate(refs)}, _has_text(key[0]))
     with _AUTOMATA_LOCK:
         _AUTOMATA[key] = fsm
         if len(_AUTOMATA) > MAX_MEMO_AUTOMATA:
@@ -414,6 +425,8 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
         elif t is RuleRef:
             out.append("F")
             calls.append(x.name)
+        elif t is FreeText:
+            out.append(_text_key(x))
         else:
             known = x.__dict__.get("_written")
             if known is not None:
@@ -445,7 +458,21 @@ def _leaf_text(x: Expr) -> str:
         return f"L{len(x.text)}:{x.text}"
     if type(x) is CharClass:
         return f"C{x.ranges!r}{x.negated:d}"
+    if type(x) is FreeText:
+        return _text_key(x)
     return "F"
+
+
+def _text_key(x: FreeText) -> str:
+    """A FreeText as _body_key writes it: its strings' reprs (which hold no NUL, the separator);
+    the strings are sorted and distinct in the node, so equal nodes write the same text."""
+    return f"T{(x.ends, x.excludes, x.tokens)!r}"
+
+
+def _has_text(key: bytes) -> bool:
+    """Whether a body written as `key` may hold a FreeText, which only the Python Thompson
+    construction lowers (a literal holding the same bytes only costs the slower path)."""
+    return key.startswith(b"T(") or b"\x00T(" in key
 
 
 def _written_dag(e: Expr) -> tuple[str, tuple[str, ...]]:
@@ -490,13 +517,18 @@ def _refs(e: Expr) -> tuple[str, ...]:
     return _body_key(e)[1]
 
 
-def build_dfa(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
+def build_dfa(body: Expr, rule_index: dict[str, int], text: bool | None = None) -> RuleFSM:
     """`determinize(*build_nfa(body, rule_index))` with the NFA built in C as well.
 
     After the C subset construction and minimisation, the Python Thompson construction was the
     larger cost per rule (a Python object per edge). The NFA is still built in Python for the rare
-    fallback past MAX_DFA_STATES, which needs it.
+    fallback past MAX_DFA_STATES, which needs it, and for bodies holding a FreeText (`text`: whether
+    the body may hold one; None: look), which only the Python construction lowers.
     """
+    if text is None:
+        text = _holds_text(body)
+    if text:
+        return determinize(*build_nfa(body, rule_index))
     res = rule_dfa(body, rule_index, _class_sequences, MAX_NFA_NODES, MAX_DFA_STATES, MAX_CLOSURE_WORK)
     if isinstance(res, tuple):
         return _from_minimal(res)
@@ -506,6 +538,22 @@ def build_dfa(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
         raise GrammarLimitError(_TOO_LARGE)
     nfa, start, end = build_nfa(body, rule_index)
     return _epsilon_free(nfa, start, end, _Budget(res))
+
+
+def _holds_text(body: Expr) -> bool:
+    """Whether a FreeText occurs in `body` (each shared node visited once)."""
+    seen = {id(body)}
+    stack = [body]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is FreeText:
+            return True
+        for k in x.items if t is Seq else x.alts if t is Choice else (x.expr,) if t is Repeat else ():
+            if id(k) not in seen:
+                seen.add(id(k))
+                stack.append(k)
+    return False
 
 
 def determinize(nfa: NFA, start: int, end: int) -> RuleFSM:

@@ -2,9 +2,10 @@
 
 A grammar is a list of named rules whose bodies are small expression trees over Unicode code points.
 Everything after the IR (FSM lowering, hashing, the Cython core) is shared by all front-ends, so the
-IR is deliberately tiny: literals, character classes, sequences, choices, bounded repetition and rule
-references. Expressions are frozen dataclasses so that structurally equal sub-expressions compare and
-hash equal, which the lowering uses to share work.
+IR is deliberately tiny: literals, character classes, sequences, choices, bounded repetition, rule
+references, and one leaf for free text that stops at and avoids given strings (text.py). Expressions
+are frozen dataclasses so that structurally equal sub-expressions compare and hash equal, which the
+lowering uses to share work.
 """
 
 from __future__ import annotations
@@ -74,7 +75,20 @@ class RuleRef:
     name: str
 
 
-Expr = Union[Literal, CharClass, Seq, Choice, Repeat, RuleRef]  # noqa: UP007 (runtime alias)
+@dataclass(frozen=True)
+class FreeText:
+    """Text up to and including the first occurrence of one of `ends` (any text when there are
+    none) that holds none of `excludes`; it may also hold the special-token characters `tokens`
+    (surrogates, see text.py). A leaf: the automaton builder lowers it to its states directly,
+    since as an expression of the other nodes it can be hundreds of thousands of nodes. The
+    strings are sorted and distinct (text.text_until builds it so), which makes equal nodes equal."""
+
+    ends: tuple[str, ...]
+    excludes: tuple[str, ...] = ()
+    tokens: tuple[str, ...] = ()
+
+
+Expr = Union[Literal, CharClass, Seq, Choice, Repeat, RuleRef, FreeText]  # noqa: UP007 (runtime alias)
 
 
 @dataclass

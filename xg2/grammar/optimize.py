@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 
 from . import budget
-from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
+from .ir import CharClass, Choice, Expr, FreeText, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
 #: Largest (weighted) expression size inlined into a caller.
 INLINE_LIMIT = 40
@@ -139,6 +139,9 @@ def expr_size(e: Expr) -> int:
             s = max(1, len(x.text))
         elif isinstance(x, CharClass):
             s = 1 + len(x.ranges)
+        elif isinstance(x, FreeText):
+            # a loop over free text, as below: one shared copy; its states count as written out
+            s = 1 + INLINE_TOTAL_LIMIT + sum(map(len, (*x.ends, *x.excludes)))
         elif isinstance(x, Repeat):
             s = 1 + sizes[id(x.expr)] * max(1, x.max if x.max is not None else x.min + 1)
             if x.max is None and _wide(x.expr):
@@ -156,7 +159,7 @@ def _wide(e: Expr) -> bool:
     stack = [e]
     while stack:
         x = stack.pop()
-        if isinstance(x, CharClass) and _class_width(x) > 256:
+        if (isinstance(x, CharClass) and _class_width(x) > 256) or isinstance(x, FreeText):
             return True
         stack.extend(_children(x))
     return False

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from . import budget
 from .fsm import rule_automaton
-from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
+from .ir import CharClass, Choice, Expr, FreeText, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 
 #: Repetitions with more copies than this are compressed (the paper's threshold T), and the last T
 #: copies of a compressed bounded repetition stay unrolled. T is also how many elements the mask
@@ -57,6 +57,8 @@ def _nullable(e: Expr, nullable_rules: set[str]) -> bool:
         return all(_nullable(x, nullable_rules) for x in e.items)
     if isinstance(e, Choice):
         return any(_nullable(x, nullable_rules) for x in e.alts)
+    if isinstance(e, FreeText):
+        return not e.ends       # text up to an end string holds it, so is never empty
     return e.min == 0 or _nullable(e.expr, nullable_rules)
 
 

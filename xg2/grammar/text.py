@@ -3,32 +3,44 @@
 Structural tags wrap free text (`any_text`) in tags, `<think>` … `</think>`: the text runs until the
 first occurrence of an end string, which closes the tag, and must not contain the excluded strings.
 That language is regular: an Aho–Corasick automaton over the end and excluded strings reads the text,
-an excluded string kills it, an end string finishes it. It is written here as one IR expression
-(state elimination, deepest states first, so the expression stays close to the size of the strings),
-which the automaton builder turns back into one minimal automaton whose main state loops on every
-character that starts no string: the mask builder then accepts the tokens of ordinary text as
-whole trie subtrees.
+an excluded string kills it, an end string finishes it. The IR holds it as one `FreeText` leaf (the
+strings themselves), which the automaton builder lowers straight into NFA states from the graph
+`text_graph` builds here: linear in the automaton. Written out as a regular expression instead
+(state elimination), words with distinct first letters that also occur inside other words made an
+expression of hundreds of thousands of nodes for a few dozen states. The rule automaton built from
+it is one minimal automaton whose main state loops on every character that starts no string: the
+mask builder then accepts the tokens of ordinary text as whole trie subtrees.
 """
 
 from __future__ import annotations
 
 import functools
 
-from .ir import EPSILON, CharClass, Choice, Expr, Literal, Repeat, Seq
+from .ir import EPSILON, CharClass, Choice, Expr, FreeText, Literal, Repeat, Seq
 
 #: Largest automaton written out (states: one per distinct prefix of the strings, plus two).
 MAX_TEXT_STATES = 512
 
 
-@functools.lru_cache(maxsize=256)
 def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = (), tokens: tuple[str, ...] = ()) -> Expr | None:
     """Text followed by one of `ends` (their first occurrence ends it), or, without ends, any text;
     no excluded string occurs in either. `tokens`: the characters of special tokens the text may
     also hold (see TokenizerInfo.named_special_tokens; those in the strings are read as part of
     them). None when the language is empty."""
+    ends = tuple(sorted(set(ends)))
+    excludes = tuple(sorted(set(excludes) - set(ends)))   # an end string ends the text before it could hold one
+    node = FreeText(ends, excludes, tuple(sorted(set(tokens))))
+    return node if text_graph(node) is not None else None
+
+
+@functools.lru_cache(maxsize=256)
+def text_graph(node: FreeText) -> tuple[int, int, int, tuple[tuple[int, int, Expr], ...]] | None:
+    """The automaton of a FreeText as (number of states, start, final, edges (p, q, label)): each
+    label is a character, a class or epsilon, so lowering it is linear in the automaton. None when
+    the language is empty."""
     from ..errors import GrammarLimitError
 
-    excludes = tuple(set(excludes) - set(ends))     # an end string ends the text before it could hold one
+    ends, excludes, tokens = node.ends, node.excludes, node.tokens
     patterns = sorted(set(ends) | set(excludes))
     if any(not p for p in patterns):
         raise ValueError("end and excluded strings must not be empty")
@@ -60,8 +72,8 @@ def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = (), tokens: tu
     edges[start][0] = EPSILON
     # Hubs read the first character of a string as the root does. A state that reads a first
     # character as the root does (no string goes on with it from there) hands over to a hub by
-    # epsilon instead of an edge per first character: otherwise the states of different strings
-    # all reach each other, and the eliminated expression grows exponentially in their number.
+    # epsilon instead of an edge per first character (fewer edges, and the states of different
+    # strings do not all reach each other).
     # `hub` reads the first characters no string goes on with anywhere (every state hands over to
     # it); `hub_b` the others, for the states where none of them goes on.
     steps = {s: {ch: _step(goto, fail, s, ch) for ch in alphabet} for s in range(n) if s not in dead and s not in done}
@@ -97,15 +109,19 @@ def text_until(ends: tuple[str, ...], excludes: tuple[str, ...] = (), tokens: tu
         if not edges[q]:                # a hub that reads nothing leads nowhere
             for e in edges.values():
                 e.pop(q, None)
-    for q in [*sorted(range(n), key=lambda s: -depth[s]), hub_b, hub]:      # deepest states first
-        loop = edges[q].pop(q, None)
-        star = Repeat(loop, 0, None) if loop is not None else None
-        ins = [(p, e.pop(q)) for p, e in edges.items() if q in e]
-        for p, into in ins:
-            for r, outof in edges[q].items():
-                _add(edges, p, r, _seq(into, star, outof))
-        edges[q] = {}
-    return edges[start].get(final)
+    flat = tuple((p, q, e) for p, out_edges in edges.items() for q, e in out_edges.items())
+    succ: dict[int, list[int]] = {}
+    for p, q, _e in flat:
+        succ.setdefault(p, []).append(q)
+    seen, work = {start}, [start]
+    while work:
+        for q in succ.get(work.pop(), ()):
+            if q not in seen:
+                seen.add(q)
+                work.append(q)
+    if final not in seen:
+        return None
+    return n + 4, start, final, flat
 
 
 def dispatching(after: dict[str, Expr | None], excludes: tuple[str, ...] = (), stops: tuple[str, ...] = (),
@@ -193,10 +209,3 @@ def _add(edges: dict[int, dict[int, Expr]], p: int, q: int, e: Expr) -> None:
         edges[p][q] = e
     else:
         edges[p][q] = Choice((*(old.alts if isinstance(old, Choice) else (old,)), e))
-
-
-def _seq(*parts: Expr | None) -> Expr:
-    kept = [p for p in parts if p is not None and p != EPSILON]
-    if not kept:
-        return EPSILON
-    return kept[0] if len(kept) == 1 else Seq(tuple(kept))
