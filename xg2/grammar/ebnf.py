@@ -6,9 +6,13 @@ Syntax accepted by :func:`parse_ebnf`::
     body := alt ("|" alt)*   # alternatives; an empty alternative is an error (use "" or ())
     alt  := item+            # a sequence
     item := atom quantifier?
-    atom := "literal" | [class] | [^class] | name | ( body ) | ( )
+    atom := "literal" | [class] | [^class] | name | ( body ) | ( ) | TagDispatch(...) | FreeText(...)
     quantifier := * | + | ? | {m} | {m,} | {m,n}
     name ::= body (= body)   # optional lookahead assertion, only at the very end of a rule
+
+``FreeText(ends=("s", ...), excludes=("s", ...))`` is xg2's own: text up to the first end string
+(any text without ends) that holds no excluded string, the form TagDispatch and structural tags'
+free text print as (their language written as an expression can be hundreds of thousands of nodes).
 
 Names are ASCII letters, digits, ``_``, ``-`` and ``.``, not starting with a digit (so ``.`` is a
 name character, not a wildcard, exactly as in xgrammar). ``#`` starts a comment that runs to the end

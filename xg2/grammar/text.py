@@ -18,7 +18,7 @@ import functools
 
 from .ir import EPSILON, CharClass, Choice, Expr, FreeText, Literal, Repeat, Seq
 
-#: Largest automaton written out (states: one per distinct prefix of the strings, plus two).
+#: Largest text automaton built (states: one per distinct prefix of the strings, plus two).
 MAX_TEXT_STATES = 512
 
 
