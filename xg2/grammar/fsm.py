@@ -24,7 +24,7 @@ from .._ext.automata import minimal_dfa, rule_dfa
 from ..errors import GrammarLimitError
 from . import budget as deadline
 from .alternation import MIN_TRIE_LITERALS, factor_literals
-from .ir import CharClass, Choice, Expr, FreeText, Literal, Repeat, RuleRef, Seq
+from .ir import CharClass, Choice, Expr, FreeText, Literal, Repeat, RuleRef, Seq, any_node
 from .text import text_graph
 
 #: Upper bound on automaton nodes built for one rule (before minimisation).
@@ -541,19 +541,8 @@ def build_dfa(body: Expr, rule_index: dict[str, int], text: bool | None = None) 
 
 
 def _holds_text(body: Expr) -> bool:
-    """Whether a FreeText occurs in `body` (each shared node visited once)."""
-    seen = {id(body)}
-    stack = [body]
-    while stack:
-        x = stack.pop()
-        t = type(x)
-        if t is FreeText:
-            return True
-        for k in x.items if t is Seq else x.alts if t is Choice else (x.expr,) if t is Repeat else ():
-            if id(k) not in seen:
-                seen.add(id(k))
-                stack.append(k)
-    return False
+    """Whether a FreeText occurs in `body`."""
+    return any_node(body, lambda x: type(x) is FreeText)
 
 
 def determinize(nfa: NFA, start: int, end: int) -> RuleFSM:

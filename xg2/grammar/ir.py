@@ -10,6 +10,7 @@ lowering uses to share work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -133,3 +134,20 @@ def choice(alts: list[Expr | None]) -> Expr | None:
     if not out:
         return None
     return out[0] if len(out) == 1 else Choice(tuple(out))
+
+
+def any_node(e: Expr, test: Callable[[Expr], bool]) -> bool:
+    """Whether `test` holds for some node of `e`, each shared node visited once: expressions are
+    DAGs (front-ends reuse sub-expressions), and walking one as a tree can take exponential time."""
+    seen = {id(e)}
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if test(x):
+            return True
+        t = type(x)
+        for k in x.items if t is Seq else x.alts if t is Choice else (x.expr,) if t is Repeat else ():
+            if id(k) not in seen:
+                seen.add(id(k))
+                stack.append(k)
+    return False

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from . import budget
 from .fsm import rule_automaton
-from .ir import CharClass, Choice, Expr, FreeText, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
+from .ir import CharClass, Choice, Expr, FreeText, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq, any_node
 
 #: Repetitions with more copies than this are compressed (the paper's threshold T), and the last T
 #: copies of a compressed bounded repetition stay unrolled. T is also how many elements the mask
@@ -249,19 +249,7 @@ MAX_TREE_STEPS = 8_192
 
 def _needs_rewrite_dag(e: Expr) -> bool:
     """_needs_rewrite visiting each node once (a predicate: a second visit answers the same)."""
-    seen = {id(e)}
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        t = type(x)
-        if t is Repeat and (_large(x) or type(x.expr) is Repeat):
-            return True
-        kids = x.items if t is Seq else x.alts if t is Choice else (x.expr,) if t is Repeat else ()
-        for k in kids:
-            if id(k) not in seen:
-                seen.add(id(k))
-                stack.append(k)
-    return False
+    return any_node(e, lambda x: type(x) is Repeat and (_large(x) or type(x.expr) is Repeat))
 
 
 def compress_repetitions(ir: GrammarIR) -> GrammarIR:
