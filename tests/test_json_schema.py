@@ -968,8 +968,13 @@ DEEP_SCHEMAS = {
     "ref_cycle": {"$defs": {"a": {"$ref": "#/$defs/b", "minimum": 1}, "b": {"$ref": "#/$defs/a", "maximum": 5}},
                   "$ref": "#/$defs/a"},
     "not_ref_cycle": {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "not": {"$ref": "#/$defs/a"}},
-    "definitions": {"$defs": _nest(lambda s, i: {"x": {"$defs": s}}, 10000, {"y": {"type": "integer"}}),
-                    "$ref": "#/$defs" + "/x/$defs" * 10000 + "/y"},
+    # deep but short (a reference straight to the leaf), within the document's nesting limit
+    "definitions": {"$defs": _nest(lambda s, i: {"x": {"$defs": s}}, 120, {"y": {"type": "integer"}}),
+                    "$ref": "#/$defs" + "/x/$defs" * 120 + "/y"},
+    # past it: refused unread, whatever the reference reaches
+    "definitions_past_the_document_limit": {
+        "$defs": _nest(lambda s, i: {"x": {"$defs": s}}, 10000, {"y": {"type": "integer"}}),
+        "$ref": "#/$defs" + "/x/$defs" * 10000 + "/y"},
     "unevaluated": _nest(lambda s, i: {"allOf": [s], "unevaluatedProperties": False}, 600),
 }
 
@@ -991,6 +996,9 @@ def test_deep_nesting_is_typed(tiny_compiler, name):
             assert exc.pointer, exc
     if name == "definitions":   # deep but short: a reference straight to the leaf
         assert _accepts(tiny_compiler.compile_json_schema(schema), "12")
+    if name == "definitions_past_the_document_limit":
+        with pytest.raises(GrammarLimitError, match="nested deeper than"):
+            tiny_compiler.compile_json_schema(schema)
 
 
 def test_free_form_xml_arguments_are_open(tiny_compiler):

@@ -109,3 +109,28 @@ def test_deep_schema_text_is_a_limit_not_invalid_json(compiler, depth):
     text = '{"anyOf": [' * depth + '{"type": "string"}' + "]}" * depth
     with pytest.raises(xg2.GrammarLimitError):
         compiler.compile_json_schema(text)
+
+
+def _deep_schema(kind: str, depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"items": {"type": "array", "items": schema},
+                  "properties": {"type": "object", "properties": {"a": schema}},
+                  "anyOf": {"anyOf": [schema], "description": "x"},
+                  "$defs": {"$defs": {"a": schema}, "title": "t"}}[kind]
+    return schema
+
+
+@pytest.mark.parametrize("kind", ["items", "properties", "anyOf", "$defs"])
+@pytest.mark.parametrize("how", ["compiler", "grammar"])
+def test_deep_schemas_are_refused_before_any_whole_document_walk(compiler, kind, how):
+    """100,000 levels: measured first, so no walk over the whole document (embedded resources,
+    references) runs on it; such walks once took memory growing with the square of the depth."""
+    schema = _deep_schema(kind, 100_000)
+    with pytest.raises(xg2.GrammarLimitError) as info:
+        if how == "compiler":
+            compiler.compile_json_schema(schema)
+        else:
+            xg2.Grammar.from_json_schema(schema)
+    assert info.value.pointer.startswith({"items": "/items/items", "properties": "/properties/a/properties",
+                                          "anyOf": "/anyOf/0/anyOf/0", "$defs": "/$defs/a/$defs/a"}[kind])

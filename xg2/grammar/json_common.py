@@ -25,6 +25,10 @@ MAX_CROSS_BRANCHES = 64
 MAX_DISJOINT_DEPTH = 4
 #: Nested schemas (including `$ref` hops and `enum` values) the converter descends before giving up.
 MAX_SCHEMA_DEPTH = 128
+#: Dicts and lists nested in the whole schema document before it is refused unread: a schema level
+#: takes at most two (`properties` and a name, `allOf` and a list), so a document past this many
+#: holds schemas or values past MAX_SCHEMA_DEPTH (or unused definitions that deep).
+MAX_SCHEMA_NESTING = 4 * MAX_SCHEMA_DEPTH
 #: Deepest container nesting accepted with `indent` and `any_whitespace=False`.
 MAX_INDENT_DEPTH = 20
 

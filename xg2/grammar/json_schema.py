@@ -72,6 +72,7 @@ from .json_common import (
     MAX_DISJOINT_DEPTH,
     MAX_INDENT_DEPTH,
     MAX_SCHEMA_DEPTH,
+    MAX_SCHEMA_NESTING,
     MEMBER_KEYWORDS,
     NEVER,
     ONE_OF_OVERLAP,
@@ -87,6 +88,7 @@ from .json_common import (
 )
 from .json_object import ObjectLowering
 from .json_string import json_string_body
+from .nesting import check_nesting
 from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
 from .optimize import map_leaves
 from .regex import ANY_CHAR, regex_to_expr
@@ -1153,6 +1155,9 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
             raise GrammarLimitError("schema text nested too deeply to decode", pointer="") from None
         except ValueError as exc:
             raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
+    # Before any walk of the whole document (embedded resources, references): those would pay for
+    # a document nested far past what the converter accepts anyway.
+    check_nesting(schema, MAX_SCHEMA_NESTING, "schema")
     conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt, any_order,
                       lenient, style)
     try:
