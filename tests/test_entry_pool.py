@@ -7,10 +7,10 @@ import itertools
 import json
 import random
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED
 
 import xg2
 from xg2.compiler import lower
@@ -18,7 +18,7 @@ from xg2.grammar.ebnf import parse_ebnf
 from xg2.grammar.hashing import grammar_keys
 from xg2.grammar.repetition import REPEAT_THRESHOLD
 
-REGISTRY = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tools" / "registry.jsonl"
+REGISTRY = SHARED / "data" / "tools" / "registry.jsonl"
 
 
 def reference_compiler(info):

@@ -19,10 +19,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run from anywhere without installing xg2
     sys.path.insert(0, str(REPO))
 
+from conftest import SHARED
+
 from xg2.errors import TokenizerError
 from xg2.tokenizer import TokenizerInfo, VocabType
 
-TOKENIZERS = REPO.parent / "shared" / "tokenizers"
+TOKENIZERS = SHARED / "tokenizers"
 DEEPSEEK = TOKENIZERS / "deepseek_v3_tokenizer.json"
 CLAUDE = TOKENIZERS / "claude_v1_tokenizer.json"
 CL100K = TOKENIZERS / "cl100k_base.tiktoken"

@@ -37,11 +37,12 @@ import xg2
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
-TOKENIZERS = REPO.parent / "shared" / "tokenizers"
 sys.path.insert(0, str(BENCH))
 
-from conftest import longest_match
+from conftest import SHARED, longest_match
 from corpus import grammar_names, load_case
+
+TOKENIZERS = SHARED / "tokenizers"
 
 # Per-sample step caps: the first N tokens of every sample are compared.  A few
 # grammars make xgrammar itself slow (~0.5 s per mask on a 200k vocabulary for
