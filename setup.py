@@ -13,6 +13,12 @@ extensions = [
         extra_compile_args=["-O3", "-fno-strict-aliasing"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     ),
+    # Logits masked on the CPU by the bitmask's words (plain C, no numpy).
+    Extension(
+        "xg2._ext.bitmask",
+        ["xg2/_ext/bitmask.pyx"],
+        extra_compile_args=["-O3", "-fno-strict-aliasing"],
+    ),
     # Rule automata (subset construction, minimisation, canonical numbering); plain C, no numpy.
     Extension(
         "xg2._ext.automata",

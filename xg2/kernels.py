@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ._ext import bitmask as bitmask_ext
 from .errors import UsageError
 
 _torch_lock = threading.Lock()
@@ -138,6 +139,33 @@ def _check_and_shape(logits: Any, bitmask: Any, vocab_size: int | None,
     return logits_2d, bitmask_2d, vocab_size, rows
 
 
+_KINDS = {"float32": bitmask_ext.FLOAT32, "float16": bitmask_ext.FLOAT16, "torch.float32": bitmask_ext.FLOAT32,
+          "torch.float16": bitmask_ext.FLOAT16, "torch.bfloat16": bitmask_ext.BFLOAT16}
+
+
+def _mask_on_cpu(logits: Any, bitmask: Any, vocab_size: int, rows: list[int] | None) -> bool:
+    """The C kernel, for host memory whose rows are contiguous (the usual case); False leaves the
+    work to the vectorised forms below (strided views, other devices)."""
+    if isinstance(logits, np.ndarray):
+        if (logits.strides[1] != logits.itemsize or bitmask.strides[1] != 4 or bitmask.strides[0] % 4
+                or not logits.flags.writeable or logits.strides[0] < 0 or bitmask.strides[0] < 0
+                or (logits.shape[0] > 1 and logits.strides[0] < logits.shape[1] * logits.itemsize)):
+            return False
+        kind = _KINDS[str(logits.dtype)]
+        address, row_bytes = logits.ctypes.data, logits.strides[0]
+        mask_address, mask_row_words = bitmask.ctypes.data, bitmask.strides[0] // 4
+    else:
+        if (logits.device.type != "cpu" or logits.stride(1) != 1 or bitmask.stride(1) != 1
+                or (logits.shape[0] > 1 and logits.stride(0) < logits.shape[1])):
+            return False            # rows that overlap (an expanded tensor) are left to torch's checks
+        kind = _KINDS[str(logits.dtype)]
+        address, row_bytes = logits.data_ptr(), logits.stride(0) * logits.element_size()
+        mask_address, mask_row_words = bitmask.data_ptr(), bitmask.stride(0)
+    picked = np.arange(logits.shape[0], dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    bitmask_ext.mask_rows(address, row_bytes, kind, mask_address, mask_row_words, picked, vocab_size)
+    return True
+
+
 def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, vocab_size: int | None = None,
                                 indices: Sequence[int] | Any | None = None) -> None:
     """Set the logits of disallowed tokens to -inf, in place, with xgrammar's semantics.
@@ -149,6 +177,8 @@ def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, vocab_size: int | 
     """
     logits_2d, bitmask_2d, vs, rows = _check_and_shape(logits, bitmask, vocab_size, indices)
     if vs == 0 or rows == []:
+        return
+    if _mask_on_cpu(logits_2d, bitmask_2d, vs, rows):
         return
     n_words = (vs + 31) // 32
     if isinstance(logits_2d, np.ndarray):
