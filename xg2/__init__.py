@@ -3,6 +3,7 @@
 The public API follows xgrammar's names and shapes, so an engine integration switches by import.
 """
 
+from .batch_matcher import BatchGrammarMatcher
 from .compiler import CompiledGrammar, GrammarCompiler
 from .errors import (
     GrammarError,
@@ -29,6 +30,7 @@ from .matcher import GrammarMatcher
 from .tokenizer import TokenizerInfo, VocabType
 
 __all__ = [
+    "BatchGrammarMatcher",
     "CompiledGrammar",
     "Grammar",
     "GrammarCompiler",

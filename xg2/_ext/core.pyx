@@ -11,6 +11,7 @@ the rule whose entry it builds and for the context it checks leftover bytes agai
 from libc.stdint cimport uint8_t, int8_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, realloc, free, calloc, qsort
 from libc.string cimport memset, memcpy, memcmp, memmove
+from cpython.ref cimport PyObject
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, WAIT_LOCK)
 cimport numpy as cnp
@@ -3426,3 +3427,34 @@ def link_tables(list tabs, list roots):
         "ctx_start": ctx_start,
         "ctx_item": ctx_item,
     }
+
+
+
+cdef inline int _fill_of(PyObject* core, int32_t* out, int32_t n_out) noexcept nogil:
+    # A borrowed reference: the caller's list keeps every core alive for the whole call.
+    return (<MatcherCore>core)._fill(out, n_out)
+
+
+def fill_rows(list cores, uintptr_t base, int64_t row_words, const int64_t[:] rows, int32_t n_words):
+    """Matcher k's mask into row rows[k] of the bitmask at `base` (rows of `row_words` int32 words,
+    `n_words` of them written): one call and one release of the GIL for a whole batch, no Python per
+    row. The caller has checked the bitmask, the rows and that every item is a live MatcherCore."""
+    cdef Py_ssize_t n = len(cores), k
+    cdef int rc = 0
+    if rows.shape[0] != n:
+        raise ValueError("one row per matcher")
+    cdef PyObject** ptrs = <PyObject**>malloc(max(1, n) * sizeof(PyObject*))
+    if ptrs == NULL:
+        raise MemoryError()
+    try:
+        for k in range(n):
+            ptrs[k] = <PyObject*>(<MatcherCore?>cores[k])
+        with nogil:
+            for k in range(n):
+                if _fill_of(ptrs[k], <int32_t*>(base + <uintptr_t>(rows[k] * row_words * 4)), n_words) < 0:
+                    rc = -1
+                    break
+    finally:
+        free(ptrs)
+    if rc < 0:
+        raise MemoryError()

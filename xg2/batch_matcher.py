@@ -1,0 +1,123 @@
+"""BatchGrammarMatcher: one decode step for a whole batch of requests (xgrammar's class and semantics).
+
+An engine that fills each request's mask with its own call pays the Python call and a GIL round trip
+per row; with hundreds of requests that is a large share of a step. Here the bitmask is checked once
+for the batch, and every row is filled by one call into the core that releases the GIL once (split
+over a few threads for large batches).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+
+from ._ext.core import fill_rows
+from .errors import UsageError
+from .kernels import is_torch_tensor
+from .matcher import GrammarMatcher, _int_arg
+
+#: Rows a worker thread takes at the least; smaller batches are filled on the calling thread.
+MIN_ROWS_PER_THREAD = 32
+
+
+def _bitmask_base(bitmask: Any) -> tuple[int, int, int]:
+    """(address, rows, words per row) of a 2-D int32 C-contiguous CPU bitmask, as xgrammar requires."""
+    if isinstance(bitmask, np.ndarray):
+        if bitmask.dtype != np.int32:
+            raise UsageError(f"bitmask must have dtype int32, not {bitmask.dtype}")
+        if not bitmask.flags.c_contiguous or not bitmask.flags.writeable:
+            raise UsageError("bitmask must be a writeable C-contiguous array")
+        address = bitmask.ctypes.data
+    elif is_torch_tensor(bitmask):
+        if str(bitmask.dtype) != "torch.int32":
+            raise UsageError(f"bitmask must have dtype torch.int32, not {bitmask.dtype}")
+        if bitmask.device.type != "cpu":
+            raise UsageError("the bitmask is filled on the CPU; copy it to the device afterwards")
+        if not bitmask.is_contiguous():
+            raise UsageError("bitmask must be contiguous")
+        address = bitmask.data_ptr()
+    else:
+        raise TypeError("bitmask must be a numpy array or a torch tensor")
+    if bitmask.ndim != 2:
+        raise UsageError(f"a batch bitmask is 2-D (batch_size, words), got {bitmask.ndim}-D")
+    return address, int(bitmask.shape[0]), int(bitmask.shape[1])
+
+
+class BatchGrammarMatcher:
+    """Steps of many GrammarMatchers at once. Thread-safe as long as no two calls share a matcher."""
+
+    def __init__(self, max_threads: int | Literal["auto"] = "auto") -> None:
+        if max_threads == "auto":
+            max_threads = max(1, (os.cpu_count() or 2) // 2)
+        max_threads = _int_arg(max_threads, "max_threads")
+        if max_threads < 1:
+            raise ValueError("max_threads must be at least 1")
+        self.max_threads = max_threads
+        self._pool: ThreadPoolExecutor | None = None
+
+    def batch_fill_next_token_bitmask(self, matchers: Sequence[GrammarMatcher], bitmask: Any,
+                                      indices: Sequence[int] | None = None, debug_print: bool = False) -> None:
+        """Matcher k's next-token mask into row indices[k] (row k without indices). Refused with
+        UsageError before anything is written, as xgrammar refuses it: a bitmask that is not 2-D
+        int32 on the CPU or not as wide as the vocabulary needs, a row out of range, as many indices
+        as matchers, a matcher that has accepted its stop token."""
+        matchers = list(matchers)
+        if indices is not None and len(indices) != len(matchers):
+            raise UsageError(f"{len(indices)} indices for {len(matchers)} matchers: they must be as many")
+        if not matchers:
+            return
+        address, n_rows, width = _bitmask_base(bitmask)
+        rows = np.arange(len(matchers), dtype=np.int64) if indices is None else np.array(
+            [_int_arg(i, "index") for i in indices], dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= n_rows):
+            bad = int(rows[(rows < 0) | (rows >= n_rows)][0])
+            raise UsageError(f"bitmask row {bad} out of range for {n_rows} rows")
+        cores = []
+        for m in matchers:
+            if not isinstance(m, GrammarMatcher):
+                raise TypeError("matchers must be xg2.GrammarMatcher objects")
+            if m._n_words != width:
+                raise UsageError(f"bitmask shape {(n_rows, width)} is not (batch_size, {m._n_words})")
+            if m._core.terminated:
+                raise UsageError("a matcher has accepted the stop token; there is no next token mask")
+            cores.append(m._core)
+        threads = min(self.max_threads, len(cores) // MIN_ROWS_PER_THREAD)
+        if threads <= 1:
+            fill_rows(cores, address, width, rows, width)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.max_threads, thread_name_prefix="xg2-batch-fill")
+        step = -(-len(cores) // threads)
+        jobs = [self._pool.submit(fill_rows, cores[i:i + step], address, width, rows[i:i + step], width)
+                for i in range(0, len(cores), step)]
+        for job in jobs:
+            job.result()
+
+    def batch_accept_token(self, matchers: Sequence[GrammarMatcher], tokens: Sequence[int],
+                           debug_print: bool = False) -> list[bool]:
+        """Whether each matcher accepted its token (a refused token leaves its matcher as it was)."""
+        if len(tokens) != len(matchers):
+            raise UsageError(f"{len(tokens)} tokens for {len(matchers)} matchers: they must be as many")
+        return [m.accept_token(t) for m, t in zip(matchers, tokens)]
+
+    def batch_accept_string(self, matchers: Sequence[GrammarMatcher], strings: Sequence[str | bytes],
+                            debug_print: bool = False) -> list[bool]:
+        if len(strings) != len(matchers):
+            raise UsageError(f"{len(strings)} strings for {len(matchers)} matchers: they must be as many")
+        return [m.accept_string(s) for m, s in zip(matchers, strings)]
+
+    def batch_rollback(self, matchers: Sequence[GrammarMatcher], num_tokens: int | Sequence[int] = 1) -> None:
+        """Roll each matcher back by its count (one count for all when an int)."""
+        counts = [num_tokens] * len(matchers) if isinstance(num_tokens, (int, np.integer)) else list(num_tokens)
+        if len(counts) != len(matchers):
+            raise UsageError(f"{len(counts)} counts for {len(matchers)} matchers: they must be as many")
+        for m, k in zip(matchers, counts):
+            m.rollback(k)
+
+    def __del__(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
