@@ -17,8 +17,7 @@ import numpy as np
 
 from ._ext.core import fill_rows
 from .errors import UsageError
-from .kernels import is_torch_tensor
-from .matcher import GrammarMatcher, _int_arg
+from .matcher import GrammarMatcher, _int_arg, cpu_bitmask
 
 #: Rows a worker thread takes at the least; smaller batches are filled on the calling thread.
 MIN_ROWS_PER_THREAD = 32
@@ -26,25 +25,10 @@ MIN_ROWS_PER_THREAD = 32
 
 def _bitmask_base(bitmask: Any) -> tuple[int, int, int]:
     """(address, rows, words per row) of a 2-D int32 C-contiguous CPU bitmask, as xgrammar requires."""
-    if isinstance(bitmask, np.ndarray):
-        if bitmask.dtype != np.int32:
-            raise UsageError(f"bitmask must have dtype int32, not {bitmask.dtype}")
-        if not bitmask.flags.c_contiguous or not bitmask.flags.writeable:
-            raise UsageError("bitmask must be a writeable C-contiguous array")
-        address = bitmask.ctypes.data
-    elif is_torch_tensor(bitmask):
-        if str(bitmask.dtype) != "torch.int32":
-            raise UsageError(f"bitmask must have dtype torch.int32, not {bitmask.dtype}")
-        if bitmask.device.type != "cpu":
-            raise UsageError("the bitmask is filled on the CPU; copy it to the device afterwards")
-        if not bitmask.is_contiguous():
-            raise UsageError("bitmask must be contiguous")
-        address = bitmask.data_ptr()
-    else:
-        raise TypeError("bitmask must be a numpy array or a torch tensor")
-    if bitmask.ndim != 2:
-        raise UsageError(f"a batch bitmask is 2-D (batch_size, words), got {bitmask.ndim}-D")
-    return address, int(bitmask.shape[0]), int(bitmask.shape[1])
+    address, shape = cpu_bitmask(bitmask)
+    if len(shape) != 2:
+        raise UsageError(f"a batch bitmask is 2-D (batch_size, words), got {len(shape)}-D")
+    return address, int(shape[0]), int(shape[1])
 
 
 class BatchGrammarMatcher:

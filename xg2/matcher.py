@@ -28,29 +28,33 @@ def _int_arg(value: Any, name: str) -> int:
     raise TypeError(f"{name} must be an int, not {type(value).__name__}")
 
 
-def _row_address(bitmask: Any, index: int, n_words: int) -> tuple[int, int]:
-    """Address of row `index` of an int32 CPU bitmask, after the checks xgrammar makes.
-
-    The bitmask is (rows, n_words), or a single row (n_words,) with index 0, exactly as wide as the
-    vocabulary needs. A 3-D or a flattened batch is refused, not taken as one wide row; a strided
-    view is refused (xgrammar ignores strides and writes outside the view's rows).
-    """
+def cpu_bitmask(bitmask: Any) -> tuple[int, tuple[int, ...]]:
+    """(address, shape) of an int32 bitmask the core can write: on the CPU, C-contiguous, writeable
+    (xgrammar ignores strides and writes outside a strided view's rows; here it is refused)."""
     if isinstance(bitmask, np.ndarray):
         if bitmask.dtype != np.int32:
             raise UsageError(f"bitmask must have dtype int32, not {bitmask.dtype}")
         if not bitmask.flags.c_contiguous or not bitmask.flags.writeable:
             raise UsageError("bitmask must be a writeable C-contiguous array")
-        base, shape = bitmask.ctypes.data, bitmask.shape
-    elif is_torch_tensor(bitmask):
+        return bitmask.ctypes.data, bitmask.shape
+    if is_torch_tensor(bitmask):
         if str(bitmask.dtype) != "torch.int32":
             raise UsageError(f"bitmask must have dtype torch.int32, not {bitmask.dtype}")
         if bitmask.device.type != "cpu":
-            raise UsageError("fill_next_token_bitmask writes a CPU bitmask; copy it to the device afterwards")
+            raise UsageError("the bitmask is filled on the CPU; copy it to the device afterwards")
         if not bitmask.is_contiguous():
             raise UsageError("bitmask must be contiguous")
-        base, shape = bitmask.data_ptr(), tuple(bitmask.shape)
-    else:
-        raise TypeError("bitmask must be a numpy array or a torch tensor")
+        return bitmask.data_ptr(), tuple(bitmask.shape)
+    raise TypeError("bitmask must be a numpy array or a torch tensor")
+
+
+def _row_address(bitmask: Any, index: int, n_words: int) -> tuple[int, int]:
+    """Address of row `index` of an int32 CPU bitmask, after the checks xgrammar makes.
+
+    The bitmask is (rows, n_words), or a single row (n_words,) with index 0, exactly as wide as the
+    vocabulary needs. A 3-D or a flattened batch is refused, not taken as one wide row.
+    """
+    base, shape = cpu_bitmask(bitmask)
     if len(shape) == 1:
         if shape[0] != n_words:
             raise UsageError(f"a 1-D bitmask is one row of {n_words} words; got {shape[0]} "
