@@ -24,7 +24,7 @@ from .._ext.automata import minimal_dfa, rule_dfa
 from ..errors import GrammarLimitError
 from . import budget as deadline
 from .alternation import MIN_TRIE_LITERALS, factor_literals
-from .ir import CharClass, Choice, Expr, FreeText, Literal, Repeat, RuleRef, Seq, any_node
+from .ir import MAX_TREE_STEPS, CharClass, Choice, Expr, FreeText, Literal, Repeat, RuleRef, Seq, any_node
 from .text import text_graph
 
 #: Upper bound on automaton nodes built for one rule (before minimisation).
@@ -412,7 +412,7 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
     calls: list[str] = []
     stack = [e]
     while stack:
-        if len(stack) + len(out) > MAX_TREE_WALK:   # a DAG much larger as a tree: written once per node
+        if len(stack) + len(out) > MAX_TREE_STEPS:   # a DAG much larger as a tree: written once per node
             text, written_calls = _written_dag(e)
             out, calls = [text], list(written_calls)
             break
@@ -447,10 +447,6 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
     refs = tuple(sorted(set(calls)))
     local = {n: i for i, n in enumerate(refs)}
     return (text.encode("utf-8", "surrogatepass"), tuple(local[n] for n in calls)), refs
-
-
-#: Tokens a body is written as before _body_key writes it node by node of its DAG instead.
-MAX_TREE_WALK = 8_192
 
 
 def _leaf_text(x: Expr) -> str:

@@ -136,6 +136,12 @@ def choice(alts: list[Expr | None]) -> Expr | None:
     return out[0] if len(out) == 1 else Choice(tuple(out))
 
 
+#: Nodes a walk visits as a tree before it visits each shared node once instead: front-ends share
+#: sub-expressions, and a walk of a DAG as a tree can take exponential time (free text written out
+#: as an expression once did); below this a plain tree walk is cheaper than the memo by identity.
+MAX_TREE_STEPS = 8_192
+
+
 def any_node(e: Expr, test: Callable[[Expr], bool]) -> bool:
     """Whether `test` holds for some node of `e`, each shared node visited once: expressions are
     DAGs (front-ends reuse sub-expressions), and walking one as a tree can take exponential time."""

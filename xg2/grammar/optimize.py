@@ -11,7 +11,19 @@ import functools
 from collections.abc import Callable
 
 from . import budget
-from .ir import CharClass, Choice, Expr, FreeText, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
+from .ir import (
+    MAX_TREE_STEPS,
+    CharClass,
+    Choice,
+    Expr,
+    FreeText,
+    GrammarIR,
+    Literal,
+    Repeat,
+    Rule,
+    RuleRef,
+    Seq,
+)
 
 #: Largest (weighted) expression size inlined into a caller.
 INLINE_LIMIT = 40
@@ -107,9 +119,6 @@ def _ref_counts_dag(e: Expr) -> dict[str, int]:
         memo[id(x)] = out
     return memo[id(e)]
 
-
-#: Nodes _ref_copies visits as a tree before it counts node by node of the DAG instead.
-MAX_TREE_STEPS = 8_192
 
 
 def _more_nodes_than(e: Expr, limit: int) -> bool:

@@ -29,7 +29,20 @@ from __future__ import annotations
 
 from . import budget
 from .fsm import rule_automaton
-from .ir import CharClass, Choice, Expr, FreeText, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq, any_node
+from .ir import (
+    MAX_TREE_STEPS,
+    CharClass,
+    Choice,
+    Expr,
+    FreeText,
+    GrammarIR,
+    Literal,
+    Repeat,
+    Rule,
+    RuleRef,
+    Seq,
+    any_node,
+)
 
 #: Repetitions with more copies than this are compressed (the paper's threshold T), and the last T
 #: copies of a compressed bounded repetition stay unrolled. T is also how many elements the mask
@@ -241,10 +254,6 @@ def _needs_rewrite(e: Expr) -> bool:
                 return True
             stack.append(x.expr)
     return False
-
-
-#: Nodes _needs_rewrite visits as a tree before it visits each shared node once instead.
-MAX_TREE_STEPS = 8_192
 
 
 def _needs_rewrite_dag(e: Expr) -> bool:
