@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 
 from ._ext.core import ClassTrie, CompiledCore, EntryPool, Vocab
-from .errors import GrammarError, TokenizerError, XG2Error
+from .errors import GrammarError, TokenizerError, UsageError, XG2Error
 from .grammar import budget
 from .grammar.fsm import (
     RuleFSM,
@@ -236,12 +236,24 @@ class CompiledGrammar:
         self._precomputed = threading.Event()   # set once compile-time precomputation is over
         self._warnings: list[tuple[str, type[Warning]]] = []   # said again when a cache serves it
         self._tables_bytes: int | None = None
+        self._source: tuple[str, str] | None = None    # (kind, text) the grammar is rebuilt from
 
     @property
     def grammar(self) -> Grammar:
         if not isinstance(self._grammar, Grammar):
+            if self._grammar is None:
+                raise UsageError("this compiled grammar was loaded from bytes that carry no source")
             self._grammar = self._grammar()
         return self._grammar
+
+    def serialize(self) -> bytes:
+        """Compact bytes (xg2.transport): tables, content keys, the entries that belong to this
+        grammar alone, and the source. `GrammarCompiler.deserialize` reads them in any process with
+        the same vocabulary and engine version; the pooled entries travel on their own
+        (`GrammarCompiler.entry_pool`)."""
+        from . import transport
+
+        return transport.dump_grammar(self)
 
     @property
     def tokenizer_info(self) -> TokenizerInfo:
@@ -376,6 +388,43 @@ def _precompute_costliest(core: CompiledCore, t0: float, budget_ms: float, top_k
                 break
 
 
+def _source_of(key: tuple) -> tuple[str, str] | None:
+    """The source a compile cache key names, as (kind, text) for a serialized grammar."""
+    if key[0] == "ebnf":
+        return ("ebnf", msgspec.json.encode({"grammar": key[1], "root_rule_name": key[2]}).decode())
+    if key[0] == "regex":
+        return ("regex", key[1])
+    if key[0] in ("structural_tag", "structural_tag_whole"):
+        return ("structural_tag", key[1])
+    if key[0] == "builtin_json":
+        return ("builtin_json", "")
+    if key[0] == "json":
+        names = ("any_whitespace", "indent", "separators", "strict_mode", "max_whitespace_cnt", "any_order",
+                 "lenient")
+        return ("json_schema", msgspec.json.encode({"schema": msgspec.Raw(key[1]),
+                                                    "options": dict(zip(names, key[2]))}).decode())
+    return None
+
+
+def _grammar_from_source(source: tuple[str, str], tokenizer_info: TokenizerInfo) -> Grammar:
+    kind, text = source
+    if kind == "regex":
+        return Grammar.from_regex(text)
+    if kind == "builtin_json":
+        return Grammar.builtin_json_grammar()
+    if kind == "structural_tag":
+        return Grammar.from_structural_tag(text, tokenizer_info)
+    spec = msgspec.json.decode(text)
+    if kind == "ebnf":
+        return Grammar.from_ebnf(spec["grammar"], root_rule_name=spec["root_rule_name"])
+    if kind == "json_schema":
+        options = spec["options"]
+        if options.get("separators") is not None:
+            options["separators"] = tuple(options["separators"])
+        return Grammar.from_json_schema(spec["schema"], **options)
+    raise UsageError(f"a serialized grammar's source of unknown kind {kind!r}")
+
+
 class GrammarCompiler:
     """Compiles grammars for one tokenizer.
 
@@ -430,6 +479,10 @@ class GrammarCompiler:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self.last_compile_seconds: float | None = None
+        #: A second cache tier (xg2.actors): called with the pool keys a new grammar's entries
+        #: have and this pool lacks, before its first mask is built; it loads what it finds into
+        #: `entry_pool`. Called on the compiling thread.
+        self.entry_source: Callable[[list[bytes]], None] | None = None
 
     @property
     def entry_pool(self) -> EntryPool | None:
@@ -487,7 +540,9 @@ class GrammarCompiler:
         hit = self._cached(key)
         if hit is not None:
             return hit
-        return self._compile(build(), key)
+        source = _source_of(key)
+        compiled = self._compile(build(), key, source)
+        return compiled
 
     def _linkable_branches(self, schema: Any) -> list[tuple[dict, bytes]] | None:
         """The branches of a top-level `anyOf` with their JSON text, when each is a schema of its
@@ -546,6 +601,7 @@ class GrammarCompiler:
         compiled = CompiledGrammar(lambda: Grammar.from_json_schema(schema, **options), self.tokenizer_info,
                                    lowered, core)
         compiled._warnings = said
+        compiled._source = _source_of(("json", _ENCODER.encode(schema), opts))
         return self._finish(key, compiled, t0)
 
     def _module(self, key: tuple, build: Callable[[], Grammar], keep_fsms: bool = False) -> Module | None:
@@ -644,6 +700,7 @@ class GrammarCompiler:
         core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())
         compiled = CompiledGrammar(lambda: Grammar.from_structural_tag(tag, self.tokenizer_info), self.tokenizer_info,
                                    lowered, core)
+        compiled._source = _source_of(key)
         return self._finish(key, compiled, t0)
 
     @_budgeted("the built-in JSON grammar")
@@ -660,7 +717,12 @@ class GrammarCompiler:
             return hit
 
     def _finish(self, key: tuple | None, compiled: CompiledGrammar, t0: float) -> CompiledGrammar:
-        """Precompute, time, and keep the compiled grammar (within the caches' byte budget)."""
+        """Fetch what another tier holds, precompute, time, and keep the compiled grammar (within
+        the caches' byte budget)."""
+        if self.entry_source is not None and self._pool is not None:
+            wanted = [k for k in compiled._core.pool_keys().values() if k not in self._pool]
+            if wanted:
+                self.entry_source(wanted)
         self._precompute(compiled, t0)
         self.last_compile_seconds = time.perf_counter() - t0
         with self._lock:
@@ -677,7 +739,8 @@ class GrammarCompiler:
         cache[key] = value
         self._held_bytes += nbytes
 
-    def _compile(self, grammar: Grammar, key: tuple | None = None) -> CompiledGrammar:
+    def _compile(self, grammar: Grammar, key: tuple | None = None,
+                 source: tuple[str, str] | None = None) -> CompiledGrammar:
         """`key`: the source's cache key (else the grammar's normalised text, computed only here)."""
         if key is None and self.cache_enabled:
             key = (str(grammar), grammar.ir.root)
@@ -689,7 +752,35 @@ class GrammarCompiler:
         keys = lowered.core_keys() if self._pool is not None else None
         core = CompiledCore(self._vocab, lowered.arrays, lowered.root, self._class_trie(lowered.arrays),
                             self._pool, keys)
-        return self._finish(key, CompiledGrammar(grammar, self.tokenizer_info, lowered, core), t0)
+        compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered, core)
+        compiled._source = source
+        return self._finish(key, compiled, t0)
+
+    @_budgeted("a serialized grammar")
+    def deserialize(self, data: bytes) -> CompiledGrammar:
+        """A CompiledGrammar from `CompiledGrammar.serialize()` bytes, joined to this compiler's entry
+        pool. Refused with a DeserializeError (xg2.transport) when the bytes are malformed, truncated
+        or corrupted, or were written by another engine version or for another vocabulary."""
+        from . import transport
+
+        t0 = time.perf_counter()
+        payload = transport.load_grammar(data, self.tokenizer_info.fingerprint)
+        lowered = payload.lowered
+        with self._lock:
+            trie = self._class_tries.get(byte_classes(lowered.arrays))
+        try:
+            core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool,
+                                lowered.core_keys() if self._pool is not None else None)
+            for node, entry in payload.entries.items():
+                core.load_entry(node, entry)
+        except (ValueError, IndexError) as e:
+            raise transport.DeserializeError(f"compiled grammar refused: {e}") from None
+        source = payload.source
+        compiled = CompiledGrammar(None if source is None else functools.partial(_grammar_from_source, source, self.tokenizer_info),
+                                   self.tokenizer_info, lowered, core)
+        compiled._source = source
+        compiled._warnings = [(m, transport._warning_class(c)) for m, c in payload.warnings]
+        return self._finish(None, compiled, t0)
 
     def _class_trie(self, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
         """The vocabulary trie over the grammar's byte classes, kept per compiler and byte classes;

@@ -79,3 +79,21 @@ class UsageError(XG2Error, ValueError, RuntimeError):
     or layout, a row index or rollback count out of range, a mask asked for after the stop token.
     xgrammar raises ValueError for some of these checks and RuntimeError for others; this is both, so
     an engine written against either catches it."""
+
+
+class SpecError(XG2Error, ValueError):
+    """A runtime request (a session spec) is malformed; `pointer` is the JSON pointer of the field
+    at fault within it (``/grammar/schema``, ``/options/max_rollback_tokens``)."""
+
+    def __init__(self, message: str, pointer: str = ""):
+        self.message = message
+        self.pointer = pointer
+        super().__init__(f"{message} (at {pointer or '/'})")
+
+
+class QuotaError(XG2Error, RuntimeError):
+    """A tenant is at one of its limits (open sessions); nothing was opened."""
+
+
+class SessionError(XG2Error, LookupError):
+    """A session that is not open: closed, reaped after its idle timeout, or not the caller's."""

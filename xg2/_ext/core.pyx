@@ -2037,7 +2037,7 @@ cdef class CompiledCore:
         when out of memory."""
         cdef MaskEntry* e = NULL
         cdef MaskEntry* donor = NULL
-        cdef int32_t r = self.g.node_rule[node], canon
+        cdef int32_t r = self.g.node_rule[node]
         cdef int64_t n = max(1, self.vc.n_ordinary)
         cdef uint8_t key[KEY_BYTES]
         cdef bint with_donor
@@ -2050,13 +2050,7 @@ cdef class CompiledCore:
         if self._pool is None or not self.rule_shared[r]:
             e = self._build_entry(node, NULL)
         else:
-            canon = self.node_canon[node]
-            memcpy(key, self.rule_keys + <int64_t>r * RULE_KEY_BYTES, RULE_KEY_BYTES)
-            key[16] = canon & 0xFF
-            key[17] = (canon >> 8) & 0xFF
-            key[18] = (canon >> 16) & 0xFF
-            key[19] = (canon >> 24) & 0xFF
-            memcpy(key + FSM_KEY_BYTES, self.ctx_keys + <int64_t>r * RULE_KEY_BYTES, KEY_BYTES - FSM_KEY_BYTES)
+            self._pool_key(node, key)
             # What the rule reads inside and what it reads into its follow are not told apart
             # (see _chain_nodes): no partial hits either way.
             with_donor = not self.g.rule_follow[r]
@@ -2071,6 +2065,66 @@ cdef class CompiledCore:
         self.set_buf = NULL
         self.vocab.give_scratch(scratch)
         return e
+
+    cdef void _pool_key(self, int32_t node, uint8_t* key) noexcept nogil:
+        """A node's key in the entry pool: rule key, canonical node (little-endian), context key."""
+        cdef int32_t r = self.g.node_rule[node], canon = self.node_canon[node]
+        memcpy(key, self.rule_keys + <int64_t>r * RULE_KEY_BYTES, RULE_KEY_BYTES)
+        key[16] = canon & 0xFF
+        key[17] = (canon >> 8) & 0xFF
+        key[18] = (canon >> 16) & 0xFF
+        key[19] = (canon >> 24) & 0xFF
+        memcpy(key + FSM_KEY_BYTES, self.ctx_keys + <int64_t>r * RULE_KEY_BYTES, KEY_BYTES - FSM_KEY_BYTES)
+
+    def pool_keys(self, nodes=None):
+        """{node: pool key} of the scannable nodes (all, or those given) whose entries go through
+        the pool: what another process's cache tier can be asked for before any entry is built."""
+        cdef uint8_t key[KEY_BYTES]
+        cdef int32_t nd
+        out = {}
+        if self._pool is None:
+            return out
+        for nd in (range(self.g.n_nodes) if nodes is None else nodes):
+            if not 0 <= nd < self.g.n_nodes:
+                raise IndexError(f"node {nd} out of range")
+            if self.g.be_start[nd + 1] > self.g.be_start[nd] and self.rule_shared[self.g.node_rule[nd]]:
+                self._pool_key(nd, key)
+                out[nd] = bytes(key[:KEY_BYTES])
+        return out
+
+    def built_entries(self, bint own_only=True):
+        """{node: compact bytes} of the entries built so far; `own_only`: those that stay in this
+        grammar (not pooled), which only the grammar's own serialized form can carry."""
+        cdef MaskEntry* e
+        cdef int32_t nd
+        out = {}
+        for nd in range(self.g.n_nodes):
+            e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[nd])
+            if e == NULL:
+                continue
+            if own_only and self._pool is not None and self.rule_shared[self.g.node_rule[nd]]:
+                continue
+            out[nd] = _entry_to_bytes(e, self.vc.n_words)
+        return out
+
+    def load_entry(self, int32_t node, bytes data):
+        """Install an entry built elsewhere for this node (another process, the same grammar and
+        vocabulary); kept only if the node has none yet. ValueError when the bytes are malformed
+        or the node has no entry to hold."""
+        if not 0 <= node < self.g.n_nodes or self.g.be_start[node + 1] == self.g.be_start[node]:
+            raise ValueError(f"node {node} holds no mask entry")
+        cdef MaskEntry* e = _entry_from_bytes(data, self.vocab)
+        cdef bint kept = False
+        with nogil:
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+            if self.entries[node] == NULL:
+                self.cache_bytes += e.nbytes
+                self.n_entries += 1
+                xg2_store_release(<void**>&self.entries[node], e)
+                kept = True
+            PyThread_release_lock(self.lock)
+        if not kept:
+            entry_release(e)
 
     def precompute(self, nodes):
         """Build the entries of the given nodes now (compile-time part of JIT)."""

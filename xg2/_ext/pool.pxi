@@ -335,6 +335,15 @@ cdef class EntryPool:
         finally:
             entry_release(e)
 
+    def __contains__(self, bytes key) -> bool:
+        cdef int32_t i = -1
+        if len(key) != KEY_BYTES:
+            return False
+        PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        i = self._find(<const uint8_t*>key, _key_hash(<const uint8_t*>key, KEY_BYTES))
+        PyThread_release_lock(self.lock)
+        return i >= 0
+
     def load(self, bytes key, bytes data) -> None:
         """Add an entry another process built for the same tokenizer; ValueError if malformed."""
         if len(key) != KEY_BYTES:

@@ -1,0 +1,484 @@
+"""GrammarRuntime: sessions and batched decode steps for many tenants, in the process that samples.
+
+One runtime per process and vocabulary. Opening a session compiles its spec on a worker pool, off
+the event loop: concurrent opens of the same spec share one compile (single-flight by content key),
+a compile has a deadline, and a spec that failed is refused at once for a short while (negative
+cache) rather than compiled again by every retry. Compiled grammars are kept by content key within
+a byte budget; the compiler's own caches (modules, the cross-grammar entry pool) share another.
+
+Each decode step touches the whole batch at once: `fill` writes every session's bitmask row in one
+call into the core that releases the GIL once (split over a persistent pool of threads for large
+batches), `submit_fill` starts the same work on that pool and returns a handle to wait on, so the
+fill overlaps the forward pass; `accept`, `rollback` and `fork` (n > 1 sampling) follow. A session
+keeps the tokens it accepted, so it can be rebuilt anywhere by replaying them (`restore`).
+
+Partial JIT as the XGrammar 2 paper means it: a compile builds the entries the first mask needs and
+returns; the costliest others are built by the compiler's background thread while the model
+prefills and decodes.
+
+A second cache tier (`cache_tier`, xg2.actors.tier) is consulted on a compile: the compiled grammar
+by its content key, and every mask entry the grammar's keys name in one batched fetch; what this
+process builds is published to it in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import itertools
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from .._ext.core import fill_rows
+from ..batch_matcher import MIN_ROWS_PER_THREAD, _bitmask_base
+from ..compiler import CompiledGrammar, GrammarCompiler
+from ..errors import QuotaError, SessionError, SpecError, UsageError, XG2Error
+from ..grammar.budget import CompileTimeout
+from ..matcher import GrammarMatcher
+from ..tokenizer import TokenizerInfo
+from .spec import GrammarSpec, SessionSpec, as_session_spec, content_key
+
+_log = logging.getLogger("xg2.runtime")
+
+#: Defaults sized for a serving process: a few hundred MB of caches, thousands of sessions.
+DEFAULT_CACHE_LIMIT_BYTES = 512 << 20
+DEFAULT_GRAMMAR_CACHE_BYTES = 256 << 20
+
+
+class Session:
+    """One request's matcher inside a runtime. Belongs to one tenant; use it from one task at a time."""
+
+    __slots__ = (
+        "__weakref__",
+        "_core",
+        "closed",
+        "id",
+        "key",
+        "last_used",
+        "matcher",
+        "spec",
+        "tenant",
+        "tokens",
+    )
+
+    def __init__(self, sid: str, spec: SessionSpec, key: bytes, compiled: CompiledGrammar):
+        self.id = sid
+        self.tenant = spec.tenant
+        self.key = key
+        self.spec = spec
+        o = spec.options
+        self.matcher = GrammarMatcher(compiled, override_stop_tokens=o.override_stop_tokens,
+                                      terminate_without_stop_token=o.terminate_without_stop_token,
+                                      max_rollback_tokens=o.max_rollback_tokens)
+        self._core = self.matcher._core
+        self.tokens: list[int] = []       # accepted so far, for replay (fork, restore)
+        self.last_used = time.monotonic()
+        self.closed = False
+
+    @property
+    def compiled_grammar(self) -> CompiledGrammar:
+        return self.matcher.compiled_grammar
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def is_completed(self) -> bool:
+        return self.matcher.is_completed()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self.tokens)} tokens"
+        return f"<Session {self.id} tenant={self.tenant!r} {state}>"
+
+
+class FillHandle:
+    """A batch fill started on the runtime's fill threads: `wait()` (or `await handle`) returns once
+    every row is written, and re-raises what went wrong."""
+
+    __slots__ = ("_futures",)
+
+    def __init__(self, futures: list[concurrent.futures.Future]):
+        self._futures = futures
+
+    def done(self) -> bool:
+        return all(f.done() for f in self._futures)
+
+    def wait(self, timeout: float | None = None) -> None:
+        for f in self._futures:
+            f.result(timeout)
+
+    def __await__(self):
+        return asyncio.gather(*(asyncio.wrap_future(f) for f in self._futures)).__await__()
+
+
+def _spec_error(e: msgspec.ValidationError) -> SpecError:
+    """msgspec says where as `$.grammar.schema` or `$[...]`; a JSON pointer says it as /grammar/schema."""
+    text = str(e)
+    message, _, path = text.rpartition(" - at `")
+    if not path:
+        return SpecError(text, "")
+    path = path.rstrip("`")
+    parts = []
+    for piece in path.lstrip("$").replace("[", ".").replace("]", "").split("."):
+        if piece:
+            parts.append(piece.replace("~", "~0").replace("/", "~1"))
+    return SpecError(message, "/" + "/".join(parts) if parts else "")
+
+
+class GrammarRuntime:
+    """Sessions and batched steps over one vocabulary (see the module note).
+
+    `compile_timeout_s`: the deadline of a compile, and of an open's wait for one. `failure_ttl_s`:
+    how long a spec that failed to compile is refused without compiling it again.
+    `max_sessions_per_tenant`: open sessions a tenant may hold. `idle_timeout_s`: a session not
+    stepped for that long is closed (calls on it then raise SessionError). `grammar_cache_bytes`
+    bounds the compiled grammars kept by content key; `cache_limit_bytes` the compiler's caches.
+    """
+
+    def __init__(self, tokenizer_info: TokenizerInfo, *, compiler: GrammarCompiler | None = None,
+                 compile_workers: int = 2, compile_timeout_s: float = 5.0, failure_ttl_s: float = 10.0,
+                 max_sessions_per_tenant: int = 1024, idle_timeout_s: float | None = 600.0,
+                 fill_threads: int | None = None, grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES,
+                 cache_limit_bytes: int = DEFAULT_CACHE_LIMIT_BYTES, cache_tier: Any = None):
+        if compile_workers < 1 or max_sessions_per_tenant < 1 or not compile_timeout_s > 0:
+            raise ValueError("compile_workers and max_sessions_per_tenant must be at least 1, "
+                             "compile_timeout_s positive")
+        self.tokenizer_info = tokenizer_info
+        self.compiler = compiler or GrammarCompiler(
+            tokenizer_info, max_threads=compile_workers, cache_limit_bytes=cache_limit_bytes,
+            background_precompute=True, compile_timeout_ms=compile_timeout_s * 1e3)
+        self.compile_timeout_s = compile_timeout_s
+        self.failure_ttl_s = failure_ttl_s
+        self.max_sessions_per_tenant = max_sessions_per_tenant
+        self.idle_timeout_s = idle_timeout_s
+        self.grammar_cache_bytes = grammar_cache_bytes
+        self._compile_pool = concurrent.futures.ThreadPoolExecutor(compile_workers, thread_name_prefix="xg2-compile")
+        self.fill_threads = fill_threads if fill_threads is not None else max(1, (os.cpu_count() or 2) // 2)
+        self._fill_pool = concurrent.futures.ThreadPoolExecutor(max(1, self.fill_threads),
+                                                                thread_name_prefix="xg2-fill")
+        self._lock = threading.Lock()
+        self._grammars: OrderedDict[bytes, CompiledGrammar] = OrderedDict()
+        self._grammar_bytes = 0
+        self._inflight: dict[bytes, concurrent.futures.Future] = {}
+        self._failures: dict[bytes, tuple[float, BaseException]] = {}
+        self._sessions: dict[str, Session] = {}
+        self._per_tenant: dict[str, int] = {}
+        self._last_reap = time.monotonic()
+        self._width = (tokenizer_info.vocab_size + 31) // 32
+        self._rows_cache: np.ndarray = np.arange(256, dtype=np.int64)
+        self._bitmask_seen: tuple | None = None
+        self.stats = {"compiles": 0, "compile_shared": 0, "grammar_hits": 0, "failures_refused": 0,
+                      "tier_grammar_hits": 0, "sessions_opened": 0, "sessions_reaped": 0}
+        self.cache_tier = None
+        if cache_tier is not None:
+            self.attach_tier(cache_tier)
+
+    # -- compiling ---------------------------------------------------------------------------------
+    def attach_tier(self, tier: Any) -> None:
+        """Use `tier` (xg2.actors.tier.ShardedCache) as the second cache tier from now on."""
+        self.cache_tier = tier
+        tier.bind(self.compiler)
+        self.compiler.entry_source = tier.load_entries
+
+    def _compile_blocking(self, grammar: GrammarSpec, key: bytes) -> CompiledGrammar:
+        """On a compile thread: the tier's copy of the grammar, else a compile (whose entries the
+        tier is asked for before the first mask is built); then published in the background."""
+        tier = self.cache_tier
+        if tier is not None:
+            blob = tier.get_grammar(key)
+            if blob is not None:
+                try:
+                    compiled = self.compiler.deserialize(blob)
+                    self.stats["tier_grammar_hits"] += 1
+                    return compiled
+                except XG2Error as e:      # a stale or damaged copy costs a compile, never a wrong mask
+                    _log.warning("cache tier gave an unusable grammar (%s); compiling it", e)
+        compiled = grammar.compile(self.compiler)
+        if tier is not None:
+            tier.publish_grammar(key, compiled)
+        return compiled
+
+    async def compile(self, grammar: GrammarSpec | Any) -> CompiledGrammar:
+        """The compiled grammar of a spec: from the cache, from a compile in flight, or compiled."""
+        if not isinstance(grammar, (SessionSpec,)) and not hasattr(grammar, "compile"):
+            grammar = as_session_spec({"grammar": grammar}).grammar
+        elif isinstance(grammar, SessionSpec):
+            grammar = grammar.grammar
+        return await self._compiled_for(grammar, content_key(grammar))
+
+    async def _compiled_for(self, grammar: GrammarSpec, key: bytes) -> CompiledGrammar:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._grammars.pop(key, None)
+            if hit is not None:
+                self._grammars[key] = hit
+                self.stats["grammar_hits"] += 1
+                return hit
+            failed = self._failures.get(key)
+            if failed is not None:
+                if failed[0] > now:
+                    self.stats["failures_refused"] += 1
+                    raise copy.copy(failed[1])
+                del self._failures[key]
+            fut = self._inflight.get(key)
+            if fut is None:
+                fut = self._compile_pool.submit(self._compile_blocking, grammar, key)
+                self._inflight[key] = fut
+                fut.add_done_callback(lambda f, key=key: self._compiled(key, f))
+                self.stats["compiles"] += 1
+            else:
+                self.stats["compile_shared"] += 1
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.compile_timeout_s)
+        except asyncio.TimeoutError:
+            raise CompileTimeout(f"the compile did not finish within {self.compile_timeout_s:g} s") from None
+
+    def _compiled(self, key: bytes, fut: concurrent.futures.Future) -> None:
+        """A compile ended: keep its grammar within the budget, or remember its failure a while."""
+        with self._lock:
+            self._inflight.pop(key, None)
+            err = fut.exception()
+            if err is not None:
+                if isinstance(err, XG2Error):
+                    self._failures[key] = (time.monotonic() + self.failure_ttl_s, err)
+                    if len(self._failures) > 4096:      # the oldest go first
+                        for k in list(itertools.islice(self._failures, 1024)):
+                            del self._failures[k]
+                return
+            compiled = fut.result()
+            if key not in self._grammars:
+                self._grammars[key] = compiled
+                self._grammar_bytes += compiled.tables_bytes
+            while self._grammar_bytes > self.grammar_cache_bytes and len(self._grammars) > 1:
+                _k, old = self._grammars.popitem(last=False)
+                self._grammar_bytes -= old.tables_bytes
+
+    # -- sessions ----------------------------------------------------------------------------------
+    async def open(self, spec: SessionSpec | GrammarSpec | dict | str | bytes) -> Session:
+        """A new session for a spec (a SessionSpec, a grammar spec, or their dict or JSON form).
+        SpecError for a malformed spec, QuotaError at the tenant's session limit, the compile's
+        typed error (GrammarError, SchemaError, ...) or CompileTimeout past the deadline."""
+        try:
+            spec = as_session_spec(spec)
+        except msgspec.ValidationError as e:
+            raise _spec_error(e) from None
+        except msgspec.DecodeError as e:
+            raise SpecError(f"malformed spec: {e}") from None
+        self.reap_idle()
+        tenant = spec.tenant
+        with self._lock:        # the slot is held while compiling, so a burst cannot pass the quota
+            held = self._per_tenant.get(tenant, 0)
+            if held >= self.max_sessions_per_tenant:
+                raise QuotaError(f"tenant {tenant!r} has {held} open sessions, its limit")
+            self._per_tenant[tenant] = held + 1
+        try:
+            key = content_key(spec.grammar)
+            compiled = await self._compiled_for(spec.grammar, key)
+            session = Session(secrets.token_hex(12), spec, key, compiled)
+        except BaseException:
+            self._release(tenant)
+            raise
+        with self._lock:
+            self._sessions[session.id] = session
+            self.stats["sessions_opened"] += 1
+        return session
+
+    def _release(self, tenant: str) -> None:
+        with self._lock:
+            n = self._per_tenant.get(tenant, 0) - 1
+            if n > 0:
+                self._per_tenant[tenant] = n
+            else:
+                self._per_tenant.pop(tenant, None)
+
+    def session(self, session_id: str, tenant: str | None = None) -> Session:
+        """An open session by id; SessionError if there is none, or it is another tenant's (the
+        two are not told apart, so ids reveal nothing across tenants)."""
+        s = self._sessions.get(session_id)
+        if s is None or (tenant is not None and s.tenant != tenant):
+            raise SessionError(f"no open session {session_id!r}")
+        return s
+
+    def close(self, sessions: Session | Sequence[Session]) -> None:
+        """Close sessions (their matchers' memory goes with them); closing twice is harmless."""
+        for s in [sessions] if isinstance(sessions, Session) else sessions:
+            with self._lock:
+                if s.closed:
+                    continue
+                s.closed = True
+                self._sessions.pop(s.id, None)
+            self._release(s.tenant)
+            if self.cache_tier is not None:
+                self.cache_tier.publish_entries(s.compiled_grammar)
+            s.matcher = None
+            s._core = None
+
+    def reap_idle(self, now: float | None = None) -> int:
+        """Close sessions idle past `idle_timeout_s` (run by every open, at most once a second)."""
+        if self.idle_timeout_s is None:
+            return 0
+        now = time.monotonic() if now is None else now
+        if now - self._last_reap < 1.0:
+            return 0
+        self._last_reap = now
+        with self._lock:
+            stale = [s for s in self._sessions.values() if now - s.last_used > self.idle_timeout_s]
+        self.close(stale)
+        self.stats["sessions_reaped"] += len(stale)
+        return len(stale)
+
+    def open_sessions(self, tenant: str | None = None) -> int:
+        with self._lock:
+            return len(self._sessions) if tenant is None else self._per_tenant.get(tenant, 0)
+
+    def _live(self, s: Session) -> Session:
+        if s.closed:
+            raise SessionError(f"session {s.id} is closed")
+        return s
+
+    async def fork(self, session: Session, n: int = 1) -> list[Session]:
+        """`n` new sessions in the state of `session` (n > 1 sampling): same spec, same tokens."""
+        self._live(session)
+        return [await self.restore(session.spec, session.tokens) for _ in range(n)]
+
+    async def restore(self, spec: Any, tokens: Sequence[int]) -> Session:
+        """A session rebuilt by replaying accepted tokens (after a move, a restart, a fork);
+        UsageError, and nothing left open, if the grammar refuses one of them."""
+        session = await self.open(spec)
+        for i, t in enumerate(tokens):
+            if not session.matcher.accept_token(int(t)):
+                self.close(session)
+                raise UsageError(f"replay refused token {int(t)} at position {i}")
+            session.tokens.append(int(t))
+        return session
+
+    # -- decode steps --------------------------------------------------------------------------------
+    def _plan(self, sessions: Sequence[Session | None], bitmask: Any, indices: Sequence[int] | None):
+        """(address, row words, cores, rows) of a batch fill, after the checks: rows whose session is
+        None are left alone and cost nothing."""
+        seen = self._bitmask_seen
+        if (seen is not None and seen[0] is bitmask and getattr(bitmask, "data_ptr", None) is not None
+                and bitmask.data_ptr() == seen[1] and bitmask.shape == seen[2]):
+            address, n_rows, width = seen[3]
+        else:
+            address, n_rows, width = _bitmask_base(bitmask)
+            if width != self._width:
+                raise UsageError(f"bitmask shape {(n_rows, width)} is not (batch_size, {self._width})")
+            if hasattr(bitmask, "data_ptr"):
+                self._bitmask_seen = (bitmask, bitmask.data_ptr(), bitmask.shape, (address, n_rows, width))
+        n = len(sessions)
+        if indices is not None and len(indices) != n:
+            raise UsageError(f"{len(indices)} indices for {n} sessions: they must be as many")
+        cores = []
+        skipped = False
+        for s in sessions:
+            if s is None:
+                skipped = True
+                continue
+            core = s._core
+            if core is None:
+                raise SessionError(f"session {s.id} is closed")
+            if core.terminated:
+                raise UsageError(f"session {s.id} has accepted its stop token; there is no next token mask")
+            cores.append(core)
+        if indices is None and not skipped:
+            if n > len(self._rows_cache):
+                self._rows_cache = np.arange(2 * n, dtype=np.int64)
+            rows = self._rows_cache[:n]
+        else:
+            idx = range(n) if indices is None else indices
+            rows = np.fromiter((r for r, s in zip(idx, sessions) if s is not None), np.int64, len(cores))
+        if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= n_rows):
+            raise UsageError(f"a bitmask row is out of range for {n_rows} rows")
+        if n_rows < n and indices is None:
+            raise UsageError(f"{n} sessions for a bitmask of {n_rows} rows")
+        return address, width, cores, rows
+
+    def _jobs(self, address: int, width: int, cores: list, rows: np.ndarray):
+        threads = min(self.fill_threads, len(cores) // MIN_ROWS_PER_THREAD)
+        if threads <= 1:
+            return [(cores, rows)]
+        step = -(-len(cores) // threads)
+        return [(cores[i:i + step], rows[i:i + step]) for i in range(0, len(cores), step)]
+
+    def fill(self, sessions: Sequence[Session | None], bitmask: Any,
+             indices: Sequence[int] | None = None) -> None:
+        """Session k's next-token mask into row indices[k] (row k without them) of an int32 CPU
+        bitmask (batch, ceil(vocab / 32)): one call into the core per thread, the GIL released once;
+        a None session's row is not touched. UsageError, nothing written, for a bitmask of the
+        wrong kind, a row out of range, or a session that has ended; SessionError for a closed one."""
+        address, width, cores, rows = self._plan(sessions, bitmask, indices)
+        jobs = self._jobs(address, width, cores, rows)
+        if len(jobs) == 1:
+            fill_rows(cores, address, width, rows, width)
+            return
+        futures = [self._fill_pool.submit(fill_rows, c, address, width, r, width) for c, r in jobs[1:]]
+        fill_rows(jobs[0][0], address, width, jobs[0][1], width)
+        for f in futures:
+            f.result()
+
+    def submit_fill(self, sessions: Sequence[Session | None], bitmask: Any,
+                    indices: Sequence[int] | None = None) -> FillHandle:
+        """`fill` started on the fill threads (checks done here, before it returns): call it when the
+        forward pass is launched, wait on the handle just before sampling. Accept nothing into these
+        sessions until it is done."""
+        address, width, cores, rows = self._plan(sessions, bitmask, indices)
+        return FillHandle([self._fill_pool.submit(fill_rows, c, address, width, r, width)
+                           for c, r in self._jobs(address, width, cores, rows)])
+
+    def accept(self, sessions: Sequence[Session | None], tokens: Sequence[int]) -> list[bool]:
+        """Whether each session accepted its token (a refused token changes nothing); None sessions
+        are skipped (False)."""
+        if len(tokens) != len(sessions):
+            raise UsageError(f"{len(tokens)} tokens for {len(sessions)} sessions: they must be as many")
+        now = time.monotonic()
+        out = []
+        for s, t in zip(sessions, tokens):
+            if s is None:
+                out.append(False)
+                continue
+            m = self._live(s).matcher
+            ok = m.accept_token(t)
+            if ok:
+                s.tokens.append(int(t))
+            s.last_used = now
+            out.append(ok)
+        return out
+
+    def rollback(self, sessions: Sequence[Session], counts: int | Sequence[int] = 1) -> None:
+        counts = [counts] * len(sessions) if isinstance(counts, (int, np.integer)) else list(counts)
+        if len(counts) != len(sessions):
+            raise UsageError(f"{len(counts)} counts for {len(sessions)} sessions: they must be as many")
+        for s, k in zip(sessions, counts):
+            self._live(s).matcher.rollback(k)
+            if k:
+                del s.tokens[len(s.tokens) - k:]
+            s.last_used = time.monotonic()
+
+    # -- lifetime ------------------------------------------------------------------------------------
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes held per tier of this process: compiled grammars by key, and the compiler's caches."""
+        with self._lock:
+            grammars = self._grammar_bytes
+        return {"grammars": grammars, "grammars_budget": self.grammar_cache_bytes,
+                "compiler": self.compiler.get_cache_size_bytes(),
+                "compiler_budget": self.compiler.cache_limit_bytes}
+
+    def shutdown(self) -> None:
+        """Close every session and stop the worker threads."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        self.close(sessions)
+        self._compile_pool.shutdown(wait=False, cancel_futures=True)
+        self._fill_pool.shutdown(wait=False)
+        if self.cache_tier is not None:
+            self.cache_tier.flush()

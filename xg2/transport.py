@@ -1,0 +1,305 @@
+"""Compiled grammars, modules and mask entries as compact bytes, for another process or for disk.
+
+A blob is a fixed header then a msgpack payload:
+
+    magic "XG2T" | format version (u16) | kind (u8) | engine version (u8 length, UTF-8)
+    | vocabulary fingerprint (32 bytes) | checksum (16 bytes) | payload
+
+The checksum is a BLAKE2b digest of everything before it and of the payload, so a blob cut short,
+flipped in transit or pasted onto another header is refused before any of it is used. Loading
+checks, in order: the magic and the header's length, the checksum, the format version, the engine
+version, the kind, the vocabulary; each refusal is a typed error (DeserializeError and its
+subclasses) saying what was expected and what was found. Mask entries inside a blob are checked
+once more by the core as they are read (token ids in range and ordinary), so even a blob with a
+valid checksum cannot let a special token through.
+
+What is carried: a grammar's flat tables, rule names, root, content keys and the mask entries that
+belong to it alone (those the entry pool does not hold); a module's tables, keys and automata (a
+frame links it under contexts of its own, whose keys need the automata); a pool entry's bytes.
+The grammar's source (kind and text), when known, rides along so that `CompiledGrammar.grammar`
+can be rebuilt on demand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from .errors import XG2Error
+
+FORMAT_VERSION = 1
+MAGIC = b"XG2T"
+KIND_GRAMMAR, KIND_MODULE, KIND_ENTRY = 1, 2, 3
+_KIND_NAMES = {KIND_GRAMMAR: "compiled grammar", KIND_MODULE: "module", KIND_ENTRY: "mask entry"}
+_HEAD = struct.Struct("<4sHBB")
+_VOCAB_BYTES = 32
+_SUM_BYTES = 16
+
+
+class DeserializeError(XG2Error, ValueError):
+    """Bytes that are not a blob this engine can load: malformed, truncated or corrupted (the
+    checksum does not match), or of another kind than asked for. (xgrammar's name for the
+    malformed case is DeserializeFormatError; that name is this class.)"""
+
+
+DeserializeFormatError = DeserializeError
+
+
+class DeserializeVersionError(DeserializeError):
+    """A blob written by another format or engine version: its tables or keys may mean something
+    else here, so it is refused rather than trusted."""
+
+
+class VocabularyMismatchError(DeserializeError):
+    """A blob built for another vocabulary: its token ids would name other tokens."""
+
+
+def engine_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _vocab_digest(fingerprint: str) -> bytes:
+    return bytes.fromhex(fingerprint)[:_VOCAB_BYTES].ljust(_VOCAB_BYTES, b"\0")
+
+
+def _checksum(head: bytes, payload: bytes) -> bytes:
+    h = hashlib.blake2b(head, digest_size=_SUM_BYTES)
+    h.update(payload)
+    return h.digest()
+
+
+def pack(kind: int, fingerprint: str, payload: bytes) -> bytes:
+    engine = engine_version().encode()
+    head = _HEAD.pack(MAGIC, FORMAT_VERSION, kind, len(engine)) + engine + _vocab_digest(fingerprint)
+    return head + _checksum(head, payload) + payload
+
+
+def unpack(data: bytes, kind: int, fingerprint: str) -> bytes:
+    """The payload of a blob of `kind` for the vocabulary `fingerprint`, or a typed refusal."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DeserializeError(f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) < _HEAD.size or data[:4] != MAGIC:
+        raise DeserializeError("not an xg2 blob (bad magic or too short)")
+    _magic, version, found_kind, n_engine = _HEAD.unpack_from(data)
+    head_len = _HEAD.size + n_engine + _VOCAB_BYTES
+    if len(data) < head_len + _SUM_BYTES:
+        raise DeserializeError("truncated xg2 blob: the header is cut short")
+    head, payload = data[:head_len], data[head_len + _SUM_BYTES:]
+    if _checksum(head, payload) != data[head_len: head_len + _SUM_BYTES]:
+        raise DeserializeError("xg2 blob checksum mismatch: the bytes are truncated or corrupted")
+    if version != FORMAT_VERSION:
+        raise DeserializeVersionError(f"blob format version {version}, this engine reads {FORMAT_VERSION}")
+    engine = data[_HEAD.size: _HEAD.size + n_engine].decode("utf-8", "replace")
+    if engine != engine_version():
+        raise DeserializeVersionError(f"blob written by xg2 {engine}, this is xg2 {engine_version()}")
+    if found_kind != kind:
+        raise DeserializeError(f"expected a {_KIND_NAMES.get(kind, kind)}, got a "
+                               f"{_KIND_NAMES.get(found_kind, f'blob of kind {found_kind}')}")
+    if data[_HEAD.size + n_engine: head_len] != _vocab_digest(fingerprint):
+        raise VocabularyMismatchError("the blob was built for another vocabulary (fingerprints differ)")
+    return payload
+
+
+# -- payloads --------------------------------------------------------------------------------------
+
+class _Array(msgspec.Struct, array_like=True):
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+class _Fsm(msgspec.Struct, array_like=True):
+    byte_edges: list[list[tuple[int, int, int]]]
+    rule_edges: list[list[tuple[int, int]]]
+    finals: list[int]
+    deterministic: bool
+
+
+class _Lowered(msgspec.Struct, array_like=True):
+    rule_names: list[str]
+    root: int
+    arrays: dict[str, _Array]
+    rule_keys: list[bytes]
+    ctx_keys: list[bytes]
+    canon: list[_Array | None]
+    follows: dict[int, int]
+    fsms: list[_Fsm] | None = None
+
+
+class GrammarPayload(msgspec.Struct, array_like=True):
+    lowered: _Lowered
+    entries: dict[int, bytes]                       # node -> entry bytes (the grammar's own entries)
+    source: tuple[str, str] | None = None           # (kind, text) to rebuild the Grammar on demand
+    warnings: list[tuple[str, str]] = []
+
+
+class ModulePayload(msgspec.Struct, array_like=True):
+    lowered: _Lowered
+    warnings: list[tuple[str, str]] = []
+
+
+_ENC = msgspec.msgpack.Encoder()
+_GRAMMAR_DEC = msgspec.msgpack.Decoder(GrammarPayload)
+_MODULE_DEC = msgspec.msgpack.Decoder(ModulePayload)
+#: dtypes a table may have (a blob naming another is refused, not handed to numpy).
+_DTYPES = frozenset({"<i4", "<u4", "<i8", "<u8", "|u1", "|i1", "<i2", "<u2"})
+
+
+def _array_out(a: np.ndarray) -> _Array:
+    a = np.ascontiguousarray(a)
+    return _Array(a.dtype.newbyteorder("<").str if a.dtype.byteorder != "|" else a.dtype.str, a.shape,
+                  a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+
+
+def _array_in(w: _Array) -> np.ndarray:
+    if w.dtype not in _DTYPES:
+        raise DeserializeError(f"table of unexpected dtype {w.dtype!r}")
+    dt = np.dtype(w.dtype)
+    n = int(np.prod(w.shape, dtype=np.int64)) if w.shape else 1
+    if n * dt.itemsize != len(w.data) or any(d < 0 for d in w.shape):
+        raise DeserializeError("table length does not match its shape")
+    return np.frombuffer(w.data, dt).reshape(w.shape).astype(dt.newbyteorder("="))
+
+
+def _lowered_out(lowered: Any, with_fsms: bool, keys: Any = None) -> _Lowered:
+    keys = keys if keys is not None else lowered.keys
+    fsms = None
+    if with_fsms and lowered.fsms is not None:
+        fsms = [_Fsm([list(e) for e in f.byte_edges], [list(e) for e in f.rule_edges], sorted(f.finals),
+                     bool(f.deterministic)) for f in lowered.fsms]
+    return _Lowered(list(lowered.rule_names), int(lowered.root),
+                    {k: _array_out(v) for k, v in lowered.arrays.items()},
+                    list(keys.rule), list(keys.ctx),
+                    [None if c is None else _array_out(np.asarray(c, np.int32)) for c in keys.canon],
+                    {int(k): int(v) for k, v in (lowered.follows or {}).items()}, fsms)
+
+
+def _lowered_in(w: _Lowered) -> Any:
+    from .compiler import LoweredGrammar
+    from .grammar.fsm import RuleFSM
+    from .grammar.hashing import GrammarKeys
+
+    arrays = {k: _array_in(v) for k, v in w.arrays.items()}
+    n_rules = len(w.rule_names)
+    missing = {"node_rule", "rule_start", "be_start", "re_start", "ctx_start", "ctx_resume"} - set(arrays)
+    if missing:
+        raise DeserializeError(f"grammar tables lack {sorted(missing)}")
+    if not (len(arrays["rule_start"]) == len(w.rule_keys) == len(w.ctx_keys) == len(w.canon) == n_rules):
+        raise DeserializeError("grammar tables, rule names and keys disagree on the number of rules")
+    if any(len(k) != 16 for k in w.rule_keys) or any(len(k) != 16 for k in w.ctx_keys):
+        raise DeserializeError("content keys are 16 bytes")
+    if not 0 <= w.root < n_rules:
+        raise DeserializeError("root rule out of range")
+    _check_tables(arrays, n_rules)
+    canon = [None if c is None else _array_in(c) for c in w.canon]
+    fsms = None
+    if w.fsms is not None:
+        fsms = [RuleFSM(tuple(tuple(map(tuple, e)) for e in f.byte_edges),
+                        tuple(tuple(map(tuple, e)) for e in f.rule_edges), set(f.finals), f.deterministic)
+                for f in w.fsms]
+    return LoweredGrammar(list(w.rule_names), fsms, w.root, arrays, GrammarKeys(list(w.rule_keys),
+                          list(w.ctx_keys), canon), follows=dict(w.follows))
+
+
+def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
+    """Every index the core follows stays inside its table: the core trusts its tables, so a blob's
+    must be checked before they reach it."""
+    n_nodes = len(a["node_rule"])
+    n_be = int(a["be_start"][-1]) if len(a["be_start"]) else -1
+    n_re = int(a["re_start"][-1]) if len(a["re_start"]) else -1
+
+    def within(name: str, lo: int, hi: int, length: int | None = None) -> None:
+        x = a.get(name)
+        if x is None:
+            raise DeserializeError(f"grammar tables lack {name!r}")
+        if length is not None and len(x) < length:
+            raise DeserializeError(f"table {name!r} is too short")
+        if x.size and (int(x.min()) < lo or int(x.max()) > hi):
+            raise DeserializeError(f"table {name!r} holds an index out of range")
+
+    for name in ("be_start", "re_start"):
+        x = a[name]
+        if len(x) < n_nodes + 1 or np.any(np.diff(x.astype(np.int64)) < 0) or (x.size and x[0] < 0):
+            raise DeserializeError(f"table {name!r} is not a valid offset table")
+    within("node_rule", 0, n_rules - 1)
+    within("node_final", 0, 1, n_nodes)
+    within("node_pure", 0, 3, n_nodes)
+    within("be_lo", 0, 255, n_be)
+    within("be_hi", 0, 255, n_be)
+    within("be_target", 0, n_nodes - 1, n_be)
+    within("re_rule", 0, n_rules - 1, n_re)
+    within("re_target", 0, n_nodes - 1, n_re)
+    within("rule_start", 0, n_nodes - 1)
+    within("rule_nullable", 0, 1, n_rules)
+    within("rule_follow", 0, 1, n_rules)
+    within("ctx_resume", -1, n_nodes - 1, n_rules)
+    cs = a["ctx_start"]
+    if len(cs) < n_rules + 1 or np.any(np.diff(cs.astype(np.int64)) < 0) or (cs.size and cs[0] < 0):
+        raise DeserializeError("table 'ctx_start' is not a valid offset table")
+    items = a.get("ctx_item")
+    if items is None or len(items) < int(cs[-1]):
+        raise DeserializeError("table 'ctx_item' is too short")
+    if items.size and (int((items >> np.uint64(32)).max()) >= n_rules
+                       or int((items & np.uint64(0xFFFFFFFF)).max()) >= n_nodes):
+        raise DeserializeError("table 'ctx_item' holds an index out of range")
+
+
+def dump_grammar(compiled: Any) -> bytes:
+    """A CompiledGrammar as bytes: tables, keys, its own entries built so far, and its source."""
+    core = compiled._core
+    lowered = compiled._lowered
+    payload = GrammarPayload(_lowered_out(lowered, False), core.built_entries(own_only=True),
+                             compiled._source, [(m, c.__name__) for m, c in compiled._warnings])
+    return pack(KIND_GRAMMAR, compiled.tokenizer_info.fingerprint, _ENC.encode(payload))
+
+
+def load_grammar(data: bytes, fingerprint: str) -> GrammarPayload:
+    """The checked payload of a grammar blob; its `lowered` turned into a LoweredGrammar."""
+    try:
+        payload = _GRAMMAR_DEC.decode(unpack(data, KIND_GRAMMAR, fingerprint))
+    except msgspec.DecodeError as e:
+        raise DeserializeError(f"malformed compiled grammar: {e}") from None
+    payload.lowered = _lowered_in(payload.lowered)
+    return payload
+
+
+def dump_module(module: Any, fingerprint: str) -> bytes:
+    payload = ModulePayload(_lowered_out(module.lowered, True, module.keys),
+                            [(m, c.__name__) for m, c in module.warnings])
+    return pack(KIND_MODULE, fingerprint, _ENC.encode(payload))
+
+
+def load_module(data: bytes, fingerprint: str) -> Any:
+    from .linking import Module
+
+    try:
+        payload = _MODULE_DEC.decode(unpack(data, KIND_MODULE, fingerprint))
+    except msgspec.DecodeError as e:
+        raise DeserializeError(f"malformed module: {e}") from None
+    lowered = _lowered_in(payload.lowered)
+    keys, lowered._keys = lowered._keys, None
+    if lowered.fsms is not None and len(lowered.fsms) != len(lowered.rule_names):
+        raise DeserializeError("module automata and rules disagree")
+    return Module(lowered, [(m, _warning_class(c)) for m, c in payload.warnings], _keys=keys)
+
+
+def dump_entry(entry: bytes, fingerprint: str) -> bytes:
+    return pack(KIND_ENTRY, fingerprint, entry)
+
+
+def load_entry(data: bytes, fingerprint: str) -> bytes:
+    """The entry bytes of an entry blob (the pool checks them again as it reads them)."""
+    return unpack(data, KIND_ENTRY, fingerprint)
+
+
+def _warning_class(name: str) -> type[Warning]:
+    from .errors import SchemaWarning
+
+    return SchemaWarning if name == "SchemaWarning" else UserWarning
