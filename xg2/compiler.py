@@ -237,6 +237,8 @@ class CompiledGrammar:
         self._warnings: list[tuple[str, type[Warning]]] = []   # said again when a cache serves it
         self._tables_bytes: int | None = None
         self._source: tuple[str, str] | None = None    # (kind, text) the grammar is rebuilt from
+        self._built_keys: list[bytes] | None = None    # loaded: pool keys its writer had built
+        self._pending_entries: dict[int, bytes] | None = None   # loaded: entries installed after the first mask
 
     @property
     def grammar(self) -> Grammar:
@@ -356,11 +358,22 @@ def _precompute_worker(jobs: queue.SimpleQueue) -> None:
         job = jobs.get()
         if job is None:
             return
-        core, t0, budget_ms, top_k, done = job
+        core, t0, budget_ms, top_k, done, pending = job
         try:
+            _load_entries(core, pending)
             _precompute_costliest(core, t0, budget_ms, top_k)
         finally:
             done.set()
+
+
+def _load_entries(core: CompiledCore, entries: dict[int, bytes] | None) -> None:
+    """Install entries a serialized grammar carried (node -> bytes); one that does not load is
+    simply built when needed."""
+    for node, data in (entries or {}).items():
+        try:
+            core.load_entry(node, data)
+        except (ValueError, MemoryError):
+            pass
 
 
 def _precompute_costliest(core: CompiledCore, t0: float, budget_ms: float, top_k: int | None) -> None:
@@ -479,9 +492,10 @@ class GrammarCompiler:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self.last_compile_seconds: float | None = None
-        #: A second cache tier (xg2.actors): called with the pool keys a new grammar's entries
-        #: have and this pool lacks, before its first mask is built; it loads what it finds into
-        #: `entry_pool`. Called on the compiling thread.
+        #: A second cache tier (xg2.actors): called with the pool keys of a new grammar's first
+        #: mask that this pool lacks, before that mask is built; it loads what it finds into
+        #: `entry_pool`. Called on the compiling thread (the tier fetches the others in the
+        #: background, as the precompute builds them: partial JIT).
         self.entry_source: Callable[[list[bytes]], None] | None = None
 
     @property
@@ -720,7 +734,8 @@ class GrammarCompiler:
         """Fetch what another tier holds, precompute, time, and keep the compiled grammar (within
         the caches' byte budget)."""
         if self.entry_source is not None and self._pool is not None:
-            wanted = [k for k in compiled._core.pool_keys().values() if k not in self._pool]
+            core = compiled._core
+            wanted = [k for k in core.pool_keys(core.initial_nodes()).values() if k not in self._pool]
             if wanted:
                 self.entry_source(wanted)
         self._precompute(compiled, t0)
@@ -771,8 +786,17 @@ class GrammarCompiler:
         try:
             core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool,
                                 lowered.core_keys() if self._pool is not None else None)
+            initial = set(core.initial_nodes())     # the first mask's now, the others with the precompute
+            pending = {}
             for node, entry in payload.entries.items():
-                core.load_entry(node, entry)
+                if node in initial:
+                    core.load_entry(node, entry)
+                else:
+                    pending[node] = entry
+            if self._pool is not None:
+                for key, entry in payload.first.items():
+                    if key not in self._pool:
+                        self._pool.load(key, entry)
         except (ValueError, IndexError) as e:
             raise transport.DeserializeError(f"compiled grammar refused: {e}") from None
         source = payload.source
@@ -780,6 +804,8 @@ class GrammarCompiler:
                                    self.tokenizer_info, lowered, core)
         compiled._source = source
         compiled._warnings = [(m, transport._warning_class(c)) for m, c in payload.warnings]
+        compiled._built_keys = payload.built
+        compiled._pending_entries = pending
         return self._finish(None, compiled, t0)
 
     def _class_trie(self, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
@@ -809,6 +835,8 @@ class GrammarCompiler:
             budget.check("the first mask's entries")
             core.precompute([node])
         if not self.jit:
+            _load_entries(core, compiled._pending_entries)
+            compiled._pending_entries = None
             for node, _width in core.scannable_nodes():
                 budget.check("mask entries (jit=False)")
                 core.precompute([node])
@@ -823,9 +851,12 @@ class GrammarCompiler:
                     self._worker.start()
                     weakref.finalize(self, self._jobs.put, None)
             self._jobs.put((core, time.perf_counter(), self.precompute_budget_ms, self.precompute_top_k,
-                            compiled._precomputed))
+                            compiled._precomputed, compiled._pending_entries))
+            compiled._pending_entries = None
             return
         else:
+            _load_entries(core, compiled._pending_entries)
+            compiled._pending_entries = None
             _precompute_costliest(core, t0, self.precompute_budget_ms, self.precompute_top_k)
         compiled._precomputed.set()
 

@@ -13,8 +13,10 @@ subclasses) saying what was expected and what was found. Mask entries inside a b
 once more by the core as they are read (token ids in range and ordinary), so even a blob with a
 valid checksum cannot let a special token through.
 
-What is carried: a grammar's flat tables, rule names, root, content keys and the mask entries that
-belong to it alone (those the entry pool does not hold); a module's tables, keys and automata (a
+What is carried: a grammar's flat tables, rule names, root, content keys, the mask entries that
+belong to it alone (those the entry pool does not hold), the pooled entries its first mask needs
+(so that a process loading it builds its first mask without asking anyone else) and the keys of the
+other pooled entries built so far (which a cache tier can then fetch, knowing they exist); a module's tables, keys and automata (a
 frame links it under contexts of its own, whose keys need the automata); a pool entry's bytes.
 The grammar's source (kind and text), when known, rides along so that `CompiledGrammar.grammar`
 can be rebuilt on demand.
@@ -138,6 +140,8 @@ class GrammarPayload(msgspec.Struct, array_like=True):
     entries: dict[int, bytes]                       # node -> entry bytes (the grammar's own entries)
     source: tuple[str, str] | None = None           # (kind, text) to rebuild the Grammar on demand
     warnings: list[tuple[str, str]] = []
+    first: dict[bytes, bytes] = {}                  # pool key -> entry: the pooled entries of the first mask
+    built: list[bytes] = []                         # pool keys of the other pooled entries built so far
 
 
 class ModulePayload(msgspec.Struct, array_like=True):
@@ -255,8 +259,20 @@ def dump_grammar(compiled: Any) -> bytes:
     """A CompiledGrammar as bytes: tables, keys, its own entries built so far, and its source."""
     core = compiled._core
     lowered = compiled._lowered
+    first: dict[bytes, bytes] = {}
+    built: list[bytes] = []
+    pool = core._pool
+    if pool is not None:
+        initial = set(core.initial_nodes())
+        for node, key in core.pool_keys().items():
+            if node in initial:
+                data = pool.dump(key)
+                if data is not None:
+                    first[key] = data
+            elif key in pool:
+                built.append(key)
     payload = GrammarPayload(_lowered_out(lowered, False), core.built_entries(own_only=True),
-                             compiled._source, [(m, c.__name__) for m, c in compiled._warnings])
+                             compiled._source, [(m, c.__name__) for m, c in compiled._warnings], first, built)
     return pack(KIND_GRAMMAR, compiled.tokenizer_info.fingerprint, _ENC.encode(payload))
 
 

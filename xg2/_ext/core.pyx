@@ -1836,7 +1836,7 @@ cdef class CompiledCore:
     cdef int64_t n_open
     cdef int64_t n_cacc
     cdef bint open_all
-    cdef EntryPool _pool              # shared across grammars, or None
+    cdef readonly EntryPool _pool     # shared across grammars, or None
     cdef const uint8_t* rule_keys     # per rule: content key of its automaton (see hashing.py)
     cdef const uint8_t* ctx_keys      # per rule: key of what may follow it
     cdef const int32_t* node_canon    # per node: its number in its rule's canonical numbering

@@ -134,6 +134,16 @@ def _spec_error(e: msgspec.ValidationError) -> SpecError:
     return SpecError(message, "/" + "/".join(parts) if parts else "")
 
 
+def parse_spec(spec: Any) -> SessionSpec:
+    """A SessionSpec from any of its forms, or SpecError with the pointer of what is wrong."""
+    try:
+        return as_session_spec(spec)
+    except msgspec.ValidationError as e:
+        raise _spec_error(e) from None
+    except msgspec.DecodeError as e:
+        raise SpecError(f"malformed spec: {e}") from None
+
+
 class GrammarRuntime:
     """Sessions and batched steps over one vocabulary (see the module note).
 
@@ -177,7 +187,8 @@ class GrammarRuntime:
         self._rows_cache: np.ndarray = np.arange(256, dtype=np.int64)
         self._bitmask_seen: tuple | None = None
         self.stats = {"compiles": 0, "compile_shared": 0, "grammar_hits": 0, "failures_refused": 0,
-                      "tier_grammar_hits": 0, "sessions_opened": 0, "sessions_reaped": 0}
+                      "tier_grammar_hits": 0, "sessions_opened": 0, "sessions_reaped": 0,
+                      "deserialize_ms": 0.0}
         self.cache_tier = None
         if cache_tier is not None:
             self.attach_tier(cache_tier)
@@ -197,13 +208,17 @@ class GrammarRuntime:
             blob = tier.get_grammar(key)
             if blob is not None:
                 try:
+                    t0 = time.perf_counter()
                     compiled = self.compiler.deserialize(blob)
+                    self.stats["deserialize_ms"] += (time.perf_counter() - t0) * 1e3
                     self.stats["tier_grammar_hits"] += 1
+                    tier.prefetch(compiled)
                     return compiled
                 except XG2Error as e:      # a stale or damaged copy costs a compile, never a wrong mask
                     _log.warning("cache tier gave an unusable grammar (%s); compiling it", e)
         compiled = grammar.compile(self.compiler)
         if tier is not None:
+            tier.prefetch(compiled)
             tier.publish_grammar(key, compiled)
         return compiled
 
@@ -267,12 +282,7 @@ class GrammarRuntime:
         """A new session for a spec (a SessionSpec, a grammar spec, or their dict or JSON form).
         SpecError for a malformed spec, QuotaError at the tenant's session limit, the compile's
         typed error (GrammarError, SchemaError, ...) or CompileTimeout past the deadline."""
-        try:
-            spec = as_session_spec(spec)
-        except msgspec.ValidationError as e:
-            raise _spec_error(e) from None
-        except msgspec.DecodeError as e:
-            raise SpecError(f"malformed spec: {e}") from None
+        spec = parse_spec(spec)
         self.reap_idle()
         tenant = spec.tenant
         with self._lock:        # the slot is held while compiling, so a burst cannot pass the quota

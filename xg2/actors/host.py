@@ -1,0 +1,147 @@
+"""MatcherHost: a GrammarRuntime in a Ray actor, for engines that sample in another process.
+
+An engine that keeps its own model (and cannot host matchers beside it) opens sessions here and
+makes one call per decode step for all of its sessions: the tokens it sampled go in, the bitmask
+rows for the next step come back as one int32 array (rows in the order of the call), never one
+message per row. Every call names the tenant; a tenant reaches only its own sessions, and a
+session id of another tenant is answered exactly as an unknown one.
+
+The class is plain Python around the runtime (usable and tested in process); `host_actor_class()`
+makes it an async Ray actor. With `shards` (CacheShard names) its runtime uses the deployment's
+second cache tier.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from ..errors import UsageError
+from ..tokenizer import TokenizerInfo
+from .runtime import GrammarRuntime, parse_spec
+
+
+def _tokenizer(tokenizer: Any) -> TokenizerInfo:
+    if isinstance(tokenizer, TokenizerInfo):
+        return tokenizer
+    if isinstance(tokenizer, str):
+        if tokenizer.endswith(".json"):
+            return TokenizerInfo.from_huggingface(tokenizer)
+        return TokenizerInfo.from_tiktoken(tokenizer)
+    raise TypeError("tokenizer must be a TokenizerInfo or a tokenizer file's path")
+
+
+class MatcherHost:
+    """Sessions of remote callers, stepped a whole batch per call (see the module note)."""
+
+    def __init__(self, tokenizer: Any, *, shards: list[str] | None = None, shard_namespace: str | None = None,
+                 shard_bytes: int | None = None, **runtime_options: Any):
+        info = _tokenizer(tokenizer)
+        tier = None
+        if shards:
+            from .router import ShardRouter
+            from .tier import ShardedCache
+
+            tier = ShardedCache(ShardRouter(shards, namespace=shard_namespace, budget_bytes=shard_bytes))
+        self.runtime = GrammarRuntime(info, cache_tier=tier, **runtime_options)
+        self._width = (info.vocab_size + 31) // 32
+        self._bitmask = np.zeros((8, self._width), np.int32)
+
+    def _rows(self, n: int) -> np.ndarray:
+        if len(self._bitmask) < n:
+            self._bitmask = np.zeros((max(n, 2 * len(self._bitmask)), self._width), np.int32)
+        return self._bitmask[:n]
+
+    async def open(self, tenant: str, spec: Any, first_mask: bool = False) -> dict:
+        """Open a session for `tenant` (the spec's own tenant field is overridden: the caller says
+        who it serves). With `first_mask`, the first bitmask row comes back in the same call, and
+        `ttfm_ms` is the time from the call's arrival to that row."""
+        t0 = time.perf_counter()
+        spec = parse_spec(spec)
+        if spec.tenant != tenant:
+            spec = msgspec.structs.replace(spec, tenant=tenant)
+        session = await self.runtime.open(spec)
+        out = {"session": session.id}
+        if first_mask:
+            row = self._rows(1)
+            self.runtime.fill([session], row)
+            out["mask"] = row[0].copy()
+            out["ttfm_ms"] = (time.perf_counter() - t0) * 1e3
+        return out
+
+    async def step(self, tenant: str, session_ids: Sequence[str], tokens: Sequence[int | None]) -> dict:
+        """One decode step for the caller's sessions: session k accepts tokens[k] (None: nothing to
+        accept, e.g. the first step), then its next mask is row k of `masks`; `accepted[k]` says
+        whether its token was accepted (a refused token leaves the session as it was). A session
+        that has ended (stop token accepted) gets an all-zero row and `ended[k]` True."""
+        if len(tokens) != len(session_ids):
+            raise UsageError(f"{len(tokens)} tokens for {len(session_ids)} sessions: they must be as many")
+        rt = self.runtime
+        sessions = [rt.session(sid, tenant) for sid in session_ids]
+        accepted = [True] * len(sessions)
+        todo = [k for k, t in enumerate(tokens) if t is not None]
+        if todo:
+            flags = rt.accept([sessions[k] for k in todo], [int(tokens[k]) for k in todo])
+            for k, ok in zip(todo, flags):
+                accepted[k] = ok
+        ended = [s.matcher._core.terminated for s in sessions]
+        masks = self._rows(len(sessions))
+        if any(ended):
+            masks[:] = 0
+        rt.fill([None if e else s for s, e in zip(sessions, ended)], masks)
+        return {"masks": masks.copy(), "accepted": accepted, "ended": ended}
+
+    async def close(self, tenant: str, session_ids: Sequence[str]) -> int:
+        """Close the caller's sessions; ids that are not open (or not its own) are ignored."""
+        rt = self.runtime
+        found = []
+        for sid in session_ids:
+            s = rt._sessions.get(sid)
+            if s is not None and s.tenant == tenant:
+                found.append(s)
+        rt.close(found)
+        return len(found)
+
+    async def fork(self, tenant: str, session_id: str, n: int = 1) -> list[str]:
+        return [s.id for s in await self.runtime.fork(self.runtime.session(session_id, tenant), n)]
+
+    async def rollback(self, tenant: str, session_ids: Sequence[str], counts: int | Sequence[int] = 1) -> None:
+        rt = self.runtime
+        rt.rollback([rt.session(sid, tenant) for sid in session_ids], counts)
+
+    async def stats(self) -> dict:
+        rt = self.runtime
+        out = {"runtime": dict(rt.stats), "cache_bytes": rt.cache_bytes(), "pool": rt.compiler.cache_stats(),
+               "open_sessions": rt.open_sessions()}
+        if rt.cache_tier is not None:
+            out["tier"] = rt.cache_tier.stats()
+        return out
+
+    async def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until what this host built is published to the shards."""
+        return True if self.runtime.cache_tier is None else self.runtime.cache_tier.flush(timeout_s)
+
+    async def ping(self) -> int:
+        import os
+
+        return os.getpid()
+
+    async def clear_local(self) -> None:
+        """Drop this process's own caches (compiled grammars, modules, entries): benchmarks use it
+        to measure what the shards alone give."""
+        rt = self.runtime
+        with rt._lock:
+            rt._grammars.clear()
+            rt._grammar_bytes = 0
+        rt.compiler.clear_cache()
+
+
+def host_actor_class(**options: Any):
+    """MatcherHost as an async Ray actor (its runtime's compile and fill threads are its own)."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_concurrency=256, **options)(MatcherHost)

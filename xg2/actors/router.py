@@ -1,0 +1,158 @@
+"""ShardRouter: which CacheShard holds a key, and batched calls to all of them at once.
+
+Keys go to shards by rendezvous hashing: each (shard, key) pair gets a score and the key lives on the
+shard with the highest, so adding a shard moves only the keys it now wins (about 1/N of them) and
+removing one moves only its own. Keys are content digests already, so the score is a cheap mix of
+the key's first 8 bytes with the shard's seed.
+
+A batched read sends one call per shard that holds any of the keys, all at once, and waits for them
+together: the cost is one round trip, whatever the number of keys. A shard that fails or does not
+answer in time gives misses for its keys (a miss is only recomputation), and its handle is looked up
+again by name, so a shard that Ray restarted is used again on the next call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Iterable
+
+_log = logging.getLogger("xg2.router")
+_MASK = (1 << 64) - 1
+
+
+def _seed(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def _score(key_head: int, seed: int) -> int:
+    h = ((key_head ^ seed) * 0x9E3779B97F4A7C15) & _MASK
+    h ^= h >> 29
+    return (h * 0xBF58476D1CE4E5B9) & _MASK
+
+
+class ShardRouter:
+    """Routes keys over the named CacheShard actors (created here when missing)."""
+
+    def __init__(self, names: list[str], *, namespace: str | None = None, budget_bytes: int | None = None,
+                 create: bool = True, get_timeout_s: float = 5.0, put_timeout_s: float = 10.0):
+        if not names:
+            raise ValueError("a router needs at least one shard")
+        self.names = list(names)
+        self.namespace = namespace
+        self.budget_bytes = budget_bytes
+        self.get_timeout_s = get_timeout_s
+        self.put_timeout_s = put_timeout_s
+        self._seeds = [_seed(n) for n in self.names]
+        self._handles: list = [None] * len(self.names)
+        self._lock = threading.Lock()
+        self.failures = 0
+        for i in range(len(self.names)):
+            self._handle(i, create=create)
+
+    @classmethod
+    def create(cls, n: int, *, prefix: str = "xg2-cache-shard", **kwargs) -> ShardRouter:
+        return cls([f"{prefix}-{i}" for i in range(n)], **kwargs)
+
+    def _handle(self, i: int, create: bool = True, refresh: bool = False):
+        import ray
+
+        with self._lock:
+            h = self._handles[i]
+            if h is not None and not refresh:
+                return h
+        try:
+            h = ray.get_actor(self.names[i], namespace=self.namespace)
+        except ValueError:
+            if not create:
+                raise
+            from .shard import DEFAULT_SHARD_BYTES, shard_actor_class
+
+            h = shard_actor_class().options(name=self.names[i], namespace=self.namespace, lifetime="detached",
+                                            get_if_exists=True).remote(self.budget_bytes or DEFAULT_SHARD_BYTES)
+        with self._lock:
+            self._handles[i] = h
+        return h
+
+    @property
+    def handles(self) -> list:
+        return [self._handle(i) for i in range(len(self.names))]
+
+    def shard_of(self, key: bytes) -> int:
+        head = int.from_bytes(key[:8], "little")
+        best, best_score = 0, -1
+        for i, seed in enumerate(self._seeds):
+            s = _score(head, seed)
+            if s > best_score:
+                best, best_score = i, s
+        return best
+
+    def group(self, keys: Iterable[bytes]) -> dict[int, list[bytes]]:
+        out: dict[int, list[bytes]] = {}
+        for k in keys:
+            out.setdefault(self.shard_of(k), []).append(k)
+        return out
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """The values the shards hold for `keys` (absent keys left out): one call per shard, all in
+        flight together."""
+        import ray
+
+        groups = self.group(keys)
+        if not groups:
+            return {}
+        calls = {i: self._handle(i).get_many.remote(ks) for i, ks in groups.items()}
+        out: dict[bytes, bytes] = {}
+        for i, ref in calls.items():
+            try:
+                values = ray.get(ref, timeout=self.get_timeout_s)
+            except Exception as e:      # noqa: BLE001 - a dead or slow shard is only a miss
+                self._failed(i, e)
+                continue
+            for k, v in zip(groups[i], values):
+                if v is not None:
+                    out[k] = v
+        return out
+
+    def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
+        """Store pairs on their shards (one call per shard, together); returns how many were new.
+        A failed shard drops its pairs: they are rebuilt where needed."""
+        import ray
+
+        groups: dict[int, list[tuple[bytes, bytes]]] = {}
+        for k, v in items:
+            groups.setdefault(self.shard_of(k), []).append((k, v))
+        calls = {i: self._handle(i).put_many.remote(ps) for i, ps in groups.items()}
+        new = 0
+        for i, ref in calls.items():
+            try:
+                new += ray.get(ref, timeout=self.put_timeout_s)
+            except Exception as e:      # noqa: BLE001
+                self._failed(i, e)
+        return new
+
+    def _failed(self, i: int, e: BaseException) -> None:
+        self.failures += 1
+        _log.warning("cache shard %s failed (%s: %s); its keys count as misses", self.names[i], type(e).__name__, e)
+        try:
+            self._handle(i, refresh=True)
+        except Exception as e2:     # noqa: BLE001 - not back yet; the next call tries again
+            _log.warning("cache shard %s not found again yet: %s", self.names[i], e2)
+
+    def stats(self) -> list[dict]:
+        import ray
+
+        out = []
+        for i in range(len(self.names)):
+            try:
+                out.append(ray.get(self._handle(i).stats.remote(), timeout=self.get_timeout_s))
+            except Exception as e:      # noqa: BLE001
+                out.append({"error": f"{type(e).__name__}: {e}"})
+        return out
+
+    def kill(self, i: int, *, restart: bool = True) -> None:
+        """Kill shard i (fault tests); Ray restarts it empty unless `restart` is False."""
+        import ray
+
+        ray.kill(self._handle(i), no_restart=not restart)

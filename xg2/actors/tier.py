@@ -1,0 +1,202 @@
+"""ShardedCache: the runtime's second cache tier, over the CacheShard actors.
+
+The first tier is the process's own (the compiler's entry pool and module cache, the runtime's
+compiled grammars). This one is the deployment's: what any process built, any other can fetch.
+
+- Compile time: the compiled grammar is fetched by its spec's content key (one call); on a miss the
+  grammar is compiled here, and once its tables and keys exist (before any mask entry is built) the
+  entries its keys name are fetched in one batched read over all shards and loaded into the pool, so
+  the first mask is built from them.
+- Background: a publisher thread sends what was built (the grammar's blob; the pooled entries its
+  keys name, once the compile-time precompute is over, and again when a session closes, for the
+  entries decoding built) in batches. Nothing waits on it, and a key once sent is not sent again.
+
+Shard keys are 128-bit BLAKE2b digests of the namespace (format version, engine version,
+vocabulary fingerprint), the item's kind and its own key; values are transport blobs, checked on
+the way in (checksum, versions, vocabulary, then the entry itself). Anything that fails a check is
+dropped and rebuilt: a damaged, stale or lost item costs time, never a wrong mask.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from .. import transport
+from .router import ShardRouter
+
+_log = logging.getLogger("xg2.tier")
+
+#: Keys remembered as sent (older ones may be sent again; the shard keeps its copy).
+MAX_SENT_KEYS = 1 << 18
+#: Pairs per put call.
+PUBLISH_BATCH = 512
+
+
+class ShardedCache:
+    """The second tier over a ShardRouter; bound to one compiler (vocabulary) by `bind`."""
+
+    def __init__(self, router: ShardRouter, *, precompute_wait_s: float = 2.0):
+        self.router = router
+        self.precompute_wait_s = precompute_wait_s
+        self.compiler = None
+        self._ns = b""
+        self._fingerprint = ""
+        self._sent: OrderedDict[bytes, None] = OrderedDict()
+        self._jobs: queue.Queue = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._fetches: queue.Queue = queue.Queue()
+        self._fetcher: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.counts = {"grammar_gets": 0, "grammar_hits": 0, "entry_gets": 0, "entry_hits": 0,
+                       "entries_refused": 0, "published_grammars": 0, "published_entries": 0,
+                       "grammar_get_ms": 0.0, "entry_get_ms": 0.0}
+
+    def bind(self, compiler: Any) -> None:
+        self.compiler = compiler
+        self._fingerprint = compiler.tokenizer_info.fingerprint
+        self._ns = hashlib.blake2b(f"xg2/{transport.FORMAT_VERSION}/{transport.engine_version()}/"
+                                   f"{self._fingerprint}".encode(), digest_size=16).digest()
+
+    def shard_key(self, kind: bytes, key: bytes) -> bytes:
+        return hashlib.blake2b(self._ns + kind + key, digest_size=16).digest()
+
+    # -- reads (on the compiling thread) ------------------------------------------------------------
+    def get_grammar(self, key: bytes) -> bytes | None:
+        self.counts["grammar_gets"] += 1
+        t0 = time.perf_counter()
+        blob = self.router.get_many([self.shard_key(b"g", key)])
+        self.counts["grammar_get_ms"] += (time.perf_counter() - t0) * 1e3
+        if blob:
+            self.counts["grammar_hits"] += 1
+            return next(iter(blob.values()))
+        return None
+
+    def load_entries(self, keys: list[bytes]) -> int:
+        """Fetch the entries of pool `keys` in one batched read and load them into the pool;
+        returns how many were loaded."""
+        t0 = time.perf_counter()
+        pool = self.compiler.entry_pool
+        by_shard_key = {self.shard_key(b"e", k): k for k in keys}
+        found = self.router.get_many(list(by_shard_key))
+        self.counts["entry_gets"] += len(keys)
+        loaded = 0
+        for sk, blob in found.items():
+            try:
+                pool.load(by_shard_key[sk], transport.load_entry(blob, self._fingerprint))
+                loaded += 1
+            except (ValueError, MemoryError) as e:
+                self.counts["entries_refused"] += 1
+                _log.warning("cache tier entry refused (%s); it will be rebuilt", e)
+        with self._lock:
+            for sk in found:        # the shards hold these already
+                self._remember(sk)
+        self.counts["entry_hits"] += loaded
+        self.counts["entry_get_ms"] += (time.perf_counter() - t0) * 1e3
+        return loaded
+
+    def prefetch(self, compiled: Any) -> None:
+        """Fetch, in the background, the entries of every other key the grammar names (one batched
+        read), while the model prefills; the precompute and the fills then find them in the pool."""
+        with self._lock:
+            if self._fetcher is None or not self._fetcher.is_alive():
+                self._fetcher = threading.Thread(target=self._fetch_loop, name="xg2-tier-prefetch", daemon=True)
+                self._fetcher.start()
+        self._fetches.put(compiled)
+
+    def _fetch_loop(self) -> None:
+        pool = self.compiler.entry_pool
+        while True:
+            compiled = self._fetches.get()
+            try:
+                if isinstance(compiled, threading.Event):
+                    compiled.set()
+                    continue
+                known = compiled._built_keys     # a loaded grammar names what exists
+                keys = compiled._core.pool_keys().values() if known is None else known
+                wanted = [k for k in keys if k not in pool]
+                if wanted:
+                    self.load_entries(wanted)
+            except Exception:       # noqa: BLE001 - a failed prefetch only means building the entries
+                _log.exception("cache tier prefetch failed")
+
+    # -- writes (in the background) ------------------------------------------------------------------
+    def publish_grammar(self, key: bytes, compiled: Any) -> None:
+        self._submit(("grammar", key, compiled))
+
+    def publish_entries(self, compiled: Any) -> None:
+        self._submit(("entries", None, compiled))
+
+    def _submit(self, job: tuple) -> None:
+        with self._lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._run, name="xg2-tier-publish", daemon=True)
+                self._worker.start()
+        self._jobs.put(job)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until everything submitted so far is published (or `timeout_s` passes)."""
+        done = threading.Event()
+        self._submit(("flush", None, done))
+        if self._fetcher is not None:
+            fetched = threading.Event()
+            self._fetches.put(fetched)
+            fetched.wait(timeout_s)
+        return done.wait(timeout_s)
+
+    def _remember(self, sk: bytes) -> bool:
+        """Mark a shard key as sent; False if it was (with self._lock)."""
+        if sk in self._sent:
+            self._sent.move_to_end(sk)
+            return False
+        self._sent[sk] = None
+        if len(self._sent) > MAX_SENT_KEYS:
+            self._sent.popitem(last=False)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            kind, key, obj = self._jobs.get()
+            try:
+                if kind == "flush":
+                    obj.set()
+                    continue
+                items = []
+                if kind == "grammar":
+                    obj._precomputed.wait(self.precompute_wait_s)
+                    sk = self.shard_key(b"g", key)
+                    with self._lock:
+                        fresh = self._remember(sk)
+                    if fresh:
+                        items.append((sk, obj.serialize()))
+                        self.counts["published_grammars"] += 1
+                items += self._entry_items(obj)
+                for i in range(0, len(items), PUBLISH_BATCH):
+                    self.router.put_many(items[i:i + PUBLISH_BATCH])
+            except Exception:       # noqa: BLE001 - publishing is best effort; the next build sends again
+                _log.exception("cache tier publish failed")
+
+    def _entry_items(self, compiled: Any) -> list[tuple[bytes, bytes]]:
+        pool = self.compiler.entry_pool
+        out = []
+        for k in compiled._core.pool_keys().values():
+            sk = self.shard_key(b"e", k)
+            with self._lock:
+                if sk in self._sent:
+                    continue
+            data = pool.dump(k)
+            if data is None:
+                continue        # not built (yet), or evicted
+            with self._lock:
+                self._remember(sk)
+            out.append((sk, transport.dump_entry(data, self._fingerprint)))
+        self.counts["published_entries"] += len(out)
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.counts, router_failures=self.router.failures)
