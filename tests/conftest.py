@@ -136,3 +136,15 @@ def harmony_encoding():
 
     ranks = load_tiktoken_bpe(str(shared_file("o200k_base.tiktoken")))
     return tiktoken.Encoding("o200k_harmony", pat_str=O200K_SPLIT, mergeable_ranks=ranks, special_tokens=HARMONY_SPECIALS)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the whole test session (starting one costs seconds): bound to this
+    machine, no dashboard, stopped at the end."""
+    import ray
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                 namespace="xg2-tests")
+    yield ray
+    ray.shutdown()

@@ -33,7 +33,7 @@ def _score(key_head: int, seed: int) -> int:
 
 
 class ShardRouter:
-    """Routes keys over the named CacheShard actors (created here when missing)."""
+    """Routes keys over the named CacheShard actors (created on first use when missing)."""
 
     def __init__(self, names: list[str], *, namespace: str | None = None, budget_bytes: int | None = None,
                  create: bool = True, get_timeout_s: float = 5.0, put_timeout_s: float = 10.0):
@@ -46,16 +46,17 @@ class ShardRouter:
         self.put_timeout_s = put_timeout_s
         self._seeds = [_seed(n) for n in self.names]
         self._handles: list = [None] * len(self.names)
+        self._create = create
         self._lock = threading.Lock()
         self.failures = 0
-        for i in range(len(self.names)):
-            self._handle(i, create=create)
 
     @classmethod
     def create(cls, n: int, *, prefix: str = "xg2-cache-shard", **kwargs) -> ShardRouter:
         return cls([f"{prefix}-{i}" for i in range(n)], **kwargs)
 
-    def _handle(self, i: int, create: bool = True, refresh: bool = False):
+    def _handle(self, i: int, refresh: bool = False):
+        """Shard i's actor handle, looked up by name on first use (created when missing and
+        `create`), again after a failure."""
         import ray
 
         with self._lock:
@@ -65,7 +66,7 @@ class ShardRouter:
         try:
             h = ray.get_actor(self.names[i], namespace=self.namespace)
         except ValueError:
-            if not create:
+            if not self._create:
                 raise
             from .shard import DEFAULT_SHARD_BYTES, shard_actor_class
 
@@ -102,7 +103,12 @@ class ShardRouter:
         groups = self.group(keys)
         if not groups:
             return {}
-        calls = {i: self._handle(i).get_many.remote(ks) for i, ks in groups.items()}
+        calls = {}
+        for i, ks in groups.items():
+            try:
+                calls[i] = self._handle(i).get_many.remote(ks)
+            except Exception as e:      # noqa: BLE001 - no shard there right now: misses
+                self._failed(i, e)
         out: dict[bytes, bytes] = {}
         for i, ref in calls.items():
             try:
@@ -123,7 +129,12 @@ class ShardRouter:
         groups: dict[int, list[tuple[bytes, bytes]]] = {}
         for k, v in items:
             groups.setdefault(self.shard_of(k), []).append((k, v))
-        calls = {i: self._handle(i).put_many.remote(ps) for i, ps in groups.items()}
+        calls = {}
+        for i, ps in groups.items():
+            try:
+                calls[i] = self._handle(i).put_many.remote(ps)
+            except Exception as e:      # noqa: BLE001
+                self._failed(i, e)
         new = 0
         for i, ref in calls.items():
             try:
