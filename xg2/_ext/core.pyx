@@ -3491,13 +3491,18 @@ cdef inline int _fill_of(PyObject* core, int32_t* out, int32_t n_out) noexcept n
 
 def fill_rows(list cores, uintptr_t base, int64_t row_words, const int64_t[:] rows, int32_t n_words):
     """Matcher k's mask into row rows[k] of the bitmask at `base` (rows of `row_words` int32 words,
-    `n_words` of them written): one call and one release of the GIL for a whole batch, no Python per
-    row. The caller has checked the bitmask, the rows and that every item is a live MatcherCore."""
+    `n_words` of them written; rows None: row k): one call and one release of the GIL for a whole
+    batch, no Python per row. The caller has checked the bitmask, the rows and that every item is a
+    live MatcherCore."""
     cdef Py_ssize_t n = len(cores), k
     cdef int rc = 0
-    if rows.shape[0] != n:
+    cdef bint by_index = rows is None
+    if not by_index and rows.shape[0] != n:
         raise ValueError("one row per matcher")
-    cdef PyObject** ptrs = <PyObject**>malloc(max(1, n) * sizeof(PyObject*))
+    cdef PyObject* few[8]
+    cdef PyObject** ptrs = &few[0]
+    if n > 8:
+        ptrs = <PyObject**>malloc(n * sizeof(PyObject*))
     if ptrs == NULL:
         raise MemoryError()
     try:
@@ -3505,10 +3510,12 @@ def fill_rows(list cores, uintptr_t base, int64_t row_words, const int64_t[:] ro
             ptrs[k] = <PyObject*>(<MatcherCore?>cores[k])
         with nogil:
             for k in range(n):
-                if _fill_of(ptrs[k], <int32_t*>(base + <uintptr_t>(rows[k] * row_words * 4)), n_words) < 0:
+                if _fill_of(ptrs[k], <int32_t*>(base + <uintptr_t>((k if by_index else rows[k]) * row_words * 4)),
+                            n_words) < 0:
                     rc = -1
                     break
     finally:
-        free(ptrs)
+        if ptrs != &few[0]:
+            free(ptrs)
     if rc < 0:
         raise MemoryError()

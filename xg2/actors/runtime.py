@@ -401,22 +401,23 @@ class GrammarRuntime:
                 raise UsageError(f"session {s.id} has accepted its stop token; there is no next token mask")
             cores.append(core)
         if indices is None and not skipped:
-            if n > len(self._rows_cache):
-                self._rows_cache = np.arange(2 * n, dtype=np.int64)
-            rows = self._rows_cache[:n]
-        else:
-            idx = range(n) if indices is None else indices
-            rows = np.fromiter((r for r, s in zip(idx, sessions) if s is not None), np.int64, len(cores))
+            if n_rows < n:
+                raise UsageError(f"{n} sessions for a bitmask of {n_rows} rows")
+            return address, width, cores, None       # row k: the core needs no row list
+        idx = range(n) if indices is None else indices
+        rows = np.fromiter((r for r, s in zip(idx, sessions) if s is not None), np.int64, len(cores))
         if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= n_rows):
             raise UsageError(f"a bitmask row is out of range for {n_rows} rows")
-        if n_rows < n and indices is None:
-            raise UsageError(f"{n} sessions for a bitmask of {n_rows} rows")
         return address, width, cores, rows
 
-    def _jobs(self, address: int, width: int, cores: list, rows: np.ndarray):
+    def _jobs(self, address: int, width: int, cores: list, rows: np.ndarray | None):
         threads = min(self.fill_threads, len(cores) // MIN_ROWS_PER_THREAD)
         if threads <= 1:
             return [(cores, rows)]
+        if rows is None:
+            if len(cores) > len(self._rows_cache):
+                self._rows_cache = np.arange(2 * len(cores), dtype=np.int64)
+            rows = self._rows_cache[:len(cores)]
         step = -(-len(cores) // threads)
         return [(cores[i:i + step], rows[i:i + step]) for i in range(0, len(cores), step)]
 
@@ -427,10 +428,10 @@ class GrammarRuntime:
         a None session's row is not touched. UsageError, nothing written, for a bitmask of the
         wrong kind, a row out of range, or a session that has ended; SessionError for a closed one."""
         address, width, cores, rows = self._plan(sessions, bitmask, indices)
-        jobs = self._jobs(address, width, cores, rows)
-        if len(jobs) == 1:
+        if len(cores) < 2 * MIN_ROWS_PER_THREAD or self.fill_threads <= 1:
             fill_rows(cores, address, width, rows, width)
             return
+        jobs = self._jobs(address, width, cores, rows)
         futures = [self._fill_pool.submit(fill_rows, c, address, width, r, width) for c, r in jobs[1:]]
         fill_rows(jobs[0][0], address, width, jobs[0][1], width)
         for f in futures:
