@@ -369,7 +369,9 @@ def _precompute_worker(jobs: queue.SimpleQueue) -> None:
 def _load_entries(core: CompiledCore, entries: dict[int, bytes] | None) -> None:
     """Install entries a serialized grammar carried (node -> bytes); one that does not load is
     simply built when needed."""
-    for node, data in (entries or {}).items():
+    for i, (node, data) in enumerate((entries or {}).items()):
+        if i % 16 == 15:
+            time.sleep(0)       # give up the GIL now and then (this runs beside compiles and fills)
         try:
             core.load_entry(node, data)
         except (ValueError, MemoryError):
@@ -497,6 +499,9 @@ class GrammarCompiler:
         #: `entry_pool`. Called on the compiling thread (the tier fetches the others in the
         #: background, as the precompute builds them: partial JIT).
         self.entry_source: Callable[[list[bytes]], None] | None = None
+        #: The same tier for modules: `fetch(keys)` gets those it holds in one batch, `take(key)`
+        #: hands one over (or None), `publish(key, module)` sends a module built here.
+        self.module_source: Any = None
 
     @property
     def entry_pool(self) -> EntryPool | None:
@@ -594,6 +599,7 @@ class GrammarCompiler:
         if hit is not None:
             _warn(hit._warnings)
             return hit
+        self._fetch_modules([(opts, text) for _branch, text in branches])
         modules = []
         said = []
         first: dict[bytes, int] = {}      # a branch text -> where it first occurs
@@ -625,6 +631,13 @@ class GrammarCompiler:
             if module is not None:
                 self._modules[key] = module
                 return module
+        if self.module_source is not None:
+            module = self.module_source.take(key)
+            if module is not None and (module.lowered.fsms is not None or not keep_fsms):
+                with self._lock:
+                    self._keep(self._modules, key, module, module.nbytes)
+                    self._evict()
+                return module
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -642,7 +655,18 @@ class GrammarCompiler:
         with self._lock:
             self._keep(self._modules, key, module, module.nbytes)
             self._evict()
+        if self.module_source is not None:
+            self.module_source.publish(key, module)
         return module
+
+    def _fetch_modules(self, keys: list[tuple]) -> None:
+        """Ask the second tier, in one batch, for the modules of `keys` this compiler lacks."""
+        if self.module_source is None:
+            return
+        with self._lock:
+            missing = [k for k in keys if k not in self._modules]
+        if missing:
+            self.module_source.fetch(missing)
 
     @_budgeted("a structural tag")
     def compile_structural_tag(self, structural_tag: Any) -> CompiledGrammar:
@@ -697,6 +721,7 @@ class GrammarCompiler:
         ir = structural_tag_to_ir(tag, self.tokenizer_info, stubs, gates)
         if not stubs:
             return None
+        self._fetch_modules([("structural_tag", text) for text, _args in stubs.values()])
         modules = {}
         for name, (text, (schema, style, any_order, max_ws)) in stubs.items():
             module = self._module(("structural_tag", text), lambda s=schema, st=style, a=any_order, w=max_ws: Grammar(

@@ -198,7 +198,6 @@ class GrammarRuntime:
         """Use `tier` (xg2.actors.tier.ShardedCache) as the second cache tier from now on."""
         self.cache_tier = tier
         tier.bind(self.compiler)
-        self.compiler.entry_source = tier.load_entries
 
     def _compile_blocking(self, grammar: GrammarSpec, key: bytes) -> CompiledGrammar:
         """On a compile thread: the tier's copy of the grammar, else a compile (whose entries the

@@ -3,17 +3,19 @@
 The first tier is the process's own (the compiler's entry pool and module cache, the runtime's
 compiled grammars). This one is the deployment's: what any process built, any other can fetch.
 
-- Compile time: the compiled grammar is fetched by its spec's content key (one call); on a miss the
-  grammar is compiled here, and once its tables and keys exist (before any mask entry is built) the
-  entries its keys name are fetched in one batched read over all shards and loaded into the pool, so
-  the first mask is built from them.
-- Background: a publisher thread sends what was built (the grammar's blob; the pooled entries its
+- Compile time: the compiled grammar is fetched by its spec's content key (one call; its blob
+  carries the entries of its first mask). On a miss the grammar is compiled here: the modules of its
+  schemas (tools, `anyOf` branches) are fetched in one batched read before any is lowered, and once
+  the grammar's tables and keys exist the entries of its first mask are fetched in one more, so the
+  first mask is built from them. The entries of every other key it names are fetched in the
+  background, while the model prefills.
+- Background: a publisher thread sends what was built (modules; the grammar's blob; the pooled entries its
   keys name, once the compile-time precompute is over, and again when a session closes, for the
   entries decoding built) in batches. Nothing waits on it, and a key once sent is not sent again.
 
-Shard keys are 128-bit BLAKE2b digests of the namespace (format version, engine version,
-vocabulary fingerprint), the item's kind and its own key; values are transport blobs, checked on
-the way in (checksum, versions, vocabulary, then the entry itself). Anything that fails a check is
+Shard keys are the item's own content key (at least 128 bits), its kind and a digest of the
+namespace (format version, engine version, vocabulary fingerprint); values are transport blobs,
+checked on the way in (checksum, versions, vocabulary, then the entry itself). Anything that fails a check is
 dropped and rebuilt: a damaged, stale or lost item costs time, never a wrong mask.
 """
 
@@ -27,6 +29,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+import msgspec
+
 from .. import transport
 from .router import ShardRouter
 
@@ -34,6 +38,10 @@ _log = logging.getLogger("xg2.tier")
 
 #: Keys remembered as sent (older ones may be sent again; the shard keeps its copy).
 MAX_SENT_KEYS = 1 << 18
+_MODULE_KEY = msgspec.msgpack.Encoder()
+#: Background loops give up the GIL every so many items: a thread that keeps it runs for the
+#: interpreter's whole switch interval (5 ms) while a compile or a fill waits.
+YIELD_EVERY = 8
 #: Pairs per put call.
 PUBLISH_BATCH = 512
 
@@ -55,16 +63,23 @@ class ShardedCache:
         self._lock = threading.Lock()
         self.counts = {"grammar_gets": 0, "grammar_hits": 0, "entry_gets": 0, "entry_hits": 0,
                        "entries_refused": 0, "published_grammars": 0, "published_entries": 0,
-                       "grammar_get_ms": 0.0, "entry_get_ms": 0.0}
+                       "grammar_get_ms": 0.0, "entry_get_ms": 0.0, "module_gets": 0, "module_hits": 0,
+                       "module_get_ms": 0.0, "published_modules": 0}
+        self._fetched: OrderedDict[tuple, Any] = OrderedDict()
 
     def bind(self, compiler: Any) -> None:
+        """Serve `compiler` as its second tier: entries of first masks, and modules."""
         self.compiler = compiler
+        compiler.entry_source = self.load_entries
+        compiler.module_source = self
         self._fingerprint = compiler.tokenizer_info.fingerprint
         self._ns = hashlib.blake2b(f"xg2/{transport.FORMAT_VERSION}/{transport.engine_version()}/"
                                    f"{self._fingerprint}".encode(), digest_size=16).digest()
 
     def shard_key(self, kind: bytes, key: bytes) -> bytes:
-        return hashlib.blake2b(self._ns + kind + key, digest_size=16).digest()
+        """The item's own content key (a digest already: the router spreads by its first bytes),
+        its kind, and the namespace's first 8 bytes."""
+        return key + kind + self._ns[:8]
 
     # -- reads (on the compiling thread) ------------------------------------------------------------
     def get_grammar(self, key: bytes) -> bytes | None:
@@ -86,7 +101,9 @@ class ShardedCache:
         found = self.router.get_many(list(by_shard_key))
         self.counts["entry_gets"] += len(keys)
         loaded = 0
-        for sk, blob in found.items():
+        for i, (sk, blob) in enumerate(found.items()):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)       # let a compile or a fill on another thread take the GIL
             try:
                 pool.load(by_shard_key[sk], transport.load_entry(blob, self._fingerprint))
                 loaded += 1
@@ -99,6 +116,39 @@ class ShardedCache:
         self.counts["entry_hits"] += loaded
         self.counts["entry_get_ms"] += (time.perf_counter() - t0) * 1e3
         return loaded
+
+    @staticmethod
+    def module_key(key: tuple) -> bytes:
+        """A module's compiler key (options and schema text) as a content digest."""
+        return hashlib.blake2b(_MODULE_KEY.encode(key), digest_size=16).digest()
+
+    def fetch(self, keys: list[tuple]) -> int:
+        """Get the modules of `keys` in one batched read; `take` hands them to the compiler."""
+        t0 = time.perf_counter()
+        by_shard_key = {self.shard_key(b"m", self.module_key(k)): k for k in keys}
+        found = self.router.get_many(list(by_shard_key))
+        self.counts["module_gets"] += len(keys)
+        for sk, blob in found.items():
+            try:
+                module = transport.load_module(blob, self._fingerprint)
+            except transport.DeserializeError as e:
+                _log.warning("cache tier module refused (%s); it will be lowered here", e)
+                continue
+            with self._lock:
+                self._fetched[by_shard_key[sk]] = module
+                self._remember(sk)
+                while len(self._fetched) > 256:
+                    self._fetched.popitem(last=False)
+            self.counts["module_hits"] += 1
+        self.counts["module_get_ms"] += (time.perf_counter() - t0) * 1e3
+        return len(found)
+
+    def take(self, key: tuple) -> Any:
+        with self._lock:
+            return self._fetched.pop(key, None)
+
+    def publish(self, key: tuple, module: Any) -> None:
+        self._submit(("module", key, module))
 
     def prefetch(self, compiled: Any) -> None:
         """Fetch, in the background, the entries of every other key the grammar names (one batched
@@ -167,6 +217,14 @@ class ShardedCache:
                     obj.set()
                     continue
                 items = []
+                if kind == "module":
+                    sk = self.shard_key(b"m", self.module_key(key))
+                    with self._lock:
+                        fresh = self._remember(sk)
+                    if fresh:
+                        self.router.put_many([(sk, transport.dump_module(obj, self._fingerprint))])
+                        self.counts["published_modules"] += 1
+                    continue
                 if kind == "grammar":
                     obj._precomputed.wait(self.precompute_wait_s)
                     sk = self.shard_key(b"g", key)
@@ -184,7 +242,9 @@ class ShardedCache:
     def _entry_items(self, compiled: Any) -> list[tuple[bytes, bytes]]:
         pool = self.compiler.entry_pool
         out = []
-        for k in compiled._core.pool_keys().values():
+        for i, k in enumerate(compiled._core.pool_keys().values()):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)
             sk = self.shard_key(b"e", k)
             with self._lock:
                 if sk in self._sent:
