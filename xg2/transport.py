@@ -35,8 +35,9 @@ from .errors import XG2Error
 
 FORMAT_VERSION = 1
 MAGIC = b"XG2T"
-KIND_GRAMMAR, KIND_MODULE, KIND_ENTRY = 1, 2, 3
-_KIND_NAMES = {KIND_GRAMMAR: "compiled grammar", KIND_MODULE: "module", KIND_ENTRY: "mask entry"}
+KIND_GRAMMAR, KIND_MODULE, KIND_ENTRY, KIND_OWN_ENTRIES = 1, 2, 3, 4
+_KIND_NAMES = {KIND_GRAMMAR: "compiled grammar", KIND_MODULE: "module", KIND_ENTRY: "mask entry",
+               KIND_OWN_ENTRIES: "grammar's own entries"}
 _HEAD = struct.Struct("<4sHBB")
 _VOCAB_BYTES = 32
 _SUM_BYTES = 16
@@ -255,8 +256,11 @@ def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
         raise DeserializeError("table 'ctx_item' holds an index out of range")
 
 
-def dump_grammar(compiled: Any) -> bytes:
-    """A CompiledGrammar as bytes: tables, keys, its own entries built so far, and its source."""
+def dump_grammar(compiled: Any, *, rest_apart: bool = False) -> bytes | tuple[bytes, bytes]:
+    """A CompiledGrammar as bytes: tables, keys, its own entries built so far, and its source.
+    `rest_apart`: (the grammar with the own entries of its first mask only, the other own entries
+    as a blob of their own), so that a cache tier can ship the first part on the compile path and
+    the second in the background."""
     core = compiled._core
     lowered = compiled._lowered
     first: dict[bytes, bytes] = {}
@@ -271,9 +275,28 @@ def dump_grammar(compiled: Any) -> bytes:
                     first[key] = data
             elif key in pool:
                 built.append(key)
-    payload = GrammarPayload(_lowered_out(lowered, False), core.built_entries(own_only=True),
-                             compiled._source, [(m, c.__name__) for m, c in compiled._warnings], first, built)
-    return pack(KIND_GRAMMAR, compiled.tokenizer_info.fingerprint, _ENC.encode(payload))
+    own = core.built_entries(own_only=True)
+    rest: dict[int, bytes] = {}
+    if rest_apart:
+        initial = set(core.initial_nodes())
+        rest = {n: e for n, e in own.items() if n not in initial}
+        own = {n: e for n, e in own.items() if n in initial}
+    payload = GrammarPayload(_lowered_out(lowered, False), own, compiled._source,
+                             [(m, c.__name__) for m, c in compiled._warnings], first, built)
+    fingerprint = compiled.tokenizer_info.fingerprint
+    blob = pack(KIND_GRAMMAR, fingerprint, _ENC.encode(payload))
+    return (blob, pack(KIND_OWN_ENTRIES, fingerprint, _ENC.encode(rest))) if rest_apart else blob
+
+
+_OWN_DEC = msgspec.msgpack.Decoder(dict[int, bytes])
+
+
+def load_own_entries(data: bytes, fingerprint: str) -> dict[int, bytes]:
+    """node -> entry bytes from `dump_grammar(..., rest_apart=True)`'s second blob."""
+    try:
+        return _OWN_DEC.decode(unpack(data, KIND_OWN_ENTRIES, fingerprint))
+    except msgspec.DecodeError as e:
+        raise DeserializeError(f"malformed grammar entries: {e}") from None
 
 
 def load_grammar(data: bytes, fingerprint: str) -> GrammarPayload:

@@ -211,13 +211,13 @@ class GrammarRuntime:
                     compiled = self.compiler.deserialize(blob)
                     self.stats["deserialize_ms"] += (time.perf_counter() - t0) * 1e3
                     self.stats["tier_grammar_hits"] += 1
-                    tier.prefetch(compiled)
+                    tier.prefetch(compiled, key)
                     return compiled
                 except XG2Error as e:      # a stale or damaged copy costs a compile, never a wrong mask
                     _log.warning("cache tier gave an unusable grammar (%s); compiling it", e)
         compiled = grammar.compile(self.compiler)
         if tier is not None:
-            tier.prefetch(compiled)
+            tier.prefetch(compiled, key)
             tier.publish_grammar(key, compiled)
         return compiled
 

@@ -66,6 +66,7 @@ class ShardedCache:
                        "grammar_get_ms": 0.0, "entry_get_ms": 0.0, "module_gets": 0, "module_hits": 0,
                        "module_get_ms": 0.0, "published_modules": 0}
         self._fetched: OrderedDict[tuple, Any] = OrderedDict()
+        self.also_found: bytes | None = None
 
     def bind(self, compiler: Any) -> None:
         """Serve `compiler` as its second tier: entries of first masks, and modules."""
@@ -92,13 +93,15 @@ class ShardedCache:
             return next(iter(blob.values()))
         return None
 
-    def load_entries(self, keys: list[bytes]) -> int:
+    def load_entries(self, keys: list[bytes], also: bytes | None = None) -> int:
         """Fetch the entries of pool `keys` in one batched read and load them into the pool;
-        returns how many were loaded."""
+        returns how many were loaded. `also`: one more shard key read in the same batch, whose
+        value is kept in `self.also_found` (a grammar's own entries)."""
         t0 = time.perf_counter()
         pool = self.compiler.entry_pool
         by_shard_key = {self.shard_key(b"e", k): k for k in keys}
-        found = self.router.get_many(list(by_shard_key))
+        found = self.router.get_many(list(by_shard_key) + ([also] if also is not None else []))
+        self.also_found = found.pop(also, None) if also is not None else None
         self.counts["entry_gets"] += len(keys)
         loaded = 0
         for i, (sk, blob) in enumerate(found.items()):
@@ -150,14 +153,30 @@ class ShardedCache:
     def publish(self, key: tuple, module: Any) -> None:
         self._submit(("module", key, module))
 
-    def prefetch(self, compiled: Any) -> None:
+    def _load_own(self, compiled: Any, blob: bytes) -> None:
+        """Install a loaded grammar's own entries beyond its first mask (published apart from it)."""
+        try:
+            entries = transport.load_own_entries(blob, self._fingerprint)
+        except transport.DeserializeError as e:
+            _log.warning("cache tier gave unusable grammar entries (%s); they will be built", e)
+            return
+        core = compiled._core
+        for i, (node, data) in enumerate(entries.items()):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)
+            try:
+                core.load_entry(node, data)
+            except (ValueError, MemoryError):
+                self.counts["entries_refused"] += 1
+
+    def prefetch(self, compiled: Any, key: bytes) -> None:
         """Fetch, in the background, the entries of every other key the grammar names (one batched
         read), while the model prefills; the precompute and the fills then find them in the pool."""
         with self._lock:
             if self._fetcher is None or not self._fetcher.is_alive():
                 self._fetcher = threading.Thread(target=self._fetch_loop, name="xg2-tier-prefetch", daemon=True)
                 self._fetcher.start()
-        self._fetches.put(compiled)
+        self._fetches.put((compiled, key))
 
     def _fetch_loop(self) -> None:
         pool = self.compiler.entry_pool
@@ -167,11 +186,15 @@ class ShardedCache:
                 if isinstance(compiled, threading.Event):
                     compiled.set()
                     continue
+                compiled, key = compiled
                 known = compiled._built_keys     # a loaded grammar names what exists
                 keys = compiled._core.pool_keys().values() if known is None else known
                 wanted = [k for k in keys if k not in pool]
-                if wanted:
-                    self.load_entries(wanted)
+                own = self.shard_key(b"o", key) if known is not None else None
+                if wanted or own is not None:
+                    self.load_entries(wanted, own)
+                if self.also_found is not None:
+                    self._load_own(compiled, self.also_found)
             except Exception:       # noqa: BLE001 - a failed prefetch only means building the entries
                 _log.exception("cache tier prefetch failed")
 
@@ -231,7 +254,8 @@ class ShardedCache:
                     with self._lock:
                         fresh = self._remember(sk)
                     if fresh:
-                        items.append((sk, obj.serialize()))
+                        blob, rest = transport.dump_grammar(obj, rest_apart=True)
+                        items += [(sk, blob), (self.shard_key(b"o", key), rest)]
                         self.counts["published_grammars"] += 1
                 items += self._entry_items(obj)
                 for i in range(0, len(items), PUBLISH_BATCH):
