@@ -149,19 +149,26 @@ class GrammarRuntime:
 
     `compile_timeout_s`: the deadline of a compile, and of an open's wait for one. `failure_ttl_s`:
     how long a spec that failed to compile is refused without compiling it again.
-    `max_sessions_per_tenant`: open sessions a tenant may hold. `idle_timeout_s`: a session not
+    `max_sessions_per_tenant`: open sessions a tenant may hold; `max_compiles_per_tenant`: compiles
+    of one tenant running at once (default: all workers but one, so other tenants always have one). `idle_timeout_s`: a session not
     stepped for that long is closed (calls on it then raise SessionError). `grammar_cache_bytes`
     bounds the compiled grammars kept by content key; `cache_limit_bytes` the compiler's caches.
     """
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, compiler: GrammarCompiler | None = None,
                  compile_workers: int = 2, compile_timeout_s: float = 5.0, failure_ttl_s: float = 10.0,
-                 max_sessions_per_tenant: int = 1024, idle_timeout_s: float | None = 600.0,
+                 max_sessions_per_tenant: int = 1024, max_compiles_per_tenant: int | None = None,
+                 idle_timeout_s: float | None = 600.0,
                  fill_threads: int | None = None, grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES,
                  cache_limit_bytes: int = DEFAULT_CACHE_LIMIT_BYTES, cache_tier: Any = None):
-        if compile_workers < 1 or max_sessions_per_tenant < 1 or not compile_timeout_s > 0:
-            raise ValueError("compile_workers and max_sessions_per_tenant must be at least 1, "
-                             "compile_timeout_s positive")
+        if max_compiles_per_tenant is None:
+            max_compiles_per_tenant = max(1, compile_workers - 1)
+        if (compile_workers < 1 or max_sessions_per_tenant < 1 or max_compiles_per_tenant < 1
+                or not compile_timeout_s > 0):
+            raise ValueError("compile_workers, max_sessions_per_tenant and max_compiles_per_tenant must be "
+                             "at least 1, compile_timeout_s positive")
+        self.max_compiles_per_tenant = max_compiles_per_tenant
+        self._gates: dict[str, asyncio.Semaphore] = {}
         self.tokenizer_info = tokenizer_info
         self.compiler = compiler or GrammarCompiler(
             tokenizer_info, max_threads=compile_workers, cache_limit_bytes=cache_limit_bytes,
@@ -229,8 +236,8 @@ class GrammarRuntime:
             grammar = grammar.grammar
         return await self._compiled_for(grammar, content_key(grammar))
 
-    async def _compiled_for(self, grammar: GrammarSpec, key: bytes) -> CompiledGrammar:
-        now = time.monotonic()
+    def _known(self, key: bytes) -> CompiledGrammar | concurrent.futures.Future | None:
+        """The compiled grammar, or the compile in flight, for `key`; raises a recent failure again."""
         with self._lock:
             hit = self._grammars.pop(key, None)
             if hit is not None:
@@ -239,18 +246,44 @@ class GrammarRuntime:
                 return hit
             failed = self._failures.get(key)
             if failed is not None:
-                if failed[0] > now:
+                if failed[0] > time.monotonic():
                     self.stats["failures_refused"] += 1
                     raise copy.copy(failed[1])
                 del self._failures[key]
             fut = self._inflight.get(key)
-            if fut is None:
-                fut = self._compile_pool.submit(self._compile_blocking, grammar, key)
-                self._inflight[key] = fut
-                fut.add_done_callback(lambda f, key=key: self._compiled(key, f))
-                self.stats["compiles"] += 1
-            else:
+            if fut is not None:
                 self.stats["compile_shared"] += 1
+            return fut
+
+    async def _compiled_for(self, grammar: GrammarSpec, key: bytes, tenant: str = "") -> CompiledGrammar:
+        """From the cache, from the compile in flight (single-flight), or compiled on the pool. A
+        tenant runs at most `max_compiles_per_tenant` compiles at once (the others wait for its
+        own), so one tenant's slow specs cannot hold every compile worker."""
+        found = self._known(key)
+        if isinstance(found, CompiledGrammar):
+            return found
+        if found is None:
+            gate = self._gates.get(tenant)
+            if gate is None:
+                if len(self._gates) >= 4096:      # forget the gates of tenants that compile nothing now
+                    for t in [t for t, g in self._gates.items() if not g.locked() and
+                              g._value == self.max_compiles_per_tenant]:
+                        del self._gates[t]
+                gate = self._gates[tenant] = asyncio.Semaphore(self.max_compiles_per_tenant)
+            async with gate:
+                found = self._known(key)        # compiled, or started, while this one waited
+                if isinstance(found, CompiledGrammar):
+                    return found
+                if found is None:
+                    with self._lock:
+                        found = self._compile_pool.submit(self._compile_blocking, grammar, key)
+                        self._inflight[key] = found
+                        self.stats["compiles"] += 1
+                    found.add_done_callback(lambda f, key=key: self._compiled(key, f))
+                return await self._wait(found)
+        return await self._wait(found)
+
+    async def _wait(self, fut: concurrent.futures.Future) -> CompiledGrammar:
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.compile_timeout_s)
         except asyncio.TimeoutError:
@@ -291,7 +324,7 @@ class GrammarRuntime:
             self._per_tenant[tenant] = held + 1
         try:
             key = content_key(spec.grammar)
-            compiled = await self._compiled_for(spec.grammar, key)
+            compiled = await self._compiled_for(spec.grammar, key, tenant)
             session = Session(secrets.token_hex(12), spec, key, compiled)
         except BaseException:
             self._release(tenant)
