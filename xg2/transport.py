@@ -153,6 +153,13 @@ class ModulePayload(msgspec.Struct, array_like=True):
 _ENC = msgspec.msgpack.Encoder()
 _GRAMMAR_DEC = msgspec.msgpack.Decoder(GrammarPayload)
 _MODULE_DEC = msgspec.msgpack.Decoder(ModulePayload)
+#: The tables of a lowered grammar and the dtypes the core reads them as.
+_TABLE_DTYPES = {
+    "node_rule": np.int32, "node_final": np.uint8, "node_pure": np.uint8, "be_start": np.int32,
+    "be_lo": np.uint8, "be_hi": np.uint8, "be_target": np.int32, "re_start": np.int32, "re_rule": np.int32,
+    "re_target": np.int32, "rule_start": np.int32, "rule_nullable": np.uint8, "rule_follow": np.uint8,
+    "ctx_start": np.int32, "ctx_item": np.uint64, "ctx_resume": np.int32,
+}
 #: dtypes a table may have (a blob naming another is refused, not handed to numpy).
 _DTYPES = frozenset({"<i4", "<u4", "<i8", "<u8", "|u1", "|i1", "<i2", "<u2"})
 
@@ -191,11 +198,21 @@ def _lowered_in(w: _Lowered) -> Any:
     from .grammar.fsm import RuleFSM
     from .grammar.hashing import GrammarKeys
 
-    arrays = {k: _array_in(v) for k, v in w.arrays.items()}
-    n_rules = len(w.rule_names)
-    missing = {"node_rule", "rule_start", "be_start", "re_start", "ctx_start", "ctx_resume"} - set(arrays)
+    missing = set(_TABLE_DTYPES) - set(w.arrays)
     if missing:
         raise DeserializeError(f"grammar tables lack {sorted(missing)}")
+    # In the dtypes the core reads them as (it would convert them the same way), then checked.
+    arrays = {}
+    for k, v in w.arrays.items():
+        a = _array_in(v)
+        want = _TABLE_DTYPES.get(k)
+        if want is not None and a.dtype != want:
+            cast = a.astype(want)
+            if not np.array_equal(cast.astype(a.dtype), a) or (a.size and (a < 0).any() != (cast < 0).any()):
+                raise DeserializeError(f"table {k!r} holds values outside its type")
+            a = cast
+        arrays[k] = a
+    n_rules = len(w.rule_names)
     if not (len(arrays["rule_start"]) == len(w.rule_keys) == len(w.ctx_keys) == len(w.canon) == n_rules):
         raise DeserializeError("grammar tables, rule names and keys disagree on the number of rules")
     if any(len(k) != 16 for k in w.rule_keys) or any(len(k) != 16 for k in w.ctx_keys):
@@ -216,6 +233,8 @@ def _lowered_in(w: _Lowered) -> Any:
 def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
     """Every index the core follows stays inside its table: the core trusts its tables, so a blob's
     must be checked before they reach it."""
+    from .compiler import MAX_RESUMES
+
     n_nodes = len(a["node_rule"])
     n_be = int(a["be_start"][-1]) if len(a["be_start"]) else -1
     n_re = int(a["re_start"][-1]) if len(a["re_start"]) else -1
@@ -244,7 +263,7 @@ def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
     within("rule_start", 0, n_nodes - 1)
     within("rule_nullable", 0, 1, n_rules)
     within("rule_follow", 0, 1, n_rules)
-    within("ctx_resume", -1, n_nodes - 1, n_rules)
+    within("ctx_resume", -1, n_nodes - 1, n_rules * MAX_RESUMES)     # the core reads all slots
     cs = a["ctx_start"]
     if len(cs) < n_rules + 1 or np.any(np.diff(cs.astype(np.int64)) < 0) or (cs.size and cs[0] < 0):
         raise DeserializeError("table 'ctx_start' is not a valid offset table")

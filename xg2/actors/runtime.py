@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import copy
 import itertools
 import logging
 import os
@@ -85,15 +84,20 @@ class Session:
         self.last_used = time.monotonic()
         self.closed = False
 
+    def _open_matcher(self) -> GrammarMatcher:
+        if self.matcher is None:
+            raise SessionError(f"session {self.id} is closed")
+        return self.matcher
+
     @property
     def compiled_grammar(self) -> CompiledGrammar:
-        return self.matcher.compiled_grammar
+        return self._open_matcher().compiled_grammar
 
     def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
+        return self._open_matcher().is_terminated()
 
     def is_completed(self) -> bool:
-        return self.matcher.is_completed()
+        return self._open_matcher().is_completed()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self.tokens)} tokens"
@@ -123,15 +127,24 @@ class FillHandle:
 def _spec_error(e: msgspec.ValidationError) -> SpecError:
     """msgspec says where as `$.grammar.schema` or `$[...]`; a JSON pointer says it as /grammar/schema."""
     text = str(e)
-    message, _, path = text.rpartition(" - at `")
-    if not path:
-        return SpecError(text, "")
+    message, sep, path = text.rpartition(" - at `")
+    if not sep:
+        return SpecError(text, "")      # at the top of the spec
     path = path.rstrip("`")
     parts = []
     for piece in path.lstrip("$").replace("[", ".").replace("]", "").split("."):
         if piece:
             parts.append(piece.replace("~", "~0").replace("/", "~1"))
     return SpecError(message, "/" + "/".join(parts) if parts else "")
+
+
+def _again(err: BaseException) -> BaseException:
+    """A fresh copy of a remembered error (its own traceback; the message not formatted twice, as
+    copy.copy would by calling the constructor with the formatted text)."""
+    again = type(err).__new__(type(err), *err.args)
+    again.__dict__.update(err.__dict__)
+    again.args = err.args
+    return again
 
 
 def parse_spec(spec: Any) -> SessionSpec:
@@ -168,7 +181,7 @@ class GrammarRuntime:
             raise ValueError("compile_workers, max_sessions_per_tenant and max_compiles_per_tenant must be "
                              "at least 1, compile_timeout_s positive")
         self.max_compiles_per_tenant = max_compiles_per_tenant
-        self._gates: dict[str, asyncio.Semaphore] = {}
+        self._gates: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = {}
         self.tokenizer_info = tokenizer_info
         self.compiler = compiler or GrammarCompiler(
             tokenizer_info, max_threads=compile_workers, cache_limit_bytes=cache_limit_bytes,
@@ -230,10 +243,10 @@ class GrammarRuntime:
 
     async def compile(self, grammar: GrammarSpec | Any) -> CompiledGrammar:
         """The compiled grammar of a spec: from the cache, from a compile in flight, or compiled."""
-        if not isinstance(grammar, (SessionSpec,)) and not hasattr(grammar, "compile"):
-            grammar = as_session_spec({"grammar": grammar}).grammar
-        elif isinstance(grammar, SessionSpec):
+        if isinstance(grammar, SessionSpec):
             grammar = grammar.grammar
+        elif not hasattr(grammar, "compile"):
+            grammar = parse_spec({"grammar": grammar}).grammar
         return await self._compiled_for(grammar, content_key(grammar))
 
     def _known(self, key: bytes) -> CompiledGrammar | concurrent.futures.Future | None:
@@ -248,7 +261,7 @@ class GrammarRuntime:
             if failed is not None:
                 if failed[0] > time.monotonic():
                     self.stats["failures_refused"] += 1
-                    raise copy.copy(failed[1])
+                    raise _again(failed[1])
                 del self._failures[key]
             fut = self._inflight.get(key)
             if fut is not None:
@@ -263,13 +276,15 @@ class GrammarRuntime:
         if isinstance(found, CompiledGrammar):
             return found
         if found is None:
+            loop = asyncio.get_running_loop()
             gate = self._gates.get(tenant)
-            if gate is None:
+            if gate is None or gate[0] is not loop:     # a semaphore belongs to one event loop
                 if len(self._gates) >= 4096:      # forget the gates of tenants that compile nothing now
-                    for t in [t for t, g in self._gates.items() if not g.locked() and
+                    for t in [t for t, (_l, g) in self._gates.items() if not g.locked() and
                               g._value == self.max_compiles_per_tenant]:
                         del self._gates[t]
-                gate = self._gates[tenant] = asyncio.Semaphore(self.max_compiles_per_tenant)
+                gate = self._gates[tenant] = (loop, asyncio.Semaphore(self.max_compiles_per_tenant))
+            gate = gate[1]
             async with gate:
                 found = self._known(key)        # compiled, or started, while this one waited
                 if isinstance(found, CompiledGrammar):
@@ -360,7 +375,7 @@ class GrammarRuntime:
                 self._sessions.pop(s.id, None)
             self._release(s.tenant)
             if self.cache_tier is not None:
-                self.cache_tier.publish_entries(s.compiled_grammar)
+                self.cache_tier.publish_entries(s.matcher.compiled_grammar)
             s.matcher = None
             s._core = None
 
