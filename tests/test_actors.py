@@ -242,3 +242,37 @@ def test_host_step_batches_rows_and_forks(json_info):
         host.runtime.shutdown()
 
     asyncio.run(run())
+
+
+def test_delta_steps_give_the_full_rows(json_info):
+    """`step(..., delta=True)` sends the words that changed since the last mask sent for each
+    session; StepClient's rows equal the full rows step by step, first steps and forks included."""
+    from conftest import longest_match
+
+    from xg2.actors.host import MatcherHost, StepClient
+
+    table = {t: i for i, t in enumerate(json_info.decoded_vocab) if t}
+    texts = ['{"a": [1, 2, {"b": null}]}', '["x", "yy", true]']
+    spec = {"grammar": {"type": "json_schema", "schema": {"type": ["object", "array"]}}}
+    full_host, delta_host = MatcherHost(json_info), MatcherHost(json_info)
+    client = StepClient(None, "t", json_info.vocab_size)
+
+    async def run():
+        full_ids = [(await full_host.open("t", spec))["session"] for _ in texts]
+        delta_ids = [(await delta_host.open("t", spec))["session"] for _ in texts]
+        paths = [longest_match(table, t.encode()) for t in texts]
+        last = [None, None]
+        for step in range(max(map(len, paths))):
+            live = [k for k in range(2) if step < len(paths[k])]
+            want = await full_host.step("t", [full_ids[k] for k in live], [last[k] for k in live])
+            ids = [delta_ids[k] for k in live]
+            reply = await delta_host.step("t", ids, [last[k] for k in live], delta=True)
+            assert np.array_equal(client.apply(ids, reply), want["masks"])
+            if step > 0:
+                assert reply["changed"].size < want["masks"].size      # not the whole rows again
+            for k in live:
+                last[k] = paths[k][step]
+        full_host.runtime.shutdown()
+        delta_host.runtime.shutdown()
+
+    asyncio.run(run())

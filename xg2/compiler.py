@@ -239,6 +239,7 @@ class CompiledGrammar:
         self._source: tuple[str, str] | None = None    # (kind, text) the grammar is rebuilt from
         self._built_keys: list[bytes] | None = None    # loaded: pool keys its writer had built
         self._pending_entries: dict[int, bytes] | None = None   # loaded: entries installed after the first mask
+        self._precompute_budget_ms: float | None = None         # None: the compiler's
 
     @property
     def grammar(self) -> Grammar:
@@ -797,9 +798,10 @@ class GrammarCompiler:
         return self._finish(key, compiled, t0)
 
     @_budgeted("a serialized grammar")
-    def deserialize(self, data: bytes) -> CompiledGrammar:
+    def deserialize(self, data: bytes, *, precompute: bool = True) -> CompiledGrammar:
         """A CompiledGrammar from `CompiledGrammar.serialize()` bytes, joined to this compiler's entry
-        pool. Refused with a DeserializeError (xg2.transport) when the bytes are malformed, truncated
+        pool. `precompute=False` builds the entries of the first mask only (a cache tier that brings
+        the others the writer built says so: building them here too would race it for the CPU). Refused with a DeserializeError (xg2.transport) when the bytes are malformed, truncated
         or corrupted, or were written by another engine version or for another vocabulary."""
         from . import transport
 
@@ -831,6 +833,7 @@ class GrammarCompiler:
         compiled._warnings = [(m, transport._warning_class(c)) for m, c in payload.warnings]
         compiled._built_keys = payload.built
         compiled._pending_entries = pending
+        compiled._precompute_budget_ms = None if precompute else 0.0
         return self._finish(None, compiled, t0)
 
     def _class_trie(self, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
@@ -856,6 +859,7 @@ class GrammarCompiler:
         """Partial JIT: the entries the first mask needs now, then the costliest others (see
         `_precompute_costliest`), here or in a background thread."""
         core = compiled._core
+        budget_ms = self.precompute_budget_ms if compiled._precompute_budget_ms is None else compiled._precompute_budget_ms
         for node in core.initial_nodes():      # one C call per node, the deadline checked between
             budget.check("the first mask's entries")
             core.precompute([node])
@@ -875,14 +879,14 @@ class GrammarCompiler:
                                                     name="xg2-precompute", daemon=True)
                     self._worker.start()
                     weakref.finalize(self, self._jobs.put, None)
-            self._jobs.put((core, time.perf_counter(), self.precompute_budget_ms, self.precompute_top_k,
+            self._jobs.put((core, time.perf_counter(), budget_ms, self.precompute_top_k,
                             compiled._precomputed, compiled._pending_entries))
             compiled._pending_entries = None
             return
         else:
             _load_entries(core, compiled._pending_entries)
             compiled._pending_entries = None
-            _precompute_costliest(core, t0, self.precompute_budget_ms, self.precompute_top_k)
+            _precompute_costliest(core, t0, budget_ms, self.precompute_top_k)
         compiled._precomputed.set()
 
     def _evict(self) -> None:

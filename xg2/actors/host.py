@@ -13,6 +13,7 @@ second cache tier.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +51,7 @@ class MatcherHost:
         self.runtime = GrammarRuntime(info, cache_tier=tier, **runtime_options)
         self._width = (info.vocab_size + 31) // 32
         self._bitmask = np.zeros((8, self._width), np.int32)
+        self._last: dict[str, np.ndarray] = {}     # per session: the mask last sent (see step's delta)
 
     def _rows(self, n: int) -> np.ndarray:
         if len(self._bitmask) < n:
@@ -70,14 +72,22 @@ class MatcherHost:
             row = self._rows(1)
             self.runtime.fill([session], row)
             out["mask"] = row[0].copy()
+            self._last[session.id] = out["mask"]
             out["ttfm_ms"] = (time.perf_counter() - t0) * 1e3
         return out
 
-    async def step(self, tenant: str, session_ids: Sequence[str], tokens: Sequence[int | None]) -> dict:
+    async def step(self, tenant: str, session_ids: Sequence[str], tokens: Sequence[int | None],
+                   delta: bool = False) -> dict:
         """One decode step for the caller's sessions: session k accepts tokens[k] (None: nothing to
         accept, e.g. the first step), then its next mask is row k of `masks`; `accepted[k]` says
         whether its token was accepted (a refused token leaves the session as it was). A session
-        that has ended (stop token accepted) gets an all-zero row and `ended[k]` True."""
+        that has ended (stop token accepted) gets an all-zero row and `ended[k]` True.
+
+        With `delta`, the rows come back as the words that changed since the mask this host last
+        sent for each session (zeros before the first): `changed` (flat positions, row * words +
+        word) and `values`. A whole bitmask row is 16 kB for a 129k vocabulary and a batch of them
+        is too large for Ray to pass inline, while consecutive masks of a session mostly agree;
+        `StepClient` applies the changes to the rows it keeps."""
         if len(tokens) != len(session_ids):
             raise UsageError(f"{len(tokens)} tokens for {len(session_ids)} sessions: they must be as many")
         rt = self.runtime
@@ -93,7 +103,32 @@ class MatcherHost:
         if any(ended):
             masks[:] = 0
         rt.fill([None if e else s for s, e in zip(sessions, ended)], masks)
-        return {"masks": masks.copy(), "accepted": accepted, "ended": ended}
+        out: dict[str, Any] = {"accepted": accepted, "ended": ended}
+        last = self._last
+        if delta:
+            parts = []
+            width = masks.shape[1]
+            for k, sid in enumerate(session_ids):
+                row = last.get(sid)
+                if row is None:
+                    at = np.flatnonzero(masks[k])
+                    last[sid] = masks[k].copy()
+                else:
+                    at = np.flatnonzero(row != masks[k])
+                    if at.size:
+                        row[at] = masks[k][at]
+                if at.size:
+                    parts.append(at + k * width)
+            changed = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
+            out["changed"], out["values"] = changed, masks.reshape(-1)[changed]
+        else:
+            out["masks"] = masks.copy()
+            for k, sid in enumerate(session_ids):
+                last[sid] = masks[k].copy()
+        if len(last) > 2 * rt.open_sessions() + 64:        # rows of sessions closed or reaped meanwhile
+            for sid in [sid for sid in last if sid not in rt._sessions]:
+                del last[sid]
+        return out
 
     async def close(self, tenant: str, session_ids: Sequence[str]) -> int:
         """Close the caller's sessions; ids that are not open (or not its own) are ignored."""
@@ -104,6 +139,8 @@ class MatcherHost:
             if s is not None and s.tenant == tenant:
                 found.append(s)
         rt.close(found)
+        for s in found:
+            self._last.pop(s.id, None)
         return len(found)
 
     async def fork(self, tenant: str, session_id: str, n: int = 1) -> list[str]:
@@ -122,8 +159,10 @@ class MatcherHost:
         return out
 
     async def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until what this host built is published to the shards."""
-        return True if self.runtime.cache_tier is None else self.runtime.cache_tier.flush(timeout_s)
+        """Wait until what this host built is published to the shards (on a thread: the host's
+        other calls go on meanwhile)."""
+        tier = self.runtime.cache_tier
+        return True if tier is None else await asyncio.to_thread(tier.flush, timeout_s)
 
     async def ping(self) -> int:
         import os
@@ -138,6 +177,56 @@ class MatcherHost:
             rt._grammars.clear()
             rt._grammar_bytes = 0
         rt.compiler.clear_cache()
+
+
+class StepClient:
+    """The caller's side of `MatcherHost.step(..., delta=True)`: keeps each session's last mask and
+    writes the step's rows from the changed words. A session's calls all go through one client
+    (opened by it, or its first step made with the host's zeros as the base); not thread-safe."""
+
+    def __init__(self, host: Any, tenant: str, vocab_size: int):
+        self.host = host
+        self.tenant = tenant
+        self.width = (vocab_size + 31) // 32
+        self._rows: dict[str, np.ndarray] = {}
+
+    def apply(self, session_ids: Sequence[str], reply: dict, out: np.ndarray | None = None) -> np.ndarray:
+        """The bitmask rows (one per session, in order) of a delta reply, into `out` if given."""
+        rows = np.zeros((len(session_ids), self.width), np.int32) if out is None else out
+        for k, sid in enumerate(session_ids):
+            row = self._rows.get(sid)
+            if row is None:
+                rows[k] = 0
+            else:
+                rows[k] = row
+        rows.reshape(-1)[reply["changed"]] = reply["values"]
+        for k, sid in enumerate(session_ids):
+            self._rows[sid] = rows[k].copy()
+        return rows
+
+    def open(self, spec: Any) -> str:
+        """Open a session through the host, keeping its first mask (`mask(session_id)`)."""
+        import ray
+
+        reply = ray.get(self.host.open.remote(self.tenant, spec, True))
+        self._rows[reply["session"]] = reply["mask"]
+        return reply["session"]
+
+    def mask(self, session_id: str) -> np.ndarray:
+        return self._rows[session_id]
+
+    def step(self, session_ids: Sequence[str], tokens: Sequence[int | None],
+             out: np.ndarray | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
+        """One decode step through the host: (bitmask rows, accepted, ended)."""
+        import ray
+
+        reply = ray.get(self.host.step.remote(self.tenant, list(session_ids), list(tokens), True))
+        return self.apply(session_ids, reply, out), reply["accepted"], reply["ended"]
+
+    def forget(self, session_ids: Sequence[str]) -> None:
+        """Drop the rows of closed sessions."""
+        for sid in session_ids:
+            self._rows.pop(sid, None)
 
 
 def host_actor_class(**options: Any):

@@ -228,7 +228,7 @@ class GrammarRuntime:
             if blob is not None:
                 try:
                     t0 = time.perf_counter()
-                    compiled = self.compiler.deserialize(blob)
+                    compiled = self.compiler.deserialize(blob, precompute=False)    # the tier brings the rest
                     self.stats["deserialize_ms"] += (time.perf_counter() - t0) * 1e3
                     self.stats["tier_grammar_hits"] += 1
                     tier.prefetch(compiled, key)

@@ -214,13 +214,15 @@ class ShardedCache:
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything submitted so far is published (or `timeout_s` passes)."""
+        deadline = time.monotonic() + timeout_s
         done = threading.Event()
         self._submit(("flush", None, done))
+        fetched = True
         if self._fetcher is not None:
-            fetched = threading.Event()
-            self._fetches.put(fetched)
-            fetched.wait(timeout_s)
-        return done.wait(timeout_s)
+            event = threading.Event()
+            self._fetches.put(event)
+            fetched = event.wait(timeout_s)
+        return done.wait(max(0.0, deadline - time.monotonic())) and fetched
 
     def _remember(self, sk: bytes) -> bool:
         """Mark a shard key as sent; False if it was (with self._lock)."""
