@@ -213,12 +213,12 @@ class RemoteBackend:
         return r["session"], r["mask"]
 
     def submit(self, handles: list, tokens: list[int]) -> Any:
-        return time.perf_counter(), list(handles), self.h.step.remote(TENANT, handles, tokens, True)
+        return time.perf_counter(), list(handles), self.client.submit(handles, tokens)
 
     def collect(self, pending: Any) -> tuple[np.ndarray, list[bool]]:
         t0, handles, ref = pending
-        r = self.ray.get(ref)
-        r["masks"] = self.client.apply(handles, r)
+        masks, accepted, ended = self.client.collect(handles, ref)
+        r = {"masks": masks, "accepted": accepted, "ended": ended}
         t1 = time.perf_counter()
         self.step_ms.append((t1 - t0) * 1e3)
         self.step_end.append(t1)

@@ -276,3 +276,27 @@ def test_delta_steps_give_the_full_rows(json_info):
         delta_host.runtime.shutdown()
 
     asyncio.run(run())
+
+
+def test_step_client_through_ray_gives_the_full_rows(cluster, deepseek_tokenizer):
+    """StepClient's packed steps (one bytes call and reply per step) give the rows full steps give."""
+    import ray
+
+    from xg2.actors.host import StepClient
+
+    _router, _a, _b, c = cluster
+    spec = {"grammar": {"type": "json_schema", "schema": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
+    tokens = deepseek_tokenizer.encode('{"city": "Paris", "days": 3}', add_special_tokens=False).ids
+    client = StepClient(c, "packed", 129280)
+    mine = [client.open(spec), client.open(spec)]
+    theirs = ray.get(c.open.remote("full", spec))["session"]
+    last = None
+    for t in tokens + [None]:
+        rows, accepted, ended = client.step(mine, [last, last])
+        want = ray.get(c.step.remote("full", [theirs], [last]))
+        assert accepted == [True, True] and ended == [False, False]
+        assert np.array_equal(rows[0], want["masks"][0]) and np.array_equal(rows[1], want["masks"][0])
+        last = t
+    with pytest.raises(SessionError):           # another tenant's client cannot step them
+        StepClient(c, "other", 129280).step(mine, [None, None])

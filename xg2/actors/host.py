@@ -130,6 +130,23 @@ class MatcherHost:
                 del last[sid]
         return out
 
+    async def step_packed(self, tenant: str, request: bytes) -> bytes:
+        """`step(..., delta=True)` with the call and its reply as single byte strings (what
+        StepClient sends): Ray passes one bytes argument and result at about the cost of an empty
+        call, while lists and a dict of arrays cost it a few hundred microseconds more.
+
+        request: msgpack [session ids, tokens (None for none)]; reply: little-endian int32 count n,
+        n changed flat positions, n values, then one byte per session (bit 0 accepted, bit 1 ended)."""
+        try:
+            ids, tokens = _STEP_REQUEST.decode(request)
+        except msgspec.DecodeError as e:
+            raise UsageError(f"malformed step request: {e}") from None
+        out = await self.step(tenant, ids, tokens, delta=True)
+        flags = np.array(out["accepted"], np.uint8) | (np.array(out["ended"], np.uint8) << 1)
+        changed = out["changed"]
+        return b"".join((np.int32(changed.size).tobytes(), changed.astype("<i4").tobytes(),
+                         out["values"].astype("<i4").tobytes(), flags.tobytes()))
+
     async def close(self, tenant: str, session_ids: Sequence[str]) -> int:
         """Close the caller's sessions; ids that are not open (or not its own) are ignored."""
         rt = self.runtime
@@ -179,6 +196,10 @@ class MatcherHost:
         rt.compiler.clear_cache()
 
 
+_STEP_REQUEST = msgspec.msgpack.Decoder(tuple[list[str], list[int | None]])
+_STEP_ENCODER = msgspec.msgpack.Encoder()
+
+
 class StepClient:
     """The caller's side of `MatcherHost.step(..., delta=True)`: keeps each session's last mask and
     writes the step's rows from the changed words. A session's calls all go through one client
@@ -215,13 +236,27 @@ class StepClient:
     def mask(self, session_id: str) -> np.ndarray:
         return self._rows[session_id]
 
+    def submit(self, session_ids: Sequence[str], tokens: Sequence[int | None]) -> Any:
+        """Start a step (an object ref for `collect`): e.g. when the forward pass is launched."""
+        request = _STEP_ENCODER.encode([list(session_ids), [None if t is None else int(t) for t in tokens]])
+        return self.host.step_packed.remote(self.tenant, request)
+
+    def collect(self, session_ids: Sequence[str], ref: Any,
+                out: np.ndarray | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
+        """The step's (bitmask rows, accepted, ended)."""
+        import ray
+
+        reply = ray.get(ref)
+        n = int(np.frombuffer(reply, "<i4", 1)[0])
+        body = np.frombuffer(reply, "<i4", 2 * n, 4)
+        flags = np.frombuffer(reply, np.uint8, len(session_ids), 4 + 8 * n)
+        rows = self.apply(session_ids, {"changed": body[:n], "values": body[n:]}, out)
+        return rows, (flags & 1).astype(bool).tolist(), (flags & 2).astype(bool).tolist()
+
     def step(self, session_ids: Sequence[str], tokens: Sequence[int | None],
              out: np.ndarray | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
         """One decode step through the host: (bitmask rows, accepted, ended)."""
-        import ray
-
-        reply = ray.get(self.host.step.remote(self.tenant, list(session_ids), list(tokens), True))
-        return self.apply(session_ids, reply, out), reply["accepted"], reply["ended"]
+        return self.collect(session_ids, self.submit(session_ids, tokens), out)
 
     def forget(self, session_ids: Sequence[str]) -> None:
         """Drop the rows of closed sessions."""
