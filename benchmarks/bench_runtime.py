@@ -23,7 +23,9 @@ fill (the grammars compiled beforehand, their background precompute over). Then,
 each session's ``session.matcher.fill_next_token_bitmask(bitmask, i)`` in turn (each timed). Both
 see the same states; a dense row (free text) costs more than a sparse one, so ``single_us`` moves
 with the mix of states of each B, the ratio does not. ``per_row_us`` =
-median batch call / B; ``single_us`` = median single call; ``ratio`` = per_row_us / single_us. The
+median batch call / B; ``single_us`` = median over repetitions of the B single calls' total / B (the
+same states as one batch call: a median of single calls alone would leave the costlier rows out);
+``ratio`` = per_row_us / single_us. The
 bitmask is ``xg2.allocate_token_bitmask(B, vocab_size)`` (torch int32). ``rows_identical``: the
 batch call's rows equal the single calls' rows. For B = 32 also ``submit_wait_us``: median of
 ``rt.submit_fill(sessions, bitmask).wait()`` (same repetitions, interleaved).
@@ -436,11 +438,13 @@ def bench_batch_fill(rt: Any, loop: asyncio.AbstractEventLoop, pool: list[Reques
                 t0 = clock()
                 rt.fill(sessions, bitmask)
                 batch_ns.append(clock() - t0)
+                singles = 0
                 for i, s in enumerate(sessions):
                     m = s.matcher
                     t0 = clock()
                     m.fill_next_token_bitmask(bitmask, i)
-                    single_ns.append(clock() - t0)
+                    singles += clock() - t0
+                single_ns.append(singles)       # the B single calls of this repetition, together
                 if b == 32:
                     t0 = clock()
                     rt.submit_fill(sessions, bitmask).wait()
@@ -448,7 +452,7 @@ def bench_batch_fill(rt: Any, loop: asyncio.AbstractEventLoop, pool: list[Reques
         finally:
             gc.enable()
         per_row = statistics.median(batch_ns) / b / 1e3
-        single = statistics.median(single_ns) / 1e3
+        single = statistics.median(single_ns) / b / 1e3     # per call, over the same B states as a batch
         entry = {"B": b, "reps": reps, "per_row_us": per_row, "single_us": single, "ratio": per_row / single,
                  "batch_call_us": statistics.median(batch_ns) / 1e3, "rows_identical": identical,
                  "positions": [len(s.tokens) for s in sessions][:8]}

@@ -960,11 +960,11 @@ def test_one_tenant_cannot_hold_every_compile_worker(json_info, make_runtime):
     release = threading.Event()
     real = rt._compile_blocking
 
-    def slow(grammar, key):
+    def slow(grammar, key, *rest):
         started.append(grammar.pattern)
         if grammar.pattern.startswith("slow"):
             release.wait(10)
-        return real(grammar, key)
+        return real(grammar, key, *rest)
 
     rt._compile_blocking = slow
 

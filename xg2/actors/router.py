@@ -138,6 +138,29 @@ class ShardRouter:
                     out[k] = v
         return out
 
+    async def get_many_async(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """`get_many` awaited on the caller's event loop (no thread blocked in ray.get)."""
+        import asyncio
+
+        groups = self.group(keys)
+        calls = {}
+        for i, ks in groups.items():
+            try:
+                calls[i] = self._handle(i).get_many.remote(ks)
+            except Exception as e:      # noqa: BLE001
+                self._failed(i, e)
+        results = await asyncio.gather(*(asyncio.wait_for(_awaited(ref), self.get_timeout_s)
+                                         for ref in calls.values()), return_exceptions=True)
+        out: dict[bytes, bytes] = {}
+        for i, values in zip(calls, results):
+            if isinstance(values, BaseException):
+                self._failed(i, values)
+                continue
+            for k, v in zip(groups[i], values):
+                if v is not None:
+                    out[k] = v
+        return out
+
     def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
         """Store pairs on their shards (one call per shard, together); returns how many were new.
         A failed shard drops its pairs: they are rebuilt where needed."""
@@ -184,3 +207,7 @@ class ShardRouter:
         import ray
 
         ray.kill(self._handle(i), no_restart=not restart)
+
+
+async def _awaited(ref):
+    return await ref

@@ -138,6 +138,10 @@ def _spec_error(e: msgspec.ValidationError) -> SpecError:
     return SpecError(message, "/" + "/".join(parts) if parts else "")
 
 
+#: `_compile_blocking`'s blob when nobody has asked the tier yet.
+_ASK = object()
+
+
 def _again(err: BaseException) -> BaseException:
     """A fresh copy of a remembered error (its own traceback; the message not formatted twice, as
     copy.copy would by calling the constructor with the formatted text)."""
@@ -219,12 +223,14 @@ class GrammarRuntime:
         self.cache_tier = tier
         tier.bind(self.compiler)
 
-    def _compile_blocking(self, grammar: GrammarSpec, key: bytes) -> CompiledGrammar:
-        """On a compile thread: the tier's copy of the grammar, else a compile (whose entries the
-        tier is asked for before the first mask is built); then published in the background."""
+    def _compile_blocking(self, grammar: GrammarSpec, key: bytes, blob: Any = _ASK) -> CompiledGrammar:
+        """On a compile thread: the tier's copy of the grammar (`blob`, when the caller has asked
+        for it already), else a compile (whose entries the tier is asked for before the first mask
+        is built); then published in the background."""
         tier = self.cache_tier
         if tier is not None:
-            blob = tier.get_grammar(key)
+            if blob is _ASK:
+                blob = tier.get_grammar(key)
             if blob is not None:
                 try:
                     t0 = time.perf_counter()
@@ -290,8 +296,16 @@ class GrammarRuntime:
                 if isinstance(found, CompiledGrammar):
                     return found
                 if found is None:
+                    blob = _ASK
+                    tier = self.cache_tier
+                    if tier is not None and hasattr(tier, "get_grammar_async"):
+                        blob = await tier.get_grammar_async(key)    # on the loop: no thread waits on it
+                        found = self._known(key)
+                        if isinstance(found, CompiledGrammar):
+                            return found
+                if found is None:
                     with self._lock:
-                        found = self._compile_pool.submit(self._compile_blocking, grammar, key)
+                        found = self._compile_pool.submit(self._compile_blocking, grammar, key, blob)
                         self._inflight[key] = found
                         self.stats["compiles"] += 1
                     found.add_done_callback(lambda f, key=key: self._compiled(key, f))

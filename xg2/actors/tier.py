@@ -93,6 +93,17 @@ class ShardedCache:
             return next(iter(blob.values()))
         return None
 
+    async def get_grammar_async(self, key: bytes) -> bytes | None:
+        """`get_grammar` on the caller's event loop, while no compile thread is held."""
+        self.counts["grammar_gets"] += 1
+        t0 = time.perf_counter()
+        blob = await self.router.get_many_async([self.shard_key(b"g", key)])
+        self.counts["grammar_get_ms"] += (time.perf_counter() - t0) * 1e3
+        if blob:
+            self.counts["grammar_hits"] += 1
+            return next(iter(blob.values()))
+        return None
+
     def load_entries(self, keys: list[bytes], also: bytes | None = None) -> int:
         """Fetch the entries of pool `keys` in one batched read and load them into the pool;
         returns how many were loaded. `also`: one more shard key read in the same batch, whose
