@@ -148,3 +148,16 @@ def ray_local():
                  namespace="xg2-tests")
     yield ray
     ray.shutdown()
+
+
+#: Small sample grammars the runtime and transport tests share.
+SAMPLE_EBNF = 'root ::= "(" expr ")"\nexpr ::= [0-9]+ | expr "+" expr | "(" expr ")"'
+SAMPLE_REGEX = r"[a-z]{1,8}@[a-z]+\.(com|org)"
+SAMPLE_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"]}}},
+]

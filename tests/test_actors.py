@@ -118,6 +118,22 @@ def cluster(ray_local, deepseek_path):
         ray_local.kill(h, no_restart=True)
 
 
+def _published_cases(host, info, prefix: list[int], *, seed: int, n: int, n_tools: int, steps: int) -> list:
+    """`n` tool sets with their reference paths; `host` compiles them and publishes to the shards."""
+    import ray
+
+    rng = random.Random(seed)
+    reference = xg2.GrammarCompiler(info, cross_grammar_cache=False, cache_enabled=False)
+    cases = []
+    for _ in range(n):
+        tools = _tools(rng, n_tools)
+        cases.append((tools, *_reference_path(reference, tools, prefix, rng, steps)))
+    for tools, _tokens, _masks in cases:
+        ray.get(host.open.remote("t1", _spec(tools), True))
+    assert ray.get(host.flush.remote())
+    return cases
+
+
 def _walk(ray, host, tenant: str, spec: dict, tokens: list[int]) -> list[np.ndarray]:
     opened = ray.get(host.open.remote(tenant, spec, True))
     sid, masks = opened["session"], [opened["mask"]]
@@ -133,17 +149,8 @@ def test_second_host_gets_grammars_from_shards_with_identical_masks(cluster, dee
     import ray
 
     router, a, b, c = cluster
-    rng = random.Random(7)
-    reference = xg2.GrammarCompiler(deepseek_info, cross_grammar_cache=False, cache_enabled=False)
-    prefix = deepseek_tokenizer.encode('Let me check.\n<tool_call>\n{"name": "', add_special_tokens=False).ids
-    cases = []
-    for _ in range(4):
-        tools = _tools(rng, 6)
-        tokens, masks = _reference_path(reference, tools, prefix, rng, 40)
-        cases.append((tools, tokens, masks))
-    for tools, tokens, _ in cases:          # A compiles and publishes
-        ray.get(a.open.remote("t1", _spec(tools), True))
-    assert ray.get(a.flush.remote())
+    cases = _published_cases(a, deepseek_info, deepseek_tokenizer.encode(
+        'Let me check.\n<tool_call>\n{"name": "', add_special_tokens=False).ids, seed=7, n=4, n_tools=6, steps=40)
     for tools, tokens, masks in cases:
         for host in (b, c):
             got = _walk(ray, host, "t2", _spec(tools), tokens)
@@ -162,16 +169,8 @@ def test_a_killed_shard_costs_hits_not_masks(cluster, deepseek_info, deepseek_to
     import ray
 
     router, a, b, _c = cluster
-    rng = random.Random(11)
-    reference = xg2.GrammarCompiler(deepseek_info, cross_grammar_cache=False, cache_enabled=False)
-    prefix = deepseek_tokenizer.encode('<tool_call>\n{"name": "', add_special_tokens=False).ids
-    cases = []
-    for _ in range(6):
-        tools = _tools(rng, 4)
-        cases.append((tools, *_reference_path(reference, tools, prefix, rng, 24)))
-    for tools, _tokens, _masks in cases:
-        ray.get(a.open.remote("t1", _spec(tools), True))
-    assert ray.get(a.flush.remote())
+    cases = _published_cases(a, deepseek_info, deepseek_tokenizer.encode(
+        '<tool_call>\n{"name": "', add_special_tokens=False).ids, seed=11, n=6, n_tools=4, steps=24)
     for i, (tools, tokens, masks) in enumerate(cases):
         if i == 2:
             router.kill(0)          # Ray restarts it, empty

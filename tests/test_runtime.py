@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 import pytest
 import torch
-from conftest import SHARED, longest_match
+from conftest import SAMPLE_EBNF, SAMPLE_REGEX, SAMPLE_TOOLS, SHARED, longest_match
 
 import xg2
 from xg2.actors import (
@@ -34,16 +34,7 @@ from xg2.errors import QuotaError, SessionError, SpecError
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
                                            "tags": {"type": "array", "items": {"enum": ["a", "bc"]}}},
           "required": ["name"]}
-EBNF = 'root ::= "(" expr ")"\nexpr ::= [0-9]+ | expr "+" expr | "(" expr ")"'
-REGEX = r"[a-z]{1,8}@[a-z]+\.(com|org)"
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"]}}},
-]
+EBNF, REGEX, TOOLS = SAMPLE_EBNF, SAMPLE_REGEX, SAMPLE_TOOLS
 TAG = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
     {"type": "const_string", "value": "Answer: "},
     {"type": "json_schema", "json_schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 import pytest
-from conftest import SHARED, longest_match
+from conftest import SAMPLE_EBNF, SAMPLE_REGEX, SAMPLE_TOOLS, SHARED, longest_match
 
 import xg2
 from xg2 import transport
@@ -32,16 +32,7 @@ ANY_OF = {"title": "either", "anyOf": [
     {"type": "integer", "minimum": 0},
     {"type": "object", "properties": {"x": {"type": "string"}, "y": {"type": "boolean"}}, "required": ["x"]},
     {"type": "array", "items": {"type": "number"}, "maxItems": 3}]}
-EBNF = 'root ::= "(" expr ")"\nexpr ::= [0-9]+ | expr "+" expr | "(" expr ")"'
-REGEX = r"[a-z]{1,8}@[a-z]+\.(com|org)"
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"]}}},
-]
+EBNF, REGEX, TOOLS = SAMPLE_EBNF, SAMPLE_REGEX, SAMPLE_TOOLS
 TOOL_TEXT = 'Let me see.<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": -3}}\n</tool_call>'
 
 

@@ -112,20 +112,23 @@ class ShardRouter:
             out[i] = [keys[j] for j in np.flatnonzero(best == i).tolist()]
         return out
 
-    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes]:
-        """The values the shards hold for `keys` (absent keys left out): one call per shard, all in
-        flight together."""
-        import ray
-
+    def _send(self, keys: list[bytes]) -> tuple[dict[int, list[bytes]], dict[int, object]]:
+        """One get_many call per shard that holds any of `keys`, all sent: (keys by shard, refs)."""
         groups = self.group(keys)
-        if not groups:
-            return {}
         calls = {}
         for i, ks in groups.items():
             try:
                 calls[i] = self._handle(i).get_many.remote(ks)
             except Exception as e:      # noqa: BLE001 - no shard there right now: misses
                 self._failed(i, e)
+        return groups, calls
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """The values the shards hold for `keys` (absent keys left out): one call per shard, all in
+        flight together."""
+        import ray
+
+        groups, calls = self._send(keys)
         out: dict[bytes, bytes] = {}
         for i, ref in calls.items():
             try:
@@ -142,13 +145,7 @@ class ShardRouter:
         """`get_many` awaited on the caller's event loop (no thread blocked in ray.get)."""
         import asyncio
 
-        groups = self.group(keys)
-        calls = {}
-        for i, ks in groups.items():
-            try:
-                calls[i] = self._handle(i).get_many.remote(ks)
-            except Exception as e:      # noqa: BLE001
-                self._failed(i, e)
+        groups, calls = self._send(keys)
         results = await asyncio.gather(*(asyncio.wait_for(_awaited(ref), self.get_timeout_s)
                                          for ref in calls.values()), return_exceptions=True)
         out: dict[bytes, bytes] = {}
