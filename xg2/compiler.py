@@ -251,9 +251,9 @@ class CompiledGrammar:
 
     def serialize(self) -> bytes:
         """Compact bytes (xg2.transport): tables, content keys, the entries that belong to this
-        grammar alone, and the source. `GrammarCompiler.deserialize` reads them in any process with
-        the same vocabulary and engine version; the pooled entries travel on their own
-        (`GrammarCompiler.entry_pool`)."""
+        grammar alone and those of its first mask, and the source. `GrammarCompiler.deserialize`
+        reads them in any process with the same vocabulary and engine version; the other pooled
+        entries travel on their own (`GrammarCompiler.entry_pool`, or a cache tier)."""
         from . import transport
 
         return transport.dump_grammar(self)
@@ -560,9 +560,7 @@ class GrammarCompiler:
         hit = self._cached(key)
         if hit is not None:
             return hit
-        source = _source_of(key)
-        compiled = self._compile(build(), key, source)
-        return compiled
+        return self._compile(build(), key, _source_of(key))
 
     def _linkable_branches(self, schema: Any) -> list[tuple[dict, bytes]] | None:
         """The branches of a top-level `anyOf` with their JSON text, when each is a schema of its

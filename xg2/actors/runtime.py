@@ -167,9 +167,10 @@ class GrammarRuntime:
     `compile_timeout_s`: the deadline of a compile, and of an open's wait for one. `failure_ttl_s`:
     how long a spec that failed to compile is refused without compiling it again.
     `max_sessions_per_tenant`: open sessions a tenant may hold; `max_compiles_per_tenant`: compiles
-    of one tenant running at once (default: all workers but one, so other tenants always have one). `idle_timeout_s`: a session not
-    stepped for that long is closed (calls on it then raise SessionError). `grammar_cache_bytes`
-    bounds the compiled grammars kept by content key; `cache_limit_bytes` the compiler's caches.
+    of one tenant running at once (default: all workers but one, so other tenants always have one).
+    `idle_timeout_s`: a session not stepped for that long is closed (calls on it then raise
+    SessionError). `grammar_cache_bytes` bounds the compiled grammars kept by content key;
+    `cache_limit_bytes` the compiler's caches.
     """
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, compiler: GrammarCompiler | None = None,
