@@ -299,3 +299,27 @@ def test_step_client_through_ray_gives_the_full_rows(cluster, deepseek_tokenizer
         last = t
     with pytest.raises(SessionError):           # another tenant's client cannot step them
         StepClient(c, "other", 129280).step(mine, [None, None])
+
+
+def test_a_new_combination_of_known_tools_takes_their_modules_from_the_shards(cluster, deepseek_info,
+                                                                             deepseek_tokenizer):
+    """Host A compiled tool sets; host B opens a set that mixes their tools (no grammar of it
+    anywhere): B lowers none of those tools' schemas itself (their modules come from the shards)
+    and its masks are the reference's."""
+    import ray
+
+    _router, a, b, _c = cluster
+    rng = random.Random(23)
+    first, second = _tools(rng, 3), _tools(rng, 3)
+    for tools in (first, second):
+        ray.get(a.open.remote("t1", _spec(tools), True))
+    assert ray.get(a.flush.remote())
+    mixed = [first[0], second[1], first[2]]
+    before = ray.get(b.stats.remote())["tier"]
+    reference = xg2.GrammarCompiler(deepseek_info, cross_grammar_cache=False, cache_enabled=False)
+    prefix = deepseek_tokenizer.encode('<tool_call>\n{"name": "', add_special_tokens=False).ids
+    tokens, masks = _reference_path(reference, mixed, prefix, rng, 30)
+    got = _walk(ray, b, "t4", _spec(mixed), tokens)
+    assert all(np.array_equal(x, y) for x, y in zip(got, masks)) and len(got) == len(masks)
+    after = ray.get(b.stats.remote())["tier"]
+    assert after["module_hits"] - before["module_hits"] == 3
