@@ -52,6 +52,7 @@ class MatcherHost:
         self._width = (info.vocab_size + 31) // 32
         self._bitmask = np.zeros((8, self._width), np.int32)
         self._last: dict[str, np.ndarray] = {}     # per session: the mask last sent (see step's delta)
+        self._zero_row = np.zeros(self._width, np.int32)
 
     def _rows(self, n: int) -> np.ndarray:
         if len(self._bitmask) < n:
@@ -106,21 +107,12 @@ class MatcherHost:
         out: dict[str, Any] = {"accepted": accepted, "ended": ended}
         last = self._last
         if delta:
-            parts = []
-            width = masks.shape[1]
-            for k, sid in enumerate(session_ids):
-                row = last.get(sid)
-                if row is None:
-                    at = np.flatnonzero(masks[k])
-                    last[sid] = masks[k].copy()
-                else:
-                    at = np.flatnonzero(row != masks[k])
-                    if at.size:
-                        row[at] = masks[k][at]
-                if at.size:
-                    parts.append(at + k * width)
-            changed = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
+            zero = self._zero_row
+            before = np.stack([last.get(sid, zero) for sid in session_ids])
+            changed = np.flatnonzero(before != masks).astype(np.int32)
             out["changed"], out["values"] = changed, masks.reshape(-1)[changed]
+            for k in np.unique(changed // masks.shape[1]).tolist():
+                last[session_ids[k]] = masks[k].copy()
         else:
             out["masks"] = masks.copy()
             for k, sid in enumerate(session_ids):
