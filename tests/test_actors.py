@@ -28,7 +28,7 @@ REGISTRY = SHARED / "data" / "tools" / "registry.jsonl"
 def test_shard_lru_by_bytes_and_refusals():
     shard = CacheShard(budget_bytes=1000)
     run = asyncio.run
-    assert run(shard.put_many([(bytes([i]) * 16, b"v" * 100) for i in range(20)])) == 20
+    assert run(shard.put_many([(bytes([i]) * 16, b"v" * 100) for i in range(20)])) == (20, shard.incarnation)
     stats = run(shard.stats())
     assert stats["bytes"] <= 1000 and stats["items"] == 8 and stats["evictions"] == 12
     # the oldest went first; a read refreshes recency
@@ -38,12 +38,12 @@ def test_shard_lru_by_bytes_and_refusals():
     assert run(shard.get_many([bytes([12]) * 16]))[0] is not None      # refreshed, kept
     assert run(shard.get_many([bytes([13]) * 16]))[0] is None          # oldest, evicted
     # idempotent: a second put of a held key keeps the first value
-    assert run(shard.put_many([(b"n" * 16, b"other")])) == 0
+    assert run(shard.put_many([(b"n" * 16, b"other")]))[0] == 0
     assert run(shard.get_many([b"n" * 16])) == [b"w" * 100]
     # refused: too large, keys of the wrong size, not bytes, not pairs
     before = run(shard.stats())["refused"]
     assert run(shard.put_many([(b"k" * 16, b"x" * 2000), (b"short", b"v"), ("s" * 16, b"v"), (b"k" * 16,),
-                               None])) == 0
+                               None]))[0] == 0
     assert run(shard.stats())["refused"] == before + 5
 
 
@@ -176,8 +176,16 @@ def test_a_killed_shard_costs_hits_not_masks(cluster, deepseek_info, deepseek_to
             router.kill(0)          # Ray restarts it, empty
         got = _walk(ray, b, "t3", _spec(tools), tokens)
         assert all(np.array_equal(x, y) for x, y in zip(got, masks))
-    # the restarted shard answers again, and what is published now lands there
+    # the restarted shard answers again; the hosts that see it restarted send their items again
     assert ray.get(router.handles[0].ping.remote(), timeout=60) > 0
+    for tools, tokens, _masks in cases:
+        _walk(ray, b, "t3", _spec(tools), tokens[:3])
+    assert ray.get(b.flush.remote())
+    for tools, tokens, _masks in cases:
+        _walk(ray, b, "t3", _spec(tools), tokens[:3])
+    assert ray.get(b.flush.remote())
+    assert ray.get(b.stats.remote())["tier"]["shard_restarts"] >= 1
+    assert router.stats()[0]["items"] > 0
 
 
 def test_host_sessions_are_per_tenant(cluster):

@@ -240,6 +240,7 @@ class CompiledGrammar:
         self._built_keys: list[bytes] | None = None    # loaded: pool keys its writer had built
         self._pending_entries: dict[int, bytes] | None = None   # loaded: entries installed after the first mask
         self._precompute_budget_ms: float | None = None         # None: the compiler's
+        self._tier_found: int | None = None     # first-mask entries a second tier had (None: not asked)
 
     @property
     def grammar(self) -> Grammar:
@@ -497,9 +498,9 @@ class GrammarCompiler:
         self.last_compile_seconds: float | None = None
         #: A second cache tier (xg2.actors): called with the pool keys of a new grammar's first
         #: mask that this pool lacks, before that mask is built; it loads what it finds into
-        #: `entry_pool`. Called on the compiling thread (the tier fetches the others in the
+        #: `entry_pool` and says how many. Called on the compiling thread (the tier fetches the others in the
         #: background, as the precompute builds them: partial JIT).
-        self.entry_source: Callable[[list[bytes]], None] | None = None
+        self.entry_source: Callable[[list[bytes]], int] | None = None
         #: The same tier for modules: `fetch(keys)` gets those it holds in one batch, `take(key)`
         #: hands one over (or None), `publish(key, module)` sends a module built here.
         self.module_source: Any = None
@@ -761,7 +762,7 @@ class GrammarCompiler:
             core = compiled._core
             wanted = [k for k in core.pool_keys(core.initial_nodes()).values() if k not in self._pool]
             if wanted:
-                self.entry_source(wanted)
+                compiled._tier_found = self.entry_source(wanted)
         self._precompute(compiled, t0)
         self.last_compile_seconds = time.perf_counter() - t0
         with self._lock:

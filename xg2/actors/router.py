@@ -51,6 +51,10 @@ class ShardRouter:
         self._create = create
         self._lock = threading.Lock()
         self.failures = 0
+        #: Shards seen restarted (empty) by a put, and what to call with such a shard's index.
+        self.restarts = 0
+        self.on_restart: list = []
+        self._incarnations: dict[int, str] = {}
 
     @classmethod
     def create(cls, n: int, *, prefix: str = "xg2-cache-shard", **kwargs) -> ShardRouter:
@@ -175,9 +179,17 @@ class ShardRouter:
         new = 0
         for i, ref in calls.items():
             try:
-                new += ray.get(ref, timeout=self.put_timeout_s)
+                stored, incarnation = ray.get(ref, timeout=self.put_timeout_s)
             except Exception as e:      # noqa: BLE001
                 self._failed(i, e)
+                continue
+            new += stored
+            known = self._incarnations.get(i)
+            self._incarnations[i] = incarnation
+            if known is not None and known != incarnation:
+                self.restarts += 1
+                for listener in list(self.on_restart):
+                    listener(i)
         return new
 
     def _failed(self, i: int, e: BaseException) -> None:

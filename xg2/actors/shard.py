@@ -12,6 +12,7 @@ The class is plain Python (tested without Ray); `shard_actor_class()` makes it a
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 
 #: Default bytes per shard.
@@ -29,6 +30,7 @@ class CacheShard:
         self.budget_bytes = budget_bytes
         self._items: OrderedDict[bytes, bytes] = OrderedDict()
         self._bytes = 0
+        self.incarnation = os.urandom(8).hex()
         self._counts = {"gets": 0, "hits": 0, "misses": 0, "puts": 0, "stored": 0, "evictions": 0,
                         "refused": 0}
 
@@ -47,9 +49,11 @@ class CacheShard:
         self._counts["gets"] += len(keys)
         return out
 
-    async def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
-        """Store (key, value) pairs; returns how many were new. A malformed pair (not bytes, a key
-        of the wrong size) or one larger than the budget is refused and counted."""
+    async def put_many(self, items: list[tuple[bytes, bytes]]) -> tuple[int, str]:
+        """Store (key, value) pairs; returns how many were new, and this incarnation's id (a shard
+        that Ray restarted, empty, has another: writers then know to send their items again). A
+        malformed pair (not bytes, a key of the wrong size) or one larger than the budget is
+        refused and counted."""
         new = 0
         for pair in items:
             self._counts["puts"] += 1
@@ -73,11 +77,11 @@ class CacheShard:
             k, v = self._items.popitem(last=False)
             self._bytes -= len(k) + len(v)
             self._counts["evictions"] += 1
-        return new
+        return new, self.incarnation
 
     async def stats(self) -> dict[str, int]:
         return {"items": len(self._items), "bytes": self._bytes, "budget_bytes": self.budget_bytes,
-                **self._counts}
+                "incarnation": self.incarnation, **self._counts}
 
     async def clear(self) -> None:
         self._items.clear()
@@ -85,8 +89,6 @@ class CacheShard:
 
     async def ping(self) -> int:
         """An empty call (its round trip is the cost of any call); returns the actor's pid."""
-        import os
-
         return os.getpid()
 
 

@@ -51,6 +51,7 @@ class ShardedCache:
 
     def __init__(self, router: ShardRouter, *, precompute_wait_s: float = 2.0):
         self.router = router
+        router.on_restart.append(self._shard_restarted)
         self.precompute_wait_s = precompute_wait_s
         self.compiler = None
         self._ns = b""
@@ -64,9 +65,17 @@ class ShardedCache:
         self.counts = {"grammar_gets": 0, "grammar_hits": 0, "entry_gets": 0, "entry_hits": 0,
                        "entries_refused": 0, "published_grammars": 0, "published_entries": 0,
                        "grammar_get_ms": 0.0, "entry_get_ms": 0.0, "module_gets": 0, "module_hits": 0,
-                       "module_get_ms": 0.0, "published_modules": 0}
+                       "module_get_ms": 0.0, "published_modules": 0, "prefetch_skipped": 0}
         self._fetched: OrderedDict[tuple, Any] = OrderedDict()
         self.also_found: bytes | None = None
+
+    def _shard_restarted(self, shard: int) -> None:
+        """A shard came back empty: what this process sent it must be sent again when next built
+        or closed, so forget having sent it."""
+        with self._lock:
+            groups = self.router.group(list(self._sent))
+            for k in groups.get(shard, []):
+                del self._sent[k]
 
     def bind(self, compiler: Any) -> None:
         """Serve `compiler` as its second tier: entries of first masks, and modules."""
@@ -182,7 +191,12 @@ class ShardedCache:
 
     def prefetch(self, compiled: Any, key: bytes) -> None:
         """Fetch, in the background, the entries of every other key the grammar names (one batched
-        read), while the model prefills; the precompute and the fills then find them in the pool."""
+        read), while the model prefills; the precompute and the fills then find them in the pool.
+        A grammar compiled here whose first mask's entries the shards did not hold is new to the
+        deployment: its other keys are not asked for (nearly all of them would miss)."""
+        if compiled._built_keys is None and compiled._tier_found == 0:
+            self.counts["prefetch_skipped"] += 1
+            return
         with self._lock:
             if self._fetcher is None or not self._fetcher.is_alive():
                 self._fetcher = threading.Thread(target=self._fetch_loop, name="xg2-tier-prefetch", daemon=True)
@@ -296,4 +310,4 @@ class ShardedCache:
         return out
 
     def stats(self) -> dict[str, int]:
-        return dict(self.counts, router_failures=self.router.failures)
+        return dict(self.counts, router_failures=self.router.failures, shard_restarts=self.router.restarts)
