@@ -142,10 +142,13 @@ def harmony_encoding():
 def ray_local():
     """One local Ray for the whole test session (starting one costs seconds): bound to this
     machine, no dashboard, stopped at the end."""
+    # With this setting Ray takes 127.0.0.1 as the node's address, so its servers listen on the
+    # loopback only (by default they take the machine's address and listen on every interface).
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                 namespace="xg2-tests")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False, namespace="xg2-tests")
     yield ray
     ray.shutdown()
 
