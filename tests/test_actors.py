@@ -184,7 +184,8 @@ def test_a_killed_shard_costs_hits_not_masks(cluster, deepseek_info, deepseek_to
     for tools, tokens, _masks in cases:
         _walk(ray, b, "t3", _spec(tools), tokens[:3])
     assert ray.get(b.flush.remote())
-    assert ray.get(b.stats.remote())["tier"]["shard_restarts"] >= 1
+    tier = ray.get(b.stats.remote())["tier"]
+    assert tier["shard_restarts"] >= 1                   # seen on the first read or write after it
     assert router.stats()[0]["items"] > 0
 
 

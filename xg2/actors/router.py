@@ -51,7 +51,7 @@ class ShardRouter:
         self._create = create
         self._lock = threading.Lock()
         self.failures = 0
-        #: Shards seen restarted (empty) by a put, and what to call with such a shard's index.
+        #: Shards seen restarted (empty) by a read or a write, and what to call with such a shard's index.
         self.restarts = 0
         self.on_restart: list = []
         self._incarnations: dict[int, str] = {}
@@ -122,7 +122,7 @@ class ShardRouter:
         calls = {}
         for i, ks in groups.items():
             try:
-                calls[i] = self._handle(i).get_many.remote(ks)
+                calls[i] = self._handle(i).get_many_tagged.remote(ks)
             except Exception as e:      # noqa: BLE001 - no shard there right now: misses
                 self._failed(i, e)
         return groups, calls
@@ -136,10 +136,11 @@ class ShardRouter:
         out: dict[bytes, bytes] = {}
         for i, ref in calls.items():
             try:
-                values = ray.get(ref, timeout=self.get_timeout_s)
+                values, incarnation = ray.get(ref, timeout=self.get_timeout_s)
             except Exception as e:      # noqa: BLE001 - a dead or slow shard is only a miss
                 self._failed(i, e)
                 continue
+            self._seen(i, incarnation)
             for k, v in zip(groups[i], values):
                 if v is not None:
                     out[k] = v
@@ -153,10 +154,12 @@ class ShardRouter:
         results = await asyncio.gather(*(asyncio.wait_for(_awaited(ref), self.get_timeout_s)
                                          for ref in calls.values()), return_exceptions=True)
         out: dict[bytes, bytes] = {}
-        for i, values in zip(calls, results):
-            if isinstance(values, BaseException):
-                self._failed(i, values)
+        for i, result in zip(calls, results):
+            if isinstance(result, BaseException):
+                self._failed(i, result)
                 continue
+            values, incarnation = result
+            self._seen(i, incarnation)
             for k, v in zip(groups[i], values):
                 if v is not None:
                     out[k] = v
@@ -184,13 +187,19 @@ class ShardRouter:
                 self._failed(i, e)
                 continue
             new += stored
+            self._seen(i, incarnation)
+        return new
+
+    def _seen(self, i: int, incarnation: str) -> None:
+        """Shard i answered as `incarnation`: another one than before means Ray restarted it empty,
+        and the listeners (the tiers that wrote to it) are told."""
+        with self._lock:
             known = self._incarnations.get(i)
             self._incarnations[i] = incarnation
-            if known is not None and known != incarnation:
-                self.restarts += 1
-                for listener in list(self.on_restart):
-                    listener(i)
-        return new
+        if known is not None and known != incarnation:
+            self.restarts += 1
+            for listener in list(self.on_restart):
+                listener(i)
 
     def _failed(self, i: int, e: BaseException) -> None:
         self.failures += 1

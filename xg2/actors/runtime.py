@@ -390,7 +390,7 @@ class GrammarRuntime:
                 self._sessions.pop(s.id, None)
             self._release(s.tenant)
             if self.cache_tier is not None:
-                self.cache_tier.publish_entries(s.matcher.compiled_grammar)
+                self.cache_tier.publish_entries(s.matcher.compiled_grammar, s.key)
             s.matcher = None
             s._core = None
 

@@ -49,6 +49,10 @@ class CacheShard:
         self._counts["gets"] += len(keys)
         return out
 
+    async def get_many_tagged(self, keys: list[bytes]) -> tuple[list[bytes | None], str]:
+        """`get_many` and this incarnation's id (readers learn of a restart as writers do)."""
+        return await self.get_many(keys), self.incarnation
+
     async def put_many(self, items: list[tuple[bytes, bytes]]) -> tuple[int, str]:
         """Store (key, value) pairs; returns how many were new, and this incarnation's id (a shard
         that Ray restarted, empty, has another: writers then know to send their items again). A

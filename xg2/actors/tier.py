@@ -97,10 +97,17 @@ class ShardedCache:
         t0 = time.perf_counter()
         blob = self.router.get_many([self.shard_key(b"g", key)])
         self.counts["grammar_get_ms"] += (time.perf_counter() - t0) * 1e3
-        if blob:
-            self.counts["grammar_hits"] += 1
-            return next(iter(blob.values()))
-        return None
+        return self._grammar_found(blob)
+
+    def _grammar_found(self, found: dict[bytes, bytes]) -> bytes | None:
+        """The blob of a grammar read, remembered as held by the shards (not to be sent back)."""
+        if not found:
+            return None
+        self.counts["grammar_hits"] += 1
+        ((sk, blob),) = found.items()
+        with self._lock:
+            self._remember(sk)
+        return blob
 
     async def get_grammar_async(self, key: bytes) -> bytes | None:
         """`get_grammar` on the caller's event loop, while no compile thread is held."""
@@ -108,10 +115,7 @@ class ShardedCache:
         t0 = time.perf_counter()
         blob = await self.router.get_many_async([self.shard_key(b"g", key)])
         self.counts["grammar_get_ms"] += (time.perf_counter() - t0) * 1e3
-        if blob:
-            self.counts["grammar_hits"] += 1
-            return next(iter(blob.values()))
-        return None
+        return self._grammar_found(blob)
 
     def load_entries(self, keys: list[bytes], also: bytes | None = None) -> int:
         """Fetch the entries of pool `keys` in one batched read and load them into the pool;
@@ -227,8 +231,11 @@ class ShardedCache:
     def publish_grammar(self, key: bytes, compiled: Any) -> None:
         self._submit(("grammar", key, compiled))
 
-    def publish_entries(self, compiled: Any) -> None:
-        self._submit(("entries", None, compiled))
+    def publish_entries(self, compiled: Any, key: bytes | None = None) -> None:
+        """Send the pooled entries built for `compiled` that the shards may lack (a session closed:
+        decoding built some); with its `key`, the grammar too, unless the shards are known to hold
+        it (after a shard restart they are not)."""
+        self._submit(("entries", None, compiled) if key is None else ("grammar", key, compiled))
 
     def _submit(self, job: tuple) -> None:
         with self._lock:
