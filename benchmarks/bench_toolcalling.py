@@ -141,34 +141,42 @@ class Request:
     notes: list[str] = field(default_factory=list)   # tools whose arguments could not be made, etc.
 
 
+def model_output(chosen: list[dict], rng: random.Random, two_calls: float = 0.35) -> tuple[str, list[str], list[str]]:
+    """(text, tools called, notes) of a model-like output over `chosen` (function objects): a
+    sentence, then one call (two with probability `two_calls`) with seeded valid arguments."""
+    wanted = 2 if rng.random() < two_calls else 1
+    order = list(chosen)
+    rng.shuffle(order)
+    calls: list[tuple[str, Any]] = []
+    notes = []
+    for tool in order:
+        if len(calls) == wanted:
+            break
+        try:
+            calls.append((tool["name"], valid_instance(tool.get("parameters", {}), rng)))
+        except Unsatisfiable as exc:
+            notes.append(f"no arguments for {tool['name']}: {exc}")
+    if not calls:
+        return "", [], notes + ["no output: no tool's arguments could be made"]
+    sentence = rng.choice(SENTENCES).format(tool=calls[0][0])
+    text = "\n".join([sentence] + [begin_of(name) + json.dumps(args, ensure_ascii=False) + END
+                                  for name, args in calls])
+    return text, [name for name, _ in calls], notes
+
+
 def make_requests(n: int, per_request: int, seed: int, vocab: Vocab, two_calls: float = 0.35) -> list[Request]:
     tools = load_tools()
     out = []
     for i, pick in enumerate(sample_tools(n, per_request, seed, len(tools))):
         chosen = [tools[k] for k in pick]
         req = Request(i, pick, [t["name"] for t in chosen], structural_tag(chosen))
-        rng = random.Random(seed * 1_000_003 + i)
-        wanted = 2 if rng.random() < two_calls else 1
-        order = list(chosen)
-        rng.shuffle(order)
-        calls = []
-        for tool in order:
-            if len(calls) == wanted:
-                break
-            try:
-                calls.append((tool["name"], valid_instance(tool.get("parameters", {}), rng)))
-            except Unsatisfiable as exc:
-                req.notes.append(f"no arguments for {tool['name']}: {exc}")
+        text, calls, notes = model_output(chosen, random.Random(seed * 1_000_003 + i), two_calls)
+        req.notes += notes
         if calls:
-            sentence = rng.choice(SENTENCES).format(tool=calls[0][0])
-            req.text = "\n".join([sentence] + [begin_of(name) + json.dumps(args, ensure_ascii=False) + END
-                                              for name, args in calls])
+            req.text, req.calls = text, calls
             req.tokens = vocab.encode(req.text)
-            req.calls = [name for name, _ in calls]
             if vocab.hf.decode(req.tokens, skip_special_tokens=False) != req.text:
                 req.notes.append("tokens do not decode to the text")
-        else:
-            req.notes.append("no output: no tool's arguments could be made")
         out.append(req)
     return out
 

@@ -28,8 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_multitenant import sample_tools
-from bench_toolcalling import END, SENTENCES, begin_of
-from schema_instances import Unsatisfiable, valid_instance
+from bench_toolcalling import model_output
 
 SHARED = Path(os.environ.get("XG2_SHARED_DIR") or Path(__file__).resolve().parents[2] / "shared")
 TOKENIZER = SHARED / "tokenizers" / "deepseek_v3_tokenizer.json"
@@ -56,29 +55,6 @@ class Request:
     tokens: list[int] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-
-def model_output(chosen: list[dict], rng: random.Random, two_calls: float = TWO_CALLS) -> tuple[str, list[str], list[str]]:
-    """(text, tools called, notes) of a model-like output over `chosen` (function objects), as
-    bench_toolcalling.make_requests writes it with the same `rng`."""
-    wanted = 2 if rng.random() < two_calls else 1
-    order = list(chosen)
-    rng.shuffle(order)
-    calls: list[tuple[str, Any]] = []
-    notes = []
-    for tool in order:
-        if len(calls) == wanted:
-            break
-        try:
-            calls.append((tool["name"], valid_instance(tool.get("parameters", {}), rng)))
-        except Unsatisfiable as exc:
-            notes.append(f"no arguments for {tool['name']}: {exc}")
-    if not calls:
-        return "", [], notes + ["no output: no tool's arguments could be made"]
-    sentence = rng.choice(SENTENCES).format(tool=calls[0][0])
-    text = "\n".join([sentence] + [begin_of(name) + json.dumps(args, ensure_ascii=False) + END
-                                  for name, args in calls])
-    return text, [name for name, _ in calls], notes
 
 
 class Workload:
@@ -113,7 +89,7 @@ class Workload:
     def request(self, set_id: int, picks: tuple[int, ...], output_seed: int) -> Request:
         req = Request(set_id, picks, self.spec(picks))
         chosen = [self.tools[k]["function"] for k in picks]
-        req.text, req.calls, req.notes = model_output(chosen, random.Random(output_seed))
+        req.text, req.calls, req.notes = model_output(chosen, random.Random(output_seed), TWO_CALLS)
         if req.text:
             req.tokens = self.tokenizer.encode(req.text, add_special_tokens=False).ids
         return req
