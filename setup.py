@@ -25,6 +25,12 @@ extensions = [
         ["xg2/_ext/automata.pyx"],
         extra_compile_args=["-O3", "-fno-strict-aliasing"],
     ),
+    # The numbered ring of bitmask rows that remote steps name instead of resending (plain C).
+    Extension(
+        "xg2._ext.rowbook",
+        ["xg2/_ext/rowbook.pyx"],
+        extra_compile_args=["-O3", "-fno-strict-aliasing"],
+    ),
 ]
 
 setup(

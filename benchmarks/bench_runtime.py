@@ -211,7 +211,6 @@ class RemoteBackend:
         r = self.ray.get(self.h.open.remote(TENANT, req.spec, first_mask=True))
         self.open_rtt_ms.append((time.perf_counter() - t0) * 1e3)
         self.ttfm_ms.append(r["ttfm_ms"])
-        self.client._rows[r["session"]] = r["mask"]
         return r["session"], r["mask"]
 
     def submit(self, handles: list, tokens: list[int]) -> Any:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import struct
 
+import msgspec
 import numpy as np
 import pytest
 from conftest import SHARED, shared_file
@@ -252,36 +254,65 @@ def test_host_step_batches_rows_and_forks(json_info):
     asyncio.run(run())
 
 
-def test_delta_steps_give_the_full_rows(json_info):
-    """`step(..., delta=True)` sends the words that changed since the last mask sent for each
-    session; StepClient's rows equal the full rows step by step, first steps and forks included."""
+def test_packed_steps_give_the_full_rows(json_info):
+    """`step_packed` names rows the client holds and sends new ones as changed words; StepClient's
+    rows equal the full rows step by step (a book of 8 rows, so the ring wraps), and after a lost
+    reply or a forgotten client the books start afresh instead of naming rows wrongly."""
     from conftest import longest_match
+    from xg2._ext.rowbook import RowBookError
 
     from xg2.actors.host import MatcherHost, StepClient
 
     table = {t: i for i, t in enumerate(json_info.decoded_vocab) if t}
-    texts = ['{"a": [1, 2, {"b": null}]}', '["x", "yy", true]']
-    spec = {"grammar": {"type": "json_schema", "schema": {"type": ["object", "array"]}}}
-    full_host, delta_host = MatcherHost(json_info), MatcherHost(json_info)
+    texts = ['{"a": [1, 2, {"b": null}]}', '["x", "yy", true]', '{"a": [1, 2, {"b": null}]}', '"q"']
+    spec = {"grammar": {"type": "json_schema", "schema": {"type": ["object", "array", "string"]}}}
+    width = (json_info.vocab_size + 31) // 32
+    full_host = MatcherHost(json_info)
+    book_host = MatcherHost(json_info, row_book_bytes=8 * 4 * width, max_row_books=1)
     client = StepClient(None, "t", json_info.vocab_size)
 
     async def run():
         full_ids = [(await full_host.open("t", spec))["session"] for _ in texts]
-        delta_ids = [(await delta_host.open("t", spec))["session"] for _ in texts]
+        book_ids = [(await book_host.open("t", spec))["session"] for _ in texts]
         paths = [longest_match(table, t.encode()) for t in texts]
-        last = [None, None]
+        last = [None] * len(texts)
+        named = 0
         for step in range(max(map(len, paths))):
-            live = [k for k in range(2) if step < len(paths[k])]
+            live = [k for k in range(len(texts)) if step < len(paths[k])]
             want = await full_host.step("t", [full_ids[k] for k in live], [last[k] for k in live])
-            ids = [delta_ids[k] for k in live]
-            reply = await delta_host.step("t", ids, [last[k] for k in live], delta=True)
-            assert np.array_equal(client.apply(ids, reply), want["masks"])
-            if step > 0:
-                assert reply["changed"].size < want["masks"].size      # not the whole rows again
+            ids = [book_ids[k] for k in live]
+            reply = await book_host.step_packed("t", client.request(ids, [last[k] for k in live]))
+            base, n = struct.unpack_from("<q", reply, 8)[0], len(ids)
+            named += int((np.frombuffer(reply, "<i8", n, 32) < base).sum())
+            rows, accepted, ended = client.read(ids, reply)
+            assert np.array_equal(rows, want["masks"]) and accepted == want["accepted"] and ended == want["ended"]
             for k in live:
                 last[k] = paths[k][step]
+        assert client._book.next_id > 8                               # the ring wrapped
+        assert named > 10                                           # rows named, not sent again
+        # a reply lost: the host's book is not in the state the client names; the step starts afresh
+        ids = [book_ids[1]]
+        want = await full_host.step("t", [full_ids[1]], [None])
+        request = msgspec.msgpack.decode(client.request(ids, [None]))
+        request[2] += 1
+        reply = await book_host.step_packed("t", msgspec.msgpack.encode(request))
+        assert struct.unpack_from("<q", reply, 8)[0] == 0                  # a fresh book
+        assert np.array_equal(client.read(ids, reply)[0], want["masks"])
+        # a reply read twice (out of order): refused, and the next step starts afresh
+        client.read(ids, await book_host.step_packed("t", client.request(ids, [None])))
+        stale = reply
+        with pytest.raises(RowBookError):
+            client.read(ids, stale)
+        reply = await book_host.step_packed("t", client.request(ids, [None]))
+        assert struct.unpack_from("<q", reply, 8)[0] == 0
+        assert np.array_equal(client.read(ids, reply)[0], want["masks"])
+        # another client of the same tenant pushes this one's book out (max_row_books=1)
+        other = StepClient(None, "t", json_info.vocab_size)
+        other.read(ids, await book_host.step_packed("t", other.request(ids, [None])))
+        reply = await book_host.step_packed("t", client.request(ids, [None]))
+        assert np.array_equal(client.read(ids, reply)[0], want["masks"])
         full_host.runtime.shutdown()
-        delta_host.runtime.shutdown()
+        book_host.runtime.shutdown()
 
     asyncio.run(run())
 
