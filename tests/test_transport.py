@@ -312,6 +312,35 @@ def test_another_format_version_is_refused(json_info, small_blob, monkeypatch):
         compiler.deserialize(newer)
 
 
+def test_large_payloads_travel_compressed_and_a_bad_stream_is_refused(json_info, monkeypatch):
+    """Payloads from 4 kB on are zlib-compressed; a compressed stream that is cut short, malformed or
+    inflates past the format's bound is refused even under a valid checksum (anyone can forge one)."""
+    import zlib
+
+    fp = json_info.fingerprint
+    payload = bytes(range(256)) * 64
+    blob = transport.pack(transport.KIND_ENTRY, fp, payload)
+    assert len(blob) < len(payload) // 4
+    assert transport.unpack(blob, transport.KIND_ENTRY, fp) == payload
+    small = transport.pack(transport.KIND_ENTRY, fp, b"x" * 100)
+    assert transport.unpack(small, transport.KIND_ENTRY, fp) == b"x" * 100
+
+    def forged(body: bytes) -> bytes:         # a compressed payload under a header and checksum of its own
+        engine = transport.engine_version().encode()
+        head = transport._HEAD.pack(transport.MAGIC, transport.FORMAT_VERSION,
+                                    transport.KIND_ENTRY | transport._ZLIB, len(engine)) + engine
+        head += transport._vocab_digest(fp)
+        return head + transport._checksum(head, body) + body
+
+    whole = zlib.compress(payload, 1)
+    for body in (whole[:-5], b"not zlib at all", whole + b"trailing"):
+        with pytest.raises(DeserializeError):
+            transport.unpack(forged(body), transport.KIND_ENTRY, fp)
+    monkeypatch.setattr(transport, "MAX_PAYLOAD_BYTES", len(payload) - 1)
+    with pytest.raises(DeserializeError, match="larger than the format allows"):
+        transport.unpack(forged(whole), transport.KIND_ENTRY, fp)
+
+
 def test_every_truncation_is_refused(json_info, small_blob):
     compiler = xg2.GrammarCompiler(json_info)
     for n in range(len(small_blob)):

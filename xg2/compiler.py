@@ -371,9 +371,12 @@ def _precompute_worker(jobs: queue.SimpleQueue) -> None:
 def _load_entries(core: CompiledCore, entries: dict[int, bytes] | None) -> None:
     """Install entries a serialized grammar carried (node -> bytes); one that does not load is
     simply built when needed."""
-    for i, (node, data) in enumerate((entries or {}).items()):
-        if i % 16 == 15:
-            time.sleep(0)       # give up the GIL now and then (this runs beside compiles and fills)
+    last_yield = time.perf_counter()
+    for node, data in (entries or {}).items():
+        now = time.perf_counter()
+        if now - last_yield > 0.002:    # give up the GIL now and then (this runs beside compiles and fills)
+            time.sleep(0)
+            last_yield = time.perf_counter()
         try:
             core.load_entry(node, data)
         except (ValueError, MemoryError):

@@ -15,6 +15,8 @@ from cpython.ref cimport PyObject
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, WAIT_LOCK)
 cimport numpy as cnp
+import sys
+
 import numpy as np
 
 cnp.import_array()
@@ -1719,74 +1721,89 @@ cdef bytes _entry_to_bytes(const MaskEntry* e, int32_t n_words):
     return b"".join(parts)
 
 
+cdef int32_t* _ranks_in(const char* p, int32_t n, int32_t limit) except NULL:
+    """A copy of n sorted, distinct ranks below `limit` (ValueError otherwise)."""
+    cdef int32_t* out = <int32_t*>malloc(max(1, n) * sizeof(int32_t))
+    cdef int32_t i
+    if out == NULL:
+        raise MemoryError()
+    if n:
+        memcpy(out, p, n * sizeof(int32_t))
+    for i in range(n):
+        if out[i] < 0 or out[i] >= limit or (i and out[i] <= out[i - 1]):
+            free(out)
+            raise ValueError("mask entry: ranks out of range or unsorted")
+    return out
+
+
 cdef MaskEntry* _entry_from_bytes(bytes data, Vocab vocab) except NULL:
     """Read `_entry_to_bytes` output for `vocab` (one reference for the caller); ValueError when it
-    is malformed or out of range (the bytes may come from another process)."""
+    is malformed or out of range (the bytes may come from another process). Plain C: a grammar read
+    from the cache shards brings dozens of entries, and this runs before its first mask."""
+    cdef const char* p = data
+    cdef Py_ssize_t size = len(data)
+    cdef int32_t h[8]
+    cdef int32_t magic, kind, n_list, n_unc, open_all, n_open, n_ctx, n_words, i, t
+    cdef Py_ssize_t body, off
+    cdef uint64_t* ordinary = vocab.c.ordinary_bits
     cdef MaskEntry* e
-    buf = memoryview(data)
-    if len(buf) < 32:
+    if not _LITTLE_ENDIAN:
+        raise ValueError("mask entries are read on little-endian machines only")
+    if size < 32:
         raise ValueError("mask entry: truncated header")
-    magic, kind, n_list, n_unc, open_all, n_open, n_ctx, n_words = np.frombuffer(buf[:32], "<i4").tolist()
-    if magic != _ENTRY_MAGIC or kind not in (0, 1, 2) or min(n_list, n_unc, n_open, n_ctx) < 0:
+    memcpy(h, p, 32)
+    magic, kind, n_list, n_unc, open_all, n_open, n_ctx, n_words = h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]
+    if magic != _ENTRY_MAGIC or kind < 0 or kind > 2 or n_list < 0 or n_unc < 0 or n_open < 0 or n_ctx < 0:
         raise ValueError("mask entry: bad header")
     if kind == ENTRY_BITSET and n_words != vocab.n_words:
         raise ValueError("mask entry: bitset of another vocabulary size")
-    body = n_words * 8 if kind == ENTRY_BITSET else n_list * 4
-    if len(buf) != 32 + body + 4 * (n_unc + n_open + n_ctx):
+    body = <Py_ssize_t>n_words * 8 if kind == ENTRY_BITSET else <Py_ssize_t>n_list * 4
+    if size != 32 + body + 4 * (<Py_ssize_t>n_unc + n_open + n_ctx):
         raise ValueError("mask entry: length does not match its header")
-    off = 32
-    # Entries name ordinary tokens only: a special or stop token in one would be let through.
-    ordinary = np.asarray(<uint64_t[:vocab.n_words]>vocab.c.ordinary_bits)
-    if kind == ENTRY_BITSET:
-        bits = np.frombuffer(buf[off:off + body], "<u8").astype(np.uint64)
-        if np.any(bits & ~ordinary):
-            raise ValueError("mask entry: a token that is not ordinary")
-        lst = np.zeros(0, np.int32)
-    else:
-        lst = np.frombuffer(buf[off:off + body], "<i4").astype(np.int32)
-        if lst.size and (lst.min() < 0 or lst.max() >= vocab.vocab_size):
-            raise ValueError("mask entry: token id out of range")
-        if lst.size and not np.all((ordinary[lst >> 6] >> (lst & 63).astype(np.uint64)) & 1):
-            raise ValueError("mask entry: a token that is not ordinary")
-    off += body
-    arrays = []
-    for n in (n_unc, n_open, n_ctx):
-        a = np.frombuffer(buf[off:off + 4 * n], "<i4").astype(np.int32)
-        if a.size and (a.min() < 0 or a.max() >= vocab.n_ordinary or np.any(np.diff(a) <= 0)):
-            raise ValueError("mask entry: ranks out of range or unsorted")
-        arrays.append(a)
-        off += 4 * n
     e = <MaskEntry*>calloc(1, sizeof(MaskEntry))
     if e == NULL:
         raise MemoryError()
     e.refs = 1
     try:
         e.kind, e.n_list, e.n_unc, e.open_all, e.n_open, e.n_ctx_acc = kind, n_list, n_unc, open_all != 0, n_open, n_ctx
+        off = 32
+        # Entries name ordinary tokens only: a special or stop token in one would be let through.
         if kind == ENTRY_BITSET:
-            e.bits = <uint64_t*>_copy_out(bits)
+            e.bits = <uint64_t*>malloc(max(1, body))
+            if e.bits == NULL:
+                raise MemoryError()
+            memcpy(e.bits, p + off, body)
+            for i in range(n_words):
+                if e.bits[i] & ~ordinary[i]:
+                    raise ValueError("mask entry: a token that is not ordinary")
         else:
-            e.list = <int32_t*>_copy_out(lst)
-        e.unc_ranks = <int32_t*>_copy_out(arrays[0])
-        e.open_ranks = <int32_t*>_copy_out(arrays[1])
-        e.ctx_acc_ranks = <int32_t*>_copy_out(arrays[2])
-    except MemoryError:
+            e.list = <int32_t*>malloc(max(1, body))
+            if e.list == NULL:
+                raise MemoryError()
+            memcpy(e.list, p + off, body)
+            for i in range(n_list):
+                t = e.list[i]
+                if t < 0 or t >= vocab.vocab_size:
+                    raise ValueError("mask entry: token id out of range")
+                if not (ordinary[t >> 6] >> (t & 63)) & 1:
+                    raise ValueError("mask entry: a token that is not ordinary")
+        off += body
+        e.unc_ranks = _ranks_in(p + off, n_unc, vocab.n_ordinary)
+        off += 4 * n_unc
+        e.open_ranks = _ranks_in(p + off, n_open, vocab.n_ordinary)
+        off += 4 * n_open
+        e.ctx_acc_ranks = _ranks_in(p + off, n_ctx, vocab.n_ordinary)
+    except (MemoryError, ValueError):
         entry_free(e)
         raise
     e.nbytes = entry_nbytes(e, vocab.n_words)
     return e
 
 
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
 cdef int32_t _ENTRY_MAGIC = 0x45324758   # "XG2E"
-
-
-cdef void* _copy_out(cnp.ndarray a) except NULL:
-    cdef size_t n = a.nbytes
-    cdef void* p = malloc(max(<size_t>1, n))
-    if p == NULL:
-        raise MemoryError()
-    if n:
-        memcpy(p, cnp.PyArray_DATA(a), n)
-    return p
 
 
 include "pool.pxi"
