@@ -352,9 +352,14 @@ class GrammarRuntime:
             if held >= self.max_sessions_per_tenant:
                 raise QuotaError(f"tenant {tenant!r} has {held} open sessions, its limit")
             self._per_tenant[tenant] = held + 1
+        tier = self.cache_tier
         try:
             key = content_key(spec.grammar)
-            compiled = await self._compiled_for(spec.grammar, key, tenant)
+            if tier is None:
+                compiled = await self._compiled_for(spec.grammar, key, tenant)
+            else:
+                with tier.foreground():
+                    compiled = await self._compiled_for(spec.grammar, key, tenant)
             session = Session(secrets.token_hex(12), spec, key, compiled)
         except BaseException:
             self._release(tenant)

@@ -21,6 +21,7 @@ dropped and rebuilt: a damaged, stale or lost item costs time, never a wrong mas
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import queue
@@ -42,6 +43,8 @@ _MODULE_KEY = msgspec.msgpack.Encoder()
 #: Background loops give up the GIL every so many items: a thread that keeps it runs for the
 #: interpreter's whole switch interval (5 ms) while a compile or a fill waits.
 YIELD_EVERY = 8
+#: How long a background loop waits at a yield point while opens are on their way to a first mask.
+FOREGROUND_WAIT_S = 0.005
 #: Pairs per put call.
 PUBLISH_BATCH = 512
 
@@ -68,6 +71,29 @@ class ShardedCache:
                        "module_get_ms": 0.0, "published_modules": 0, "prefetch_skipped": 0}
         self._fetched: OrderedDict[tuple, Any] = OrderedDict()
         self.also_found: bytes | None = None
+        self._foreground = 0
+
+    @contextlib.contextmanager
+    def foreground(self):
+        """Marks an open on its way to its first mask: the background loops (prefetch, loading,
+        publishing) hold back at their next yield point for up to FOREGROUND_WAIT_S, so the open's
+        read, deserialize and first fill do not queue behind them for the GIL."""
+        with self._lock:
+            self._foreground += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._foreground -= 1
+
+    def _yield(self) -> None:
+        """A background loop's yield point: give up the GIL, and wait while opens are in progress."""
+        if self._foreground:
+            until = time.monotonic() + FOREGROUND_WAIT_S
+            while self._foreground and time.monotonic() < until:
+                time.sleep(0.0002)
+        else:
+            time.sleep(0)
 
     def _shard_restarted(self, shard: int) -> None:
         """A shard came back empty: what this process sent it must be sent again when next built
@@ -130,7 +156,7 @@ class ShardedCache:
         loaded = 0
         for i, (sk, blob) in enumerate(found.items()):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
-                time.sleep(0)       # let a compile or a fill on another thread take the GIL
+                self._yield()       # let a compile or a fill on another thread take the GIL
             try:
                 pool.load(by_shard_key[sk], transport.load_entry(blob, self._fingerprint))
                 loaded += 1
@@ -187,7 +213,7 @@ class ShardedCache:
         core = compiled._core
         for i, (node, data) in enumerate(entries.items()):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
-                time.sleep(0)
+                self._yield()
             try:
                 core.load_entry(node, data)
             except (ValueError, MemoryError):
@@ -302,7 +328,7 @@ class ShardedCache:
         out = []
         for i, k in enumerate(compiled._core.pool_keys().values()):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
-                time.sleep(0)
+                self._yield()
             sk = self.shard_key(b"e", k)
             with self._lock:
                 if sk in self._sent:
