@@ -1,0 +1,346 @@
+"""The decoding loop of a model replica: every active request advanced by one forward per step,
+each constrained by its own grammar session, the mask work hidden behind the forward pass.
+
+A step, for the batch of active sequences:
+  1. the forward pass is launched on the forward thread (torch releases the GIL while it runs);
+  2. meanwhile, on the loop's thread, the runtime fills the bitmask rows of the constrained
+     sequences in one C call (their sessions accepted the previous tokens already);
+  3. when the logits arrive, the rows are applied (`apply_token_bitmask_inplace`, constrained rows
+     only), the next tokens sampled (greedy, or seeded temperature / top-p per request), and the
+     sessions accept them.
+Only step 3's mask part (apply and accept, plus any wait for a fill that outlasted the forward)
+is added to the step's time; `stats` keeps it per step as `mask_exposed_ms`.
+
+New requests are prefilled one at a time between steps into a free cache row (serve.slots); a
+finished or cancelled request's row is given back at the end of the step. A token the grammar did
+not allow can never be emitted: a session that refuses a sampled token (it cannot happen with the
+mask applied) fails its request with an error instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import xg2
+
+from .slots import SlotModel
+
+
+@dataclass
+class SamplingParams:
+    """What a request asks of the sampler; temperature 0 is greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if not 0 <= self.temperature <= 2:
+            raise ValueError("temperature must be within [0, 2]")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be within (0, 1]")
+
+
+class GenerationError(RuntimeError):
+    """A request's generation failed on the replica (the message says why); retryable when the
+    replica is shutting down."""
+
+
+class Generation:
+    """A request's tokens as they are sampled (`async for token in generation`), then its
+    `finish_reason` ("stop": a stop token; "length": max_tokens or the model's length;
+    "cancelled")."""
+
+    __slots__ = ("_queue", "cancelled", "completion_tokens", "done", "finish_reason", "first_token_s",
+                 "generator", "last", "params", "prompt", "row", "session", "submitted")
+
+    def __init__(self, prompt: list[int], session: Any, params: SamplingParams):
+        self.prompt = prompt
+        self.session = session
+        self.params = params
+        self.generator: torch.Generator | None = None
+        if params.temperature > 0:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(params.seed if params.seed is not None
+                                       else int.from_bytes(os.urandom(7), "little"))
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.row = -1
+        self.last = -1
+        self.completion_tokens = 0
+        self.done = False
+        self.cancelled = False
+        self.finish_reason: str | None = None
+        self.submitted = time.perf_counter()
+        self.first_token_s: float | None = None
+
+    def cancel(self) -> None:
+        """Stop generating (e.g. a stop string was seen, or the client went away)."""
+        if not self.done:
+            self.cancelled = True
+
+    def _emit(self, token: int) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = time.perf_counter() - self.submitted
+        self.completion_tokens += 1
+        self._queue.put_nowait(token)
+
+    def _finish(self, reason: str, error: BaseException | None = None) -> None:
+        if not self.done:
+            self.done = True
+            self.finish_reason = reason
+            self._queue.put_nowait(error)
+
+    def __aiter__(self) -> AsyncIterator[int]:
+        return self._tokens()
+
+    async def _tokens(self) -> AsyncIterator[int]:
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.cancel()
+
+
+class Engine:
+    """The batch decoding loop of one replica (see the module note). Use it from one event loop."""
+
+    def __init__(self, model: Any, stop_token_ids: list[int], *, runtime: Any = None, max_batch: int = 8,
+                 max_len: int = 4096, vocab_size: int | None = None):
+        self.lm = SlotModel(model, max_rows=max_batch, max_len=max_len)
+        self.runtime = runtime
+        self.max_batch = max_batch
+        self.vocab_size = vocab_size or model.config.vocab_size
+        self.stop_ids = frozenset(stop_token_ids)
+        self._stop_list = sorted(self.stop_ids)
+        self.bitmask = xg2.allocate_token_bitmask(max_batch, self.vocab_size)
+        self._pending: collections.deque[Generation] = collections.deque()
+        self._active: list[Generation] = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._forward = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xg2-forward")
+        self._closed = False
+        #: per step (the last 4096): forward, mask fill (overlapped), mask work exposed, batch size
+        self.steps: collections.deque[tuple[float, float, float, int]] = collections.deque(maxlen=4096)
+        self.counts = {"steps": 0, "prefills": 0, "tokens": 0, "requests": 0, "refused_tokens": 0}
+
+    # -- requests ----------------------------------------------------------------------------------
+    def submit(self, prompt: list[int], params: SamplingParams, session: Any = None) -> Generation:
+        """Queue a request: its prompt token ids, sampling, and the runtime session that constrains
+        it (None: unconstrained). The session must be fresh (nothing accepted yet)."""
+        if self._closed:
+            raise GenerationError("the replica is shutting down (retry on another)")
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) >= self.lm.max_len:
+            raise ValueError(f"the prompt has {len(prompt)} tokens; this model takes at most {self.lm.max_len - 1}")
+        gen = Generation(list(prompt), session, params)
+        self._pending.append(gen)
+        self.counts["requests"] += 1
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._wake.set()
+        return gen
+
+    async def close(self) -> None:
+        """Fail what is queued or running (retryable) and stop the loop."""
+        self._closed = True
+        for gen in list(self._pending) + self._active:
+            gen._finish("error", GenerationError("the replica is shutting down (retry on another)"))
+        self._pending.clear()
+        if self._task is not None:
+            self._task.cancel()
+        self._forward.shutdown(wait=False)
+
+    # -- the loop --------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            if not self._active and not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._admit_one(await self._next_prefill(loop))
+            self._retire()
+            if self._active:
+                await self._step(loop)
+                self._retire()
+
+    async def _next_prefill(self, loop: asyncio.AbstractEventLoop) -> tuple[Generation, torch.Tensor] | None:
+        """Prefill the next queued request into the first free row (one per step, so a burst of
+        long prompts does not stall the sequences already decoding for long)."""
+        while self._pending and len(self._active) < self.max_batch:
+            gen = self._pending.popleft()
+            if gen.cancelled:
+                gen._finish("cancelled")
+                continue
+            row = len(self._active)
+            self.lm.reset(row)
+            try:
+                logits = await loop.run_in_executor(self._forward, self.lm.prefill, row, gen.prompt)
+            except Exception as e:      # noqa: BLE001 - the request fails, the others go on
+                gen._finish("error", GenerationError(f"prefill failed: {e}"))
+                continue
+            self.counts["prefills"] += 1
+            gen.row = row
+            self._active.append(gen)
+            return gen, logits[None]
+        return None
+
+    def _admit_one(self, prefilled: tuple[Generation, torch.Tensor] | None) -> None:
+        if prefilled is None:
+            return
+        gen, logits = prefilled
+        rows = [gen]
+        if gen.session is not None:
+            self.runtime.fill([gen.session], self.bitmask)
+        self._sample_and_accept(rows, logits)
+
+    async def _step(self, loop: asyncio.AbstractEventLoop) -> None:
+        active = self._active
+        tokens = [g.last for g in active]
+        t0 = time.perf_counter()
+        filled = threading.Event()
+        timing = [0.0, 0.0]         # the forward's end, the mask application's seconds
+
+        def forward() -> list[int]:
+            # Masking and sampling run here, on the thread that ran the forward: torch's worker
+            # threads still spin for a while after it, and on a small machine they would slow
+            # any other thread that touches the logits.
+            logits = self.lm.decode(tokens).float()
+            timing[0] = time.perf_counter()
+            filled.wait()
+            picked, timing[1] = self._mask_and_sample(active, logits)
+            return picked
+
+        pending = loop.run_in_executor(self._forward, forward)
+        sessions = [g.session for g in active]
+        fill_end = t0
+        try:
+            if any(s is not None for s in sessions):
+                self.runtime.fill(sessions, self.bitmask)       # one C call, GIL released, beside the forward
+                fill_end = time.perf_counter()
+        finally:
+            filled.set()
+        try:
+            picked = await pending
+        except Exception as e:      # noqa: BLE001 - the batch fails; the replica goes on
+            for g in active:
+                g._finish("error", GenerationError(f"forward failed: {e}"))
+            return
+        exposed = timing[1] + self._accept_and_emit(active, picked) + max(0.0, fill_end - timing[0])
+        self.counts["steps"] += 1
+        self.steps.append(((timing[0] - t0) * 1e3, (fill_end - t0) * 1e3, exposed * 1e3, len(active)))
+
+    def _sample_and_accept(self, gens: list[Generation], logits: torch.Tensor) -> float:
+        picked, mask_s = self._mask_and_sample(gens, logits.float())
+        return mask_s + self._accept_and_emit(gens, picked)
+
+    def _mask_and_sample(self, gens: list[Generation], logits: torch.Tensor) -> tuple[list[int], float]:
+        """The rows of constrained requests masked, then every row sampled (row k is gens[k]'s);
+        also the seconds the masking took."""
+        t0 = time.perf_counter()
+        constrained = [k for k, g in enumerate(gens) if g.session is not None]
+        if constrained:
+            xg2.apply_token_bitmask_inplace(logits, self.bitmask[:len(gens)], vocab_size=self.vocab_size,
+                                            indices=constrained)
+        mask_s = time.perf_counter() - t0
+        return _sample(logits, gens), mask_s
+
+    def _accept_and_emit(self, gens: list[Generation], picked: list[int]) -> float:
+        """The sessions accept their tokens, the tokens go to their requests; returns the seconds
+        the sessions took."""
+        t1 = time.perf_counter()
+        todo = [(g, t) for g, t in zip(gens, picked) if g.session is not None and t not in self.stop_ids]
+        if todo:
+            ok = self.runtime.accept([g.session for g, _ in todo], [t for _, t in todo])
+            for (g, t), accepted in zip(todo, ok):
+                if not accepted:        # cannot happen with the mask applied; never emit such a token
+                    self.counts["refused_tokens"] += 1
+                    g._finish("error", GenerationError(f"the grammar refused sampled token {t}"))
+        mask_s = time.perf_counter() - t1
+        for g, t in zip(gens, picked):
+            if g.done:
+                continue
+            if g.cancelled:
+                g._finish("cancelled")
+            elif t in self.stop_ids:
+                g._finish("stop")
+            else:
+                g.last = t
+                g._emit(t)
+                self.counts["tokens"] += 1
+                if g.completion_tokens >= g.params.max_tokens \
+                        or len(g.prompt) + g.completion_tokens >= self.lm.max_len:
+                    g._finish("length")
+        return mask_s
+
+    def _retire(self) -> None:
+        """Give back the rows of finished or cancelled requests, keeping the active rows packed."""
+        if not any(g.done or g.cancelled for g in self._active):
+            return
+        keep = []
+        for g in self._active:
+            if g.cancelled and not g.done:
+                g._finish("cancelled")
+            if not g.done:
+                keep.append(g)
+        for row, g in enumerate(keep):
+            if g.row != row:
+                self.lm.move(g.row, row)
+                g.row = row
+        self._active = keep
+
+    def exposed_mask_ms(self) -> dict[str, float]:
+        """Per-step figures over the recorded steps (medians)."""
+        import statistics
+
+        if not self.steps:
+            return {}
+        cols = list(zip(*self.steps))
+        return {"steps": len(self.steps), "forward_ms": statistics.median(cols[0]),
+                "fill_ms": statistics.median(cols[1]), "mask_exposed_ms": statistics.median(cols[2]),
+                "batch": statistics.median(cols[3])}
+
+
+def _sample(logits: torch.Tensor, gens: list[Generation]) -> list[int]:
+    """The next token of each row: argmax for greedy rows, else temperature and nucleus sampling
+    with the request's own generator (so a seed gives the same tokens however the batch looks)."""
+    greedy = logits.argmax(dim=-1).tolist()
+    out = []
+    for k, g in enumerate(gens):
+        p = g.params
+        if p.temperature == 0 or g.generator is None:
+            out.append(greedy[k])
+            continue
+        row = logits[k] / p.temperature
+        probs = torch.softmax(row, dim=-1)
+        if p.top_p < 1.0:
+            sorted_p, order = probs.sort(descending=True)
+            cum = sorted_p.cumsum(0)
+            cut = int((cum < p.top_p).sum()) + 1          # the smallest prefix whose mass reaches top_p
+            keep = order[:cut]
+            probs = torch.zeros_like(probs).index_fill_(0, keep, 1.0) * probs
+        if not torch.isfinite(probs).all() or float(probs.sum()) <= 0:
+            out.append(greedy[k])       # every token masked but one, or numerically empty: the best one
+            continue
+        out.append(int(torch.multinomial(probs, 1, generator=g.generator)))
+    return out
