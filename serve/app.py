@@ -1,0 +1,241 @@
+"""The Ray Serve application: model replicas that answer the OpenAI API over HTTP, and the mask
+service for engines that keep their own model.
+
+- `ModelServer` (deployment "xg2-model"): a Replica (model + runtime + decoding loop) behind a
+  FastAPI ingress. HTTP requests reach the replicas through Serve's proxy, so the model, its
+  matchers and the HTTP handling share a process: no remote call per request or per token. Every
+  replica's runtime uses the same cache shards (named Ray actors), so a grammar one replica
+  compiled is read by the others.
+- `MaskService` (deployment "xg2-masks"): a MatcherHost (xg2.actors.host) behind a handle:
+  `open(tenant, spec, first_mask)`, `step(tenant, request)` (StepClient's packed step: one call
+  per decode step for a whole batch), `step_rows` (whole rows), `close`, `fork`, `rollback`. It
+  runs as one replica: a session lives in the replica that opened it, and Serve's handle routing
+  cannot pin a caller to a replica; one replica fills a whole batch in microseconds a row, so an
+  engine process needs one (run one mask service application per engine if needed).
+
+Tenants are told apart by their API key (`Authorization: Bearer ...`): with `api_keys` (key ->
+tenant) only those keys are let in; without, any key is its own tenant (named by a digest of it,
+never by the key itself).
+"""
+
+
+import hashlib
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from ray import serve
+
+from xg2.errors import UsageError, XG2Error
+
+from . import protocol as p
+from .replica import Replica, ReplicaOptions
+
+_log = logging.getLogger("xg2.serve")
+
+api = FastAPI(title="xg2", docs_url=None, redoc_url=None)
+
+
+def tenant_of(request: Request, api_keys: dict[str, str] | None) -> str:
+    """The tenant a request's API key names; RequestError 401 without a (known) key."""
+    auth = request.headers.get("authorization", "")
+    key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    if not key:
+        raise p.RequestError("no API key: send it as 'Authorization: Bearer <key>'", status=401,
+                             code="invalid_api_key")
+    if api_keys is not None:
+        tenant = api_keys.get(key)
+        if tenant is None:
+            raise p.RequestError("unknown API key", status=401, code="invalid_api_key")
+        return tenant
+    return "key-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+
+
+def _error(e: p.RequestError) -> Response:
+    return Response(p.encode(e.to_response()), status_code=e.status, media_type="application/json")
+
+
+async def _events(stream: Any) -> Any:
+    """Server-sent events; an error after the first event becomes an error event, then the end."""
+    try:
+        async for event in stream:
+            yield event
+    except p.RequestError as e:
+        yield p.sse_event(e.to_response())
+        yield p.SSE_DONE
+    except Exception as e:      # noqa: BLE001 - the client gets an error event, not a cut stream
+        _log.exception("stream failed")
+        yield p.sse_event(p.ErrorResponse(p.ErrorDetail(message=f"internal error: {type(e).__name__}",
+                                                        type="server_error")))
+        yield p.SSE_DONE
+
+
+class _Metrics:
+    """The replica's figures as Ray metrics (Prometheus through Ray's metrics agent): compile and
+    fill time, cache hits per tier, open sessions, cache bytes."""
+
+    def __init__(self, replica: Replica):
+        from ray.util import metrics
+
+        self.replica = replica
+        self.counters = {name: metrics.Counter(f"xg2_{name}", description=desc) for name, desc in (
+            ("requests", "requests answered"), ("constrained_requests", "requests with a grammar"),
+            ("compiles", "grammars compiled on this replica"),
+            ("grammar_hits_local", "grammars found in the replica's own cache"),
+            ("grammar_hits_shards", "grammars read from the cache shards"),
+            ("steps", "decode steps"))}
+        self.gauges = {name: metrics.Gauge(f"xg2_{name}", description=desc) for name, desc in (
+            ("open_sessions", "grammar sessions open"), ("cache_bytes", "bytes in the replica's caches"),
+            ("step_forward_ms", "median forward time per step"), ("step_fill_ms", "median mask fill per step"),
+            ("step_mask_exposed_ms", "median mask time not hidden by the forward, per step"))}
+        self._last: dict[str, float] = {}
+
+    def update(self) -> None:
+        try:
+            r = self.replica
+            rt = r.runtime.stats
+            values = {"requests": r.counts["requests"], "constrained_requests": r.counts["constrained"],
+                      "compiles": rt["compiles"] - rt["tier_grammar_hits"], "grammar_hits_local": rt["grammar_hits"],
+                      "grammar_hits_shards": rt["tier_grammar_hits"], "steps": r.engine.counts["steps"]}
+            for name, value in values.items():
+                delta = value - self._last.get(name, 0)
+                if delta > 0:
+                    self.counters[name].inc(delta)
+                self._last[name] = value
+            self.gauges["open_sessions"].set(r.runtime.open_sessions())
+            cb = r.runtime.cache_bytes()
+            self.gauges["cache_bytes"].set(cb["grammars"] + cb["compiler"])
+            steps = r.engine.exposed_mask_ms()
+            if steps:
+                self.gauges["step_forward_ms"].set(steps["forward_ms"])
+                self.gauges["step_fill_ms"].set(steps["fill_ms"])
+                self.gauges["step_mask_exposed_ms"].set(steps["mask_exposed_ms"])
+        except Exception:       # noqa: BLE001 - metrics never fail a request
+            _log.debug("metrics update failed", exc_info=True)
+
+
+@serve.deployment(name="xg2-model", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64,
+                  health_check_period_s=10)
+@serve.ingress(api)
+class ModelServer:
+    def __init__(self, options: dict | None = None, api_keys: dict[str, str] | None = None):
+        self.replica = Replica(ReplicaOptions(**(options or {})))
+        self.api_keys = api_keys
+        self._metrics = _Metrics(self.replica)
+
+    async def _call(self, fn: Any, request: Request) -> Response:
+        try:
+            tenant = tenant_of(request, self.api_keys)
+            out = await fn(tenant, await request.body())
+        except p.RequestError as e:
+            return _error(e)
+        finally:
+            self._metrics.update()
+        if isinstance(out, bytes):
+            return Response(out, media_type="application/json")
+        return StreamingResponse(_events(out), media_type="text/event-stream")
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._call(self.replica.chat, request)
+
+    @api.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        return await self._call(self.replica.completions, request)
+
+    @api.get("/v1/models")
+    async def models(self) -> Response:
+        return Response(self.replica.models(), media_type="application/json")
+
+    @api.get("/health")
+    async def health(self) -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    @api.get("/v1/xg2/stats")
+    async def stats(self) -> Response:
+        """This replica's figures: requests, steps (forward, fill, mask time exposed), runtime and
+        cache tiers (hits, bytes)."""
+        return Response(p.encode(self.replica.stats()), media_type="application/json")
+
+    async def check_health(self) -> None:
+        if self.replica.engine._closed:
+            raise RuntimeError("the decoding loop is closed")
+
+    async def __del__(self) -> None:
+        await self.replica.close()
+
+
+@serve.deployment(name="xg2-masks", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256)
+class MaskService:
+    """See the module note; every method names the tenant (a tenant reaches only its sessions)."""
+
+    def __init__(self, model: str = "default", shards: list[str] | None = None, shard_namespace: str | None = None):
+        from xg2.actors.host import MatcherHost
+
+        from .model import load_model, tokenizer_info
+
+        loaded = load_model(model)
+        self.vocab_size = loaded.vocab_size
+        self.host = MatcherHost(tokenizer_info(loaded), shards=shards or None, shard_namespace=shard_namespace)
+
+    async def info(self) -> dict:
+        return {"vocab_size": self.vocab_size}
+
+    async def open(self, tenant: str, spec: Any, first_mask: bool = False) -> dict:
+        return await self._typed(self.host.open(tenant, spec, first_mask))
+
+    async def step(self, tenant: str, request: bytes) -> bytes:
+        return await self._typed(self.host.step_packed(tenant, request))
+
+    async def step_rows(self, tenant: str, session_ids: list[str], tokens: list[int | None]) -> dict:
+        return await self._typed(self.host.step(tenant, session_ids, tokens))
+
+    async def close(self, tenant: str, session_ids: list[str]) -> int:
+        return await self.host.close(tenant, session_ids)
+
+    async def fork(self, tenant: str, session_id: str, n: int = 1) -> list[str]:
+        return await self._typed(self.host.fork(tenant, session_id, n))
+
+    async def rollback(self, tenant: str, session_ids: list[str], counts: int | list[int] = 1) -> None:
+        return await self._typed(self.host.rollback(tenant, session_ids, counts))
+
+    async def stats(self) -> dict:
+        return await self.host.stats()
+
+    @staticmethod
+    async def _typed(coro: Any) -> Any:
+        """xg2's typed errors go back to the caller as they are (they pickle); anything else as a
+        UsageError naming it, so a caller's `except XG2Error` sees every refusal."""
+        try:
+            return await coro
+        except XG2Error:
+            raise
+        except (ValueError, TypeError, KeyError) as e:
+            raise UsageError(f"{type(e).__name__}: {e}") from None
+
+
+def _shard_names(args: dict[str, Any]) -> list[str]:
+    n = int(args.pop("shards", 2))
+    prefix = args.pop("shard_prefix", "xg2-cache-shard")
+    return [f"{prefix}-{i}" for i in range(n)]
+
+
+def build(args: dict[str, Any]) -> Any:
+    """The model application (`serve run serve.app:build`, or `serve/config.yaml`): args `model`,
+    `replicas`, `shards` (how many), `shard_prefix`, `api_keys` (key -> tenant), and any
+    ReplicaOptions field."""
+    args = dict(args or {})
+    replicas = int(args.pop("replicas", 1))
+    api_keys = args.pop("api_keys", None)
+    shards = _shard_names(args)
+    options = {**args, "shards": shards}
+    return ModelServer.options(num_replicas=replicas).bind(options, api_keys)
+
+
+def build_masks(args: dict[str, Any]) -> Any:
+    """The mask service application (reached by handle: `serve.get_app_handle("xg2-masks")`):
+    args `model` (its tokenizer), `shards`, `shard_prefix` (the same shards as the model's)."""
+    args = dict(args or {})
+    shards = _shard_names(args)
+    return MaskService.bind(args.get("model", "default"), shards, args.get("shard_namespace"))

@@ -1,0 +1,139 @@
+"""`xg2 serve`: a local Ray, the cache shards, the model replicas and the mask service, on the
+loopback by default, until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default: the loopback only)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--model", default="default",
+                    help="default (SmolLM2-135M-Instruct), tiny (a random test model), or a model directory")
+    ap.add_argument("--replicas", type=int, default=1, help="model replicas")
+    ap.add_argument("--shards", type=int, default=2, help="cache shard actors")
+    ap.add_argument("--max-batch", type=int, default=8, help="sequences decoded together per replica")
+    ap.add_argument("--no-mask-service", action="store_true", help="do not start the mask service")
+
+
+class Server:
+    """The application started in this process's Ray (a context manager: stopped on exit)."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 8000, model: str = "default", replicas: int = 1,
+                 shards: int = 2, max_batch: int = 8, mask_service: bool = True, progress: bool = True,
+                 api_keys: dict[str, str] | None = None, options: dict[str, Any] | None = None):
+        self.host, self.port, self.model = host, port, model
+        self.replicas, self.shards, self.max_batch = replicas, shards, max_batch
+        self.mask_service, self.progress, self.api_keys = mask_service, progress, api_keys
+        self.options = dict(options or {})
+        self.shard_prefix = f"xg2-cache-shard-{os.getpid()}"
+        self._started_ray = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def say(self, msg: str) -> None:
+        if self.progress:
+            print(f"xg2: {msg}", file=sys.stderr, flush=True)
+
+    def start(self):
+        # Ray's servers take the node's address; with this set it is the loopback (127.0.0.1)
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        import ray
+        from ray import serve
+
+        from .app import build, build_masks
+        from .model import load_model
+
+        t0 = time.perf_counter()
+        # Converted here first (with progress on this terminal) so the replicas read the cache.
+        self.say(f"loading the model ({self.model})")
+        load_model(self.model, progress=self.progress)
+        self.say(f"model ready ({time.perf_counter() - t0:.1f} s); starting Ray")
+        if not ray.is_initialized():
+            ray.init(address="local", include_dashboard=False, logging_level="ERROR", namespace="xg2",
+                     log_to_driver=self.progress)
+            self._started_ray = True
+        serve.start(http_options={"host": self.host, "port": self.port}, logging_config={"log_level": "WARNING"})
+        args = {"model": self.model, "replicas": self.replicas, "shards": self.shards,
+                "shard_prefix": self.shard_prefix, "shard_namespace": "xg2", "max_batch": self.max_batch,
+                **self.options}
+        if self.api_keys is not None:
+            args["api_keys"] = self.api_keys
+        self.say(f"starting {self.replicas} model replica(s) and {self.shards} cache shard(s)")
+        serve.run(build(args), name="xg2", route_prefix="/")
+        if self.mask_service:
+            serve.run(build_masks({"model": self.model, "shards": self.shards, "shard_prefix": self.shard_prefix,
+                                   "shard_namespace": "xg2"}), name="xg2-masks", route_prefix=None)
+        self._wait_healthy()
+        self.say(f"serving at {self.url} (OpenAI API; GET /health) in {time.perf_counter() - t0:.1f} s")
+        return self
+
+    def _wait_healthy(self, timeout_s: float = 300.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{self.host}:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the application did not answer /health within {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        import ray
+        from ray import serve
+
+        if not ray.is_initialized():
+            return
+        self.say("shutting down")
+        try:
+            serve.shutdown()
+        finally:
+            for i in range(self.shards):
+                try:
+                    ray.kill(ray.get_actor(f"{self.shard_prefix}-{i}", namespace="xg2"))
+                except ValueError:
+                    pass
+            if self._started_ray:
+                ray.shutdown()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    server = Server(host=args.host, port=args.port, model=args.model, replicas=args.replicas, shards=args.shards,
+                    max_batch=args.max_batch, mask_service=not args.no_mask_service)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with server:
+        print(f"xg2 serving {args.model} at {server.url} -- Ctrl-C to stop", flush=True)
+        stop.wait()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="xg2 serve", description=__doc__)
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

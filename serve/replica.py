@@ -1,0 +1,330 @@
+"""A model replica: the model, its tokenizer, the grammar runtime and the decoding loop in one
+process, answering OpenAI requests (the HTTP layer in serve.app only moves bytes in and out).
+
+A request is decoded and validated (serve.protocol), mapped onto a grammar spec (serve.grammars),
+its prompt rendered with the model's chat format, its grammar session opened on the replica's
+runtime (compiled once per content key, from the cache shards when another replica or process
+built it), and its tokens generated with the other requests of the replica (serve.engine). The
+session is closed when the request ends, whatever way it ends.
+
+Tenants are told apart by the caller (the API key); each has a bound on the requests it has in
+flight on a replica and, through the runtime, on its open sessions and running compiles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from xg2.actors import GrammarRuntime
+from xg2.actors.spec import SessionSpec
+from xg2.errors import QuotaError, XG2Error
+
+from . import protocol as p
+from .engine import Engine, GenerationError, SamplingParams
+from .grammars import chat_session_spec, compile_error_to_request_error, completion_session_spec
+from .model import LoadedModel, load_model, tokenizer_info
+
+_log = logging.getLogger("xg2.serve")
+
+
+@dataclass
+class ReplicaOptions:
+    """A replica's settings (the `xg2 serve` flags and the Serve config's init args)."""
+
+    model: str = "default"
+    model_name: str | None = None           # the id /v1/models lists and responses carry
+    max_batch: int = 8
+    max_len: int = 4096
+    max_tokens_limit: int = 4096
+    default_max_tokens: int = 512
+    max_requests_per_tenant: int = 16       # in flight on this replica
+    max_sessions_per_tenant: int = 64
+    max_compiles_per_tenant: int = 1        # of the runtime's 2 compile workers
+    compile_timeout_s: float = 10.0
+    shards: list[str] = field(default_factory=list)
+    shard_namespace: str | None = None
+
+
+class TextStream:
+    """Generated tokens as text, piece by piece: a piece is released once it cannot change (no
+    half-written UTF-8 character at its end) and cannot be the start of a stop string."""
+
+    def __init__(self, tokenizer: Any, stops: list[str], markers: tuple[str, ...] = ()):
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        # held back: what may be the start of a stop string, or of a marker the caller looks for
+        self.hold = max((len(s) for s in (*self.stops, *markers)), default=1) - 1
+        self.tokens: list[int] = []
+        self.text = ""
+        self.sent = 0
+        self.stopped = False
+
+    def add(self, token: int) -> str:
+        """The text that can be released after `token` ('' if none); sets `stopped` when a stop
+        string appeared (the text is cut before it)."""
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=False)
+        if text.endswith("\ufffd"):
+            return ""
+        self.text = text
+        for s in self.stops:
+            at = text.find(s, max(0, self.sent - len(s)))
+            if at >= 0:
+                self.text = text[:at]
+                self.stopped = True
+                return self.flush()
+        end = len(text) - self.hold
+        if end <= self.sent:
+            return ""
+        piece, self.sent = text[self.sent:end], end
+        return piece
+
+    def flush(self) -> str:
+        piece, self.sent = self.text[self.sent:], len(self.text)
+        return piece
+
+
+class Replica:
+    """See the module note. One per process; its methods run on one event loop."""
+
+    def __init__(self, options: ReplicaOptions | None = None, *, loaded: LoadedModel | None = None):
+        self.options = o = options or ReplicaOptions()
+        self.loaded = loaded or load_model(o.model)
+        self.model_name = o.model_name or self.loaded.name
+        tier = None
+        if o.shards:
+            from xg2.actors.router import ShardRouter
+            from xg2.actors.tier import ShardedCache
+
+            tier = ShardedCache(ShardRouter(o.shards, namespace=o.shard_namespace))
+        self.runtime = GrammarRuntime(tokenizer_info(self.loaded), cache_tier=tier,
+                                      max_sessions_per_tenant=o.max_sessions_per_tenant,
+                                      max_compiles_per_tenant=o.max_compiles_per_tenant,
+                                      compile_timeout_s=o.compile_timeout_s)
+        self.engine = Engine(self.loaded.model, self.loaded.eos_token_ids, runtime=self.runtime,
+                             max_batch=o.max_batch, max_len=o.max_len, vocab_size=self.loaded.vocab_size)
+        self._in_flight: dict[str, int] = {}
+        self.counts = {"requests": 0, "constrained": 0, "failed": 0, "rejected": 0}
+        self.recent: list[dict] = []            # the last requests' timings (ttft, compile), bounded
+
+    # -- requests --------------------------------------------------------------------------------
+    def models(self) -> bytes:
+        return p.encode(p.ModelList(data=[p.ModelCard(id=self.model_name)]))
+
+    async def chat(self, tenant: str, body: bytes) -> bytes | AsyncIterator[bytes]:
+        """A `/v1/chat/completions` body: the response's JSON, or its server-sent events. Raises
+        RequestError (400, 429, ...) before any event is sent."""
+        req = p.decode_chat_request(body, max_tokens_limit=self.options.max_tokens_limit)
+        fmt = self.loaded.tool_format
+        try:
+            spec = chat_session_spec(req, tool_format=fmt)
+            prompt_text = self.loaded.chat_format.render(req.message_dicts(), req.tool_dicts() or None)
+        except ValueError as e:
+            raise p.RequestError(str(e), "/messages") from None
+        run = await self._start(tenant, req, spec, prompt_text, req.effective_max_tokens,
+                                lambda exc: compile_error_to_request_error(exc, req, tool_format=fmt))
+        tools = bool(req.tools) and spec is not None and req.tool_choice != "none"
+        if req.stream:
+            return self._chat_events(run, req, tools)
+        async with run:
+            text = await run.text()
+        content, calls = (self.loaded.chat_format.parse_tool_calls(text) if tools else (text, []))
+        finish = "tool_calls" if calls else run.finish_reason
+        message = p.ChatMessage(content=content if content else (None if calls else ""))
+        if calls:
+            message.tool_calls = [p.ResponseToolCall(id=c["id"], function=p.ResponseFunctionCall(
+                name=c["function"]["name"], arguments=c["function"]["arguments"])) for c in calls]
+        return p.encode(p.ChatCompletion(model=self.model_name, choices=[
+            p.ChatChoice(message=message, finish_reason=finish)], usage=run.usage()))
+
+    async def completions(self, tenant: str, body: bytes) -> bytes | AsyncIterator[bytes]:
+        """A `/v1/completions` body (with the grammar extensions): JSON or server-sent events."""
+        req = p.decode_completion_request(body, max_tokens_limit=self.options.max_tokens_limit)
+        spec = completion_session_spec(req)
+        run = await self._start(tenant, req, spec, req.prompt_text, req.effective_max_tokens,
+                                lambda exc: compile_error_to_request_error(exc, req))
+        if req.stream:
+            return self._completion_events(run, req)
+        async with run:
+            text = await run.text()
+        return p.encode(p.Completion(model=self.model_name, choices=[
+            p.CompletionChoice(text=text, finish_reason=run.finish_reason)], usage=run.usage()))
+
+    async def _start(self, tenant: str, req: Any, spec: Any, prompt_text: str, max_tokens: int | None,
+                     compile_error: Any) -> _Run:
+        """Admission (the tenant's bound), the prompt's tokens, the grammar session, the submit."""
+        held = self._in_flight.get(tenant, 0)
+        if held >= self.options.max_requests_per_tenant:
+            self.counts["rejected"] += 1
+            raise p.RequestError(f"too many requests in flight for this API key ({held}); retry later",
+                                 status=429, code="rate_limit_exceeded", type="rate_limit_error")
+        prompt = self.loaded.tokenizer.encode(prompt_text, add_special_tokens=False)
+        if len(prompt) >= self.engine.lm.max_len:
+            raise p.RequestError(f"the prompt has {len(prompt)} tokens; this model takes at most "
+                                 f"{self.engine.lm.max_len - 1}", "/messages", code="context_length_exceeded")
+        limit = self.engine.lm.max_len - len(prompt)
+        params = SamplingParams(
+            max_tokens=min(max_tokens or self.options.default_max_tokens, limit),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed)
+        self._in_flight[tenant] = held + 1
+        self.counts["requests"] += 1
+        t0 = time.perf_counter()
+        session = None
+        try:
+            if spec is not None:
+                self.counts["constrained"] += 1
+                session = await self.runtime.open(SessionSpec(grammar=spec, tenant=tenant))
+            compile_s = time.perf_counter() - t0
+            gen = self.engine.submit(prompt, params, session)
+        except BaseException as e:
+            self._done(tenant, session)
+            if isinstance(e, QuotaError):
+                raise p.RequestError(str(e), status=429, code="rate_limit_exceeded",
+                                     type="rate_limit_error") from None
+            if isinstance(e, XG2Error):
+                raise compile_error(e) from None
+            if isinstance(e, GenerationError):
+                raise p.RequestError(str(e), status=503, code="unavailable", type="server_error") from None
+            raise
+        return _Run(self, tenant, session, gen, prompt, req.stop_sequences, t0, compile_s)
+
+    def _done(self, tenant: str, session: Any) -> None:
+        n = self._in_flight.get(tenant, 1) - 1
+        if n > 0:
+            self._in_flight[tenant] = n
+        else:
+            self._in_flight.pop(tenant, None)
+        if session is not None:
+            self.runtime.close(session)
+
+    async def _chat_events(self, run: _Run, req: Any, tools: bool) -> AsyncIterator[bytes]:
+        cid, created = p.new_chat_id(), p.now()
+        usage_field = None if req.include_usage else p.UNSET
+
+        def chunk(delta: p.Delta, finish: str | None = None) -> bytes:
+            return p.sse_event(p.ChatCompletionChunk(id=cid, created=created, model=self.model_name,
+                                                     choices=[p.ChunkChoice(delta=delta, finish_reason=finish)],
+                                                     usage=usage_field))
+
+        async with run:
+            yield chunk(p.Delta(role="assistant", content=""))
+            held = []           # with tools: text from the first "<tool_call>" on waits for the end
+            async for piece in run.pieces():
+                if tools and (held or "<tool_call>" in run.stream.text):
+                    held.append(piece)
+                    continue
+                if piece:
+                    yield chunk(p.Delta(content=piece))
+            finish = run.finish_reason
+            if tools:
+                content, calls = self.loaded.chat_format.parse_tool_calls(run.stream.text)
+                sent = run.stream.text[:len(run.stream.text) - len("".join(held))]
+                rest = (content or "")[len(sent):] if content and content.startswith(sent) else ""
+                if rest:
+                    yield chunk(p.Delta(content=rest))
+                if calls:
+                    finish = "tool_calls"
+                    for i, c in enumerate(calls):
+                        yield chunk(p.Delta(tool_calls=[p.DeltaToolCall(
+                            index=i, id=c["id"], type="function", function=p.DeltaFunctionCall(
+                                name=c["function"]["name"], arguments=c["function"]["arguments"]))]))
+            yield chunk(p.Delta(), finish)
+            if req.include_usage:
+                yield p.sse_event(p.ChatCompletionChunk(id=cid, created=created, model=self.model_name,
+                                                        choices=[], usage=run.usage()))
+            yield p.SSE_DONE
+
+    async def _completion_events(self, run: _Run, req: Any) -> AsyncIterator[bytes]:
+        cid, created = p.new_completion_id(), p.now()
+        usage_field = None if req.include_usage else p.UNSET
+
+        def chunk(text: str, finish: str | None = None) -> bytes:
+            return p.sse_event(p.CompletionChunk(id=cid, created=created, model=self.model_name, choices=[
+                p.CompletionChoice(text=text, finish_reason=finish)], usage=usage_field))
+
+        async with run:
+            async for piece in run.pieces():
+                if piece:
+                    yield chunk(piece)
+            yield chunk("", run.finish_reason)
+            if req.include_usage:
+                yield p.sse_event(p.CompletionChunk(id=cid, created=created, model=self.model_name, choices=[],
+                                                    usage=run.usage()))
+            yield p.SSE_DONE
+
+    # -- state -------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        rt = self.runtime
+        out = {"requests": dict(self.counts), "engine": dict(self.engine.counts),
+               "steps": self.engine.exposed_mask_ms(), "runtime": dict(rt.stats),
+               "cache_bytes": rt.cache_bytes(), "open_sessions": rt.open_sessions(),
+               "compiler": rt.compiler.cache_stats(), "recent": list(self.recent[-64:])}
+        if rt.cache_tier is not None:
+            out["tier"] = rt.cache_tier.stats()
+        return out
+
+    async def close(self) -> None:
+        await self.engine.close()
+        await asyncio.to_thread(self.runtime.shutdown)
+
+
+class _Run:
+    """One request on the replica: its generation, its text, and its end (session closed,
+    the tenant's slot given back, its timings kept)."""
+
+    def __init__(self, replica: Replica, tenant: str, session: Any, gen: Any, prompt: list[int],
+                 stops: list[str], t0: float, compile_s: float):
+        self.replica, self.tenant, self.session, self.gen = replica, tenant, session, gen
+        self.prompt = prompt
+        self.stream = TextStream(replica.loaded.tokenizer, stops, ("<tool_call>",))
+        self.t0 = t0
+        self.compile_s = compile_s
+        self.finish_reason = "stop"
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.gen.cancel()
+        r = self.replica
+        r._done(self.tenant, self.session)
+        if exc[0] is not None:
+            r.counts["failed"] += 1
+        r.recent.append({"tenant": self.tenant, "prompt_tokens": len(self.prompt),
+                         "completion_tokens": self.gen.completion_tokens, "compile_ms": self.compile_s * 1e3,
+                         "ttft_ms": None if self.gen.first_token_s is None else self.gen.first_token_s * 1e3,
+                         "total_ms": (time.perf_counter() - self.t0) * 1e3, "finish": self.finish_reason})
+        del r.recent[:-256]
+
+    async def pieces(self) -> AsyncIterator[str]:
+        try:
+            async for token in self.gen:
+                piece = self.stream.add(token)
+                if self.stream.stopped:
+                    self.gen.cancel()
+                    if piece:
+                        yield piece
+                    self.finish_reason = "stop"
+                    return
+                if piece:
+                    yield piece
+        except GenerationError as e:
+            raise p.RequestError(str(e), status=503, code="unavailable", type="server_error") from None
+        piece = self.stream.flush()
+        if piece:
+            yield piece
+        self.finish_reason = "length" if self.gen.finish_reason == "length" else "stop"
+
+    async def text(self) -> str:
+        async for _ in self.pieces():
+            pass
+        return self.stream.text
+
+    def usage(self) -> p.Usage:
+        return p.Usage.of(len(self.prompt), self.gen.completion_tokens)
