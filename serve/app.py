@@ -7,8 +7,8 @@ service for engines that keep their own model.
   replica's runtime uses the same cache shards (named Ray actors), so a grammar one replica
   compiled is read by the others.
 - `MaskService` (deployment "xg2-masks"): a MatcherHost (xg2.actors.host) behind a handle:
-  `open(tenant, spec, first_mask)`, `step(tenant, request)` (StepClient's packed step: one call
-  per decode step for a whole batch), `step_rows` (whole rows), `close`, `fork`, `rollback`. It
+  `open(tenant, spec, first_mask)`, `step_packed(tenant, request)` (StepClient's packed step: one
+  call per decode step for a whole batch), `step_rows` (whole rows), `close`, `fork`, `rollback`. It
   runs as one replica: a session lives in the replica that opened it, and Serve's handle routing
   cannot pin a caller to a replica; one replica fills a whole batch in microseconds a row, so an
   engine process needs one (run one mask service application per engine if needed).
@@ -185,7 +185,7 @@ class MaskService:
     async def open(self, tenant: str, spec: Any, first_mask: bool = False) -> dict:
         return await self._typed(self.host.open(tenant, spec, first_mask))
 
-    async def step(self, tenant: str, request: bytes) -> bytes:
+    async def step_packed(self, tenant: str, request: bytes) -> bytes:
         return await self._typed(self.host.step_packed(tenant, request))
 
     async def step_rows(self, tenant: str, session_ids: list[str], tokens: list[int | None]) -> dict:

@@ -146,16 +146,19 @@ def _legacy_tag(structures: list[LegacyStructure], triggers: list[str], param: s
     return _Source(param, "invalid structural tag", StructuralTagSpec(tag), tag, remap, text)
 
 
-def _response_format_source(rf: ResponseFormat | None) -> _Source | None:
+def _response_format_source(rf: ResponseFormat | None, ws: bool = True) -> _Source | None:
+    """`ws`: JSON's whitespace allowed between tokens (False with
+    structured_outputs.disable_any_whitespace, which applies to every JSON grammar of a request)."""
     if isinstance(rf, ResponseFormatJSONSchema):
         js = rf.json_schema
         # OpenAI's strict=true is xgrammar's strict_mode (objects closed to the members they name);
         # an explicit strict=false asks for plain JSON Schema semantics (objects open unless they
         # say otherwise); omitted, xgrammar's and vLLM's default, strict_mode.
         return _Source("/response_format/json_schema/schema", "invalid JSON Schema",
-                       JSONSchemaSpec(js.schema, strict_mode=js.strict is not False), js.schema)
+                       JSONSchemaSpec(js.schema, strict_mode=js.strict is not False, any_whitespace=ws), js.schema)
     if isinstance(rf, ResponseFormatJSONObject):
-        return _Source("/response_format", "invalid JSON object format", JSONSchemaSpec(JSON_OBJECT_SCHEMA))
+        return _Source("/response_format", "invalid JSON object format",
+                       JSONSchemaSpec(JSON_OBJECT_SCHEMA, any_whitespace=ws))
     if isinstance(rf, ResponseFormatStructuralTag):
         if (rf.format is None) == (rf.structures is None):
             raise RequestError("a structural_tag response_format needs either 'format' or 'structures'",
@@ -201,11 +204,13 @@ def _grammar_source(req: _GrammarFields) -> _Source | None:
                            "with structured_outputs.disable_any_whitespace)", "/guided_whitespace_pattern",
                            code="unsupported_parameter")
     found: list[_Source] = []
-    rf = _response_format_source(req.response_format)
+    so = req.structured_outputs
+    ws = not (so is not None and so.disable_any_whitespace)
+    rf = _response_format_source(req.response_format, ws)
     if rf is not None:
         found.append(rf)
     if req.guided_json is not None:
-        found.append(_schema_spec(req.guided_json, "/guided_json"))
+        found.append(_schema_spec(req.guided_json, "/guided_json", any_whitespace=ws))
     if req.guided_regex is not None:
         found.append(_Source("/guided_regex", "invalid regex", RegexSpec(req.guided_regex)))
     if req.guided_grammar is not None:

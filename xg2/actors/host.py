@@ -239,6 +239,7 @@ class StepClient:
     afresh, so a mask is never taken from a book out of step)."""
 
     def __init__(self, host: Any, tenant: str, vocab_size: int):
+        """`host`: a MatcherHost actor's handle, or the Serve mask service's (serve.app)."""
         self.host = host
         self.tenant = tenant
         self.width = (vocab_size + 31) // 32
@@ -249,9 +250,7 @@ class StepClient:
 
     def open(self, spec: Any) -> str:
         """Open a session through the host, keeping its first mask (`mask(session_id)`)."""
-        import ray
-
-        reply = ray.get(self.host.open.remote(self.tenant, spec, True))
+        reply = _result(self.host.open.remote(self.tenant, spec, True))
         self._opened[reply["session"]] = reply["mask"]
         return reply["session"]
 
@@ -303,9 +302,7 @@ class StepClient:
     def collect(self, session_ids: Sequence[str], ref: Any,
                 out: np.ndarray | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
         """The step's (bitmask rows, accepted, ended)."""
-        import ray
-
-        return self.read(session_ids, ray.get(ref), out)
+        return self.read(session_ids, _result(ref), out)
 
     def step(self, session_ids: Sequence[str], tokens: Sequence[int | None],
              out: np.ndarray | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
@@ -317,6 +314,15 @@ class StepClient:
         for sid in session_ids:
             self._last.pop(sid, None)
             self._opened.pop(sid, None)
+
+
+def _result(ref: Any) -> Any:
+    """The value of a call: a Ray object ref (an actor's method), or a Serve handle's response."""
+    if hasattr(ref, "result"):
+        return ref.result()
+    import ray
+
+    return ray.get(ref)
 
 
 def host_actor_class(**options: Any):

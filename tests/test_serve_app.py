@@ -1,0 +1,262 @@
+"""The Serve application through the official `openai` client: a local application (the tiny
+random model, loopback only, started once for the module on the session's Ray).
+
+A random model is the hardest case for a grammar: whatever it samples, what comes back must be
+valid. A response that finished (`stop`, `tool_calls`) must parse and validate; one cut by
+`max_tokens` (`length`) must be a prefix the grammar accepts. Sampling is seeded, so each request
+gives the same output on every run.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import jsonschema
+import numpy as np
+import openai
+import pytest
+
+from xg2.actors import GrammarRuntime
+from xg2.errors import XG2Error
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+                                                                          "maximum": 99}},
+          "required": ["ok", "n"], "additionalProperties": False}
+TOOLS = [
+    {"type": "function", "function": {"name": "set_unit", "description": "Set the unit.", "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"],
+        "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+        "additionalProperties": False}}},
+]
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app(ray_local):
+    from serve.cli import Server
+
+    server = Server(model="tiny", port=_free_port(), shards=1, progress=False,
+                    options={"max_requests_per_tenant": 2, "max_tokens_limit": 512})
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from serve.model import load_model
+
+    return load_model("tiny", progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(loaded):
+    """An in-process runtime on the same vocabulary: the grammar's judgement of an output."""
+    from serve.model import tokenizer_info
+
+    return GrammarRuntime(tokenizer_info(loaded))
+
+
+def client(app, key: str = "tenant-a"):
+    return openai.OpenAI(base_url=app.url, api_key=key, max_retries=0, timeout=120)
+
+
+def accepted_by(reference, grammar: dict, text: str) -> bool:
+    """Whether the grammar accepts `text` (as a prefix of an output)."""
+    import asyncio
+
+    session = asyncio.run(reference.open({"grammar": grammar}))
+    try:
+        return session.matcher.accept_string(text)
+    finally:
+        reference.close(session)
+
+
+def test_health_models_and_keys(app):
+    with urllib.request.urlopen(app.url.removesuffix("/v1") + "/health") as r:
+        assert r.status == 200
+    assert [m.id for m in client(app).models.list().data] == ["tiny"]
+    body = json.dumps({"model": "tiny", "messages": MESSAGES, "max_tokens": 2}).encode()
+    request = urllib.request.Request(app.url + "/chat/completions", body, {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:          # no key: 401, OpenAI's error object
+        urllib.request.urlopen(request)
+    assert err.value.code == 401 and json.loads(err.value.read())["error"]["code"] == "invalid_api_key"
+
+
+def test_json_schema_responses_parse_and_validate(app, reference):
+    c = client(app)
+    finished = 0
+    for seed in range(6):
+        r = c.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=40, seed=seed,
+            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
+            extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+        choice = r.choices[0]
+        text = choice.message.content
+        assert r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0
+        if choice.finish_reason == "stop":
+            jsonschema.validate(json.loads(text), SCHEMA)
+            finished += 1
+        else:
+            assert choice.finish_reason == "length"
+            grammar = {"type": "json_schema", "schema": SCHEMA, "any_whitespace": False}
+            assert accepted_by(reference, grammar, text), text
+    assert finished >= 3
+
+
+def test_json_object_and_completions_grammars(app, reference):
+    c = client(app)
+    r = c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=24, seed=1,
+                                  response_format={"type": "json_object"})
+    text = r.choices[0].message.content
+    assert text.startswith("{")
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    regex = r"[a-c]{2,4}-[0-9]{1,2}"
+    r = c.completions.create(model="tiny", prompt="code:", max_tokens=12, seed=3, extra_body={"guided_regex": regex})
+    import re
+
+    assert r.choices[0].finish_reason == "stop" and re.fullmatch(regex, r.choices[0].text), r.choices[0].text
+    ebnf = 'root ::= "yes" | "no" | "maybe"'
+    r = c.completions.create(model="tiny", prompt="answer:", max_tokens=8, seed=0, extra_body={"guided_grammar": ebnf})
+    assert r.choices[0].text in ("yes", "no", "maybe")
+
+
+def test_tool_calls_parse_and_validate(app, reference):
+    c = client(app)
+    calls = 0
+    for seed in range(6):
+        for choice_arg in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            r = c.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=choice_arg,
+                                          max_tokens=120, seed=seed)
+            choice = r.choices[0]
+            if choice.finish_reason == "tool_calls":
+                for call in choice.message.tool_calls:
+                    tool = {t["function"]["name"]: t for t in TOOLS}[call.function.name]
+                    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+                    if isinstance(choice_arg, dict):
+                        assert call.function.name == "get_weather"
+                    calls += 1
+            else:
+                assert choice.finish_reason == "length" and not choice.message.tool_calls
+                grammar = {"type": "tools", "tools": TOOLS, "tool_choice": choice_arg}
+                assert accepted_by(reference, grammar, choice.message.content), choice.message.content
+    assert calls >= 4
+
+
+def test_streaming_gives_what_the_whole_response_gives(app):
+    c = client(app)
+    kwargs = {"model": "tiny", "messages": MESSAGES, "max_tokens": 30, "seed": 7}
+    whole = c.chat.completions.create(**kwargs)
+    chunks = list(c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    # a streamed tool call arrives whole in tool_calls deltas
+    for seed in range(4):
+        stream = c.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                           max_tokens=120, seed=seed, stream=True)
+        deltas = [ch.choices[0] for ch in stream if ch.choices]
+        if deltas[-1].finish_reason == "tool_calls":
+            calls = [tc for d in deltas for tc in (d.delta.tool_calls or [])]
+            assert calls and all(json.loads(tc.function.arguments) is not None for tc in calls)
+            return
+    pytest.fail("no streamed request of four finished with a tool call")
+
+
+def test_bad_requests_get_400_with_a_pointer(app):
+    c = client(app)
+    bad_schema = {"type": "object", "properties": {"a": {"type": "strin"}}}
+    cases = [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": bad_schema}}},
+         "/response_format/json_schema/schema/properties/a/type"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "/tool_choice/function/name"),
+        ({"tools": [TOOLS[0], {"type": "function", "function": {"name": "b", "parameters": bad_schema}}]},
+         "/tools/1/function/parameters/properties/a/type"),
+        ({"temperature": 7}, "/temperature"),
+    ]
+    for extra, pointer in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, **extra)
+        assert err.value.status_code == 400 and err.value.body["param"] == pointer, err.value.body
+    with pytest.raises(openai.BadRequestError) as err:
+        c.completions.create(model="tiny", prompt="x", max_tokens=4, extra_body={"guided_grammar": 'root ::= "a" |'})
+    assert err.value.body["param"] == "/guided_grammar" and "line 1" in err.value.body["message"]
+
+
+def test_two_tenants_limits_are_kept_apart(app):
+    """Tenant A at its bound of requests in flight (2 here) is refused a third with 429; tenant B,
+    at the same moment, is served."""
+    a = client(app, "tenant-a")
+    started = threading.Barrier(3)
+    streams = []
+
+    def hold():
+        s = a.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=400, seed=1, stream=True)
+        it = iter(s)
+        next(it)
+        streams.append(s)
+        started.wait(timeout=60)
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    for t in threads:
+        t.start()
+    started.wait(timeout=60)
+    try:
+        with pytest.raises(openai.RateLimitError):
+            a.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+        r = client(app, "tenant-b").chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+        assert r.choices[0].finish_reason in ("stop", "length")
+    finally:
+        for s in streams:
+            s.close()
+        for t in threads:
+            t.join(timeout=60)
+
+
+def test_mask_service_handle_gives_the_in_process_masks(app, loaded, reference):
+    """The mask service through its Serve handle: open, packed steps (StepClient), close; each
+    row equals an in-process session's."""
+    import asyncio
+
+    from ray import serve
+
+    from xg2.actors.host import StepClient
+
+    handle = serve.get_app_handle("xg2-masks")
+    spec = {"grammar": {"type": "json_schema", "schema": SCHEMA}}
+    client_ = StepClient(handle, "engine-1", loaded.vocab_size)
+    sid = client_.open(spec)
+    local = asyncio.run(reference.open(spec))
+    width = (loaded.vocab_size + 31) // 32
+    row = np.zeros((1, width), np.int32)
+    text = '{"ok": true, "n": 42}'
+    tokens = loaded.tokenizer.encode(text, add_special_tokens=False)
+    try:
+        reference.fill([local], row)
+        assert np.array_equal(client_.mask(sid), row[0])
+        for t in tokens:
+            rows, accepted, ended = client_.step([sid], [t])
+            assert reference.accept([local], [t]) == [True] and accepted == [True] and ended == [False]
+            reference.fill([local], row)
+            assert np.array_equal(rows[0], row[0])
+        assert handle.close.remote("engine-1", [sid]).result() == 1
+        with pytest.raises(XG2Error):
+            client_.step([sid], [None])
+    finally:
+        reference.close(local)
