@@ -49,6 +49,11 @@ def tenant_of(request: Request, api_keys: dict[str, str] | None) -> str:
         if tenant is None:
             raise p.RequestError("unknown API key", status=401, code="invalid_api_key")
         return tenant
+    return tenant_name(key)
+
+
+def tenant_name(key: str) -> str:
+    """The tenant an API key is when no key list is configured: a digest, never the key itself."""
     return "key-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
 
 

@@ -68,7 +68,12 @@ class Server:
                 **self.options}
         if self.api_keys is not None:
             args["api_keys"] = self.api_keys
-        self.say(f"starting {self.replicas} model replica(s) and {self.shards} cache shard(s)")
+        self.say(f"starting {self.shards} cache shard(s), {self.replicas} model replica(s)")
+        # the shards first: a replica's first requests should not wait for an actor to start
+        from xg2.actors.router import ShardRouter
+
+        router = ShardRouter([f"{self.shard_prefix}-{i}" for i in range(self.shards)], namespace="xg2")
+        ray.get([router._handle(i).ping.remote() for i in range(self.shards)])
         serve.run(build(args), name="xg2", route_prefix="/")
         if self.mask_service:
             serve.run(build_masks({"model": self.model, "shards": self.shards, "shard_prefix": self.shard_prefix,

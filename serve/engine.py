@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import logging
 import os
 import threading
 import time
@@ -34,6 +35,8 @@ import torch
 import xg2
 
 from .slots import SlotModel
+
+_log = logging.getLogger("xg2.serve")
 
 
 @dataclass
@@ -178,11 +181,19 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            self._admit_one(await self._next_prefill(loop))
-            self._retire()
-            if self._active:
-                await self._step(loop)
+            try:
+                self._admit_one(await self._next_prefill(loop))
                 self._retire()
+                if self._active:
+                    await self._step(loop)
+                    self._retire()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:      # noqa: BLE001 - a bug here fails the batch, never the replica
+                _log.exception("decoding step failed")
+                for g in self._active:
+                    g._finish("error", GenerationError(f"decoding failed: {type(e).__name__}: {e}"))
+                self._active = []
 
     async def _next_prefill(self, loop: asyncio.AbstractEventLoop) -> tuple[Generation, torch.Tensor] | None:
         """Prefill the next queued request into the first free row (one per step, so a burst of
@@ -232,7 +243,8 @@ class Engine:
             return picked
 
         pending = loop.run_in_executor(self._forward, forward)
-        sessions = [g.session for g in active]
+        # a cancelled request's session may be closed by its caller at any await from here on
+        sessions = [None if g.cancelled or g.done else g.session for g in active]
         fill_end = t0
         try:
             if any(s is not None for s in sessions):
@@ -269,7 +281,8 @@ class Engine:
         """The sessions accept their tokens, the tokens go to their requests; returns the seconds
         the sessions took."""
         t1 = time.perf_counter()
-        todo = [(g, t) for g, t in zip(gens, picked) if g.session is not None and t not in self.stop_ids]
+        todo = [(g, t) for g, t in zip(gens, picked)
+                if g.session is not None and not (g.cancelled or g.done or g.session.closed) and t not in self.stop_ids]
         if todo:
             ok = self.runtime.accept([g.session for g, _ in todo], [t for _, t in todo])
             for (g, t), accepted in zip(todo, ok):

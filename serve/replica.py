@@ -101,7 +101,10 @@ class Replica:
             from xg2.actors.router import ShardRouter
             from xg2.actors.tier import ShardedCache
 
-            tier = ShardedCache(ShardRouter(o.shards, namespace=o.shard_namespace))
+            router = ShardRouter(o.shards, namespace=o.shard_namespace)
+            for i in range(len(o.shards)):
+                router._handle(i)           # looked up (or started) now, not on the first request
+            tier = ShardedCache(router)
         self.runtime = GrammarRuntime(tokenizer_info(self.loaded), cache_tier=tier,
                                       max_sessions_per_tenant=o.max_sessions_per_tenant,
                                       max_compiles_per_tenant=o.max_compiles_per_tenant,

@@ -61,6 +61,7 @@ class SlotModel:
         self.lengths = [0] * max_rows
         self._alloc(min(initial_len, self.max_len))
 
+    @torch.inference_mode()
     def _alloc(self, length: int) -> None:
         shape = (len(self.layers), self.max_rows, self.n_kv, length, self.head_dim)
         k = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -88,6 +89,7 @@ class SlotModel:
     def reset(self, row: int) -> None:
         self.lengths[row] = 0
 
+    @torch.inference_mode()
     def move(self, src: int, dst: int) -> None:
         """Move a sequence's cache from row src to row dst (to keep the active rows packed)."""
         if src == dst:

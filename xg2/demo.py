@@ -77,10 +77,10 @@ def run(tokenizer_path: Path) -> None:
             print(f"  step {i:3d}: {counts[i]:6d} tokens allowed, chose {tok.decode([ids[i]])!r}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER, help="HF tokenizer.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if not args.tokenizer.exists():
         raise SystemExit(f"tokenizer not found: {args.tokenizer} (pass --tokenizer PATH to a tokenizer.json)")
     run(args.tokenizer)
