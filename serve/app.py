@@ -94,7 +94,12 @@ class _Metrics:
             ("open_sessions", "grammar sessions open"), ("cache_bytes", "bytes in the replica's caches"),
             ("step_forward_ms", "median forward time per step"), ("step_fill_ms", "median mask fill per step"),
             ("step_mask_exposed_ms", "median mask time not hidden by the forward, per step"))}
+        self.compile_ms = metrics.Histogram(
+            "xg2_grammar_ready_ms", description="time from a request's arrival to its grammar session, by "
+            "where the grammar came from (local, shards, compiled)",
+            boundaries=[0.1, 1, 5, 10, 25, 50, 100, 250, 1000, 5000], tag_keys=("tier",))
         self._last: dict[str, float] = {}
+        self._seen_recent = 0
 
     def update(self) -> None:
         try:
@@ -108,6 +113,11 @@ class _Metrics:
                 if delta > 0:
                     self.counters[name].inc(delta)
                 self._last[name] = value
+            new = min(len(r.recent), r.finished - self._seen_recent)
+            for rec in r.recent[len(r.recent) - new:] if new > 0 else []:
+                if rec["grammar_from"] != "none":
+                    self.compile_ms.observe(rec["compile_ms"], tags={"tier": rec["grammar_from"]})
+            self._seen_recent = r.finished
             self.gauges["open_sessions"].set(r.runtime.open_sessions())
             cb = r.runtime.cache_bytes()
             self.gauges["cache_bytes"].set(cb["grammars"] + cb["compiler"])

@@ -38,6 +38,7 @@ class ReplicaOptions:
 
     model: str = "default"
     model_name: str | None = None           # the id /v1/models lists and responses carry
+    tool_format: str = "qwen_3"             # the model's tool-call format (xg2.get_model_structural_tag)
     max_batch: int = 8
     max_len: int = 4096
     max_tokens_limit: int = 4096
@@ -94,7 +95,7 @@ class Replica:
 
     def __init__(self, options: ReplicaOptions | None = None, *, loaded: LoadedModel | None = None):
         self.options = o = options or ReplicaOptions()
-        self.loaded = loaded or load_model(o.model)
+        self.loaded = loaded or load_model(o.model, tool_format=o.tool_format)
         self.model_name = o.model_name or self.loaded.name
         tier = None
         if o.shards:
@@ -114,6 +115,7 @@ class Replica:
         self._in_flight: dict[str, int] = {}
         self.counts = {"requests": 0, "constrained": 0, "failed": 0, "rejected": 0}
         self.recent: list[dict] = []            # the last requests' timings (ttft, compile), bounded
+        self.finished = 0
 
     # -- requests --------------------------------------------------------------------------------
     def models(self) -> bytes:
@@ -180,9 +182,12 @@ class Replica:
         t0 = time.perf_counter()
         session = None
         try:
+            tier = "none"
             if spec is not None:
                 self.counts["constrained"] += 1
+                before = dict(self.runtime.stats)
                 session = await self.runtime.open(SessionSpec(grammar=spec, tenant=tenant))
+                tier = _tier_of(before, self.runtime.stats)
             compile_s = time.perf_counter() - t0
             gen = self.engine.submit(prompt, params, session)
         except BaseException as e:
@@ -195,7 +200,9 @@ class Replica:
             if isinstance(e, GenerationError):
                 raise p.RequestError(str(e), status=503, code="unavailable", type="server_error") from None
             raise
-        return _Run(self, tenant, session, gen, prompt, req.stop_sequences, t0, compile_s)
+        run = _Run(self, tenant, session, gen, prompt, req.stop_sequences, t0, compile_s)
+        run.tier = tier
+        return run
 
     def _done(self, tenant: str, session: Any) -> None:
         n = self._in_flight.get(tenant, 1) - 1
@@ -277,6 +284,17 @@ class Replica:
         await asyncio.to_thread(self.runtime.shutdown)
 
 
+def _tier_of(before: dict, after: dict) -> str:
+    """Where an open's grammar came from, by the runtime's counters around it: "local" (this
+    replica's cache, or a compile in flight), "shards" (the cache shards), "compiled" (built here).
+    Concurrent opens can blur it; it is for metrics and reports."""
+    if after["tier_grammar_hits"] > before["tier_grammar_hits"]:
+        return "shards"
+    if after["compiles"] > before["compiles"]:
+        return "compiled"
+    return "local"
+
+
 class _Run:
     """One request on the replica: its generation, its text, and its end (session closed,
     the tenant's slot given back, its timings kept)."""
@@ -289,6 +307,7 @@ class _Run:
         self.t0 = t0
         self.compile_s = compile_s
         self.finish_reason = "stop"
+        self.tier = "none"
 
     async def __aenter__(self):
         return self
@@ -299,7 +318,8 @@ class _Run:
         r._done(self.tenant, self.session)
         if exc[0] is not None:
             r.counts["failed"] += 1
-        r.recent.append({"tenant": self.tenant, "prompt_tokens": len(self.prompt),
+        r.finished += 1
+        r.recent.append({"tenant": self.tenant, "grammar_from": self.tier, "prompt_tokens": len(self.prompt),
                          "completion_tokens": self.gen.completion_tokens, "compile_ms": self.compile_s * 1e3,
                          "ttft_ms": None if self.gen.first_token_s is None else self.gen.first_token_s * 1e3,
                          "total_ms": (time.perf_counter() - self.t0) * 1e3, "finish": self.finish_reason})
