@@ -2,9 +2,10 @@
 """Masking logits on the CPU: one pass over the bitmask words, without the GIL.
 
 A decode step masks every structured request's row of a (batch, vocab) logits buffer. Words whose
-32 tokens are all allowed are skipped with one compare, and only the banned tokens of the others are
-written, so a mask that allows most of the vocabulary costs a read of the bitmask, and one that
-allows a few tokens costs one store per banned token. Torch's and numpy's vectorised forms unpack
+32 tokens are all allowed are skipped with one compare, words whose 32 tokens are all banned are
+written with 32 plain stores (which the compiler vectorises), and only the banned tokens of the
+others are written one by one: a mask that allows most of the vocabulary costs a read of the
+bitmask, and one that allows a few tokens (a JSON state) about a store per word. Torch's and numpy's vectorised forms unpack
 every bit of every row into a temporary first.
 """
 
@@ -39,6 +40,14 @@ cdef void _mask_row(char* row, int kind, const int32_t* words, int64_t vocab_siz
         base = w * 32
         if vocab_size - base < 32:
             banned &= (<uint32_t>1 << (vocab_size - base)) - 1
+        elif banned == <uint32_t>0xFFFFFFFFu:      # a whole word banned (most of a JSON state's row): 32 plain stores
+            if kind == 0:
+                for t in range(base, base + 32):
+                    f32[t] = -INFINITY
+            else:
+                for t in range(base, base + 32):
+                    f16[t] = ninf16
+            continue
         while banned:
             t = base + xg2_ctz32(banned)
             banned &= banned - 1
