@@ -44,6 +44,8 @@ class ReplicaOptions:
     max_tokens_limit: int = 4096
     default_max_tokens: int = 512
     max_requests_per_tenant: int = 16       # in flight on this replica
+    max_body_bytes: int = 4 << 20           # a request body past this is refused (413) before it is decoded
+    max_tools: int = 128                    # tools in one request (OpenAI's own limit)
     max_sessions_per_tenant: int = 64
     max_compiles_per_tenant: int = 1        # of the runtime's 2 compile workers
     compile_timeout_s: float = 10.0
@@ -124,7 +126,11 @@ class Replica:
     async def chat(self, tenant: str, body: bytes) -> bytes | AsyncIterator[bytes]:
         """A `/v1/chat/completions` body: the response's JSON, or its server-sent events. Raises
         RequestError (400, 429, ...) before any event is sent."""
+        self._check_size(body)
         req = p.decode_chat_request(body, max_tokens_limit=self.options.max_tokens_limit)
+        if req.tools and len(req.tools) > self.options.max_tools:
+            raise p.RequestError(f"{len(req.tools)} tools; at most {self.options.max_tools} in one request", "/tools",
+                                 code="invalid_value")
         fmt = self.loaded.tool_format
         try:
             spec = chat_session_spec(req, tool_format=fmt)
@@ -149,6 +155,7 @@ class Replica:
 
     async def completions(self, tenant: str, body: bytes) -> bytes | AsyncIterator[bytes]:
         """A `/v1/completions` body (with the grammar extensions): JSON or server-sent events."""
+        self._check_size(body)
         req = p.decode_completion_request(body, max_tokens_limit=self.options.max_tokens_limit)
         spec = completion_session_spec(req)
         run = await self._start(tenant, req, spec, req.prompt_text, req.effective_max_tokens,
@@ -159,6 +166,11 @@ class Replica:
             text = await run.text()
         return p.encode(p.Completion(model=self.model_name, choices=[
             p.CompletionChoice(text=text, finish_reason=run.finish_reason)], usage=run.usage()))
+
+    def _check_size(self, body: bytes) -> None:
+        if len(body) > self.options.max_body_bytes:
+            raise p.RequestError(f"the request body is {len(body)} bytes; at most {self.options.max_body_bytes}",
+                                 status=413, code="request_too_large")
 
     async def _start(self, tenant: str, req: Any, spec: Any, prompt_text: str, max_tokens: int | None,
                      compile_error: Any) -> _Run:
