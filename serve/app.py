@@ -21,6 +21,7 @@ never by the key itself).
 
 import hashlib
 import logging
+import os
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -171,7 +172,9 @@ class ModelServer:
     async def stats(self) -> Response:
         """This replica's figures: requests, steps (forward, fill, mask time exposed), runtime and
         cache tiers (hits, bytes)."""
-        return Response(p.encode(self.replica.stats()), media_type="application/json")
+        stats = self.replica.stats()
+        stats["replica"] = {"pid": os.getpid(), "id": serve.get_replica_context().replica_id.unique_id}
+        return Response(p.encode(stats), media_type="application/json")
 
     async def check_health(self) -> None:
         if self.replica.engine._closed:

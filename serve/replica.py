@@ -137,9 +137,10 @@ class Replica:
             prompt_text = self.loaded.chat_format.render(req.message_dicts(), req.tool_dicts() or None)
         except ValueError as e:
             raise p.RequestError(str(e), "/messages") from None
-        run = await self._start(tenant, req, spec, prompt_text, req.effective_max_tokens,
-                                lambda exc: compile_error_to_request_error(exc, req, tool_format=fmt))
         tools = bool(req.tools) and spec is not None and req.tool_choice != "none"
+        run = await self._start(tenant, req, spec, prompt_text, req.effective_max_tokens,
+                                lambda exc: compile_error_to_request_error(exc, req, tool_format=fmt),
+                                markers=("<tool_call>",) if tools else ())
         if req.stream:
             return self._chat_events(run, req, tools)
         async with run:
@@ -173,7 +174,7 @@ class Replica:
                                  status=413, code="request_too_large")
 
     async def _start(self, tenant: str, req: Any, spec: Any, prompt_text: str, max_tokens: int | None,
-                     compile_error: Any) -> _Run:
+                     compile_error: Any, markers: tuple[str, ...] = ()) -> _Run:
         """Admission (the tenant's bound), the prompt's tokens, the grammar session, the submit."""
         held = self._in_flight.get(tenant, 0)
         if held >= self.options.max_requests_per_tenant:
@@ -212,7 +213,7 @@ class Replica:
             if isinstance(e, GenerationError):
                 raise p.RequestError(str(e), status=503, code="unavailable", type="server_error") from None
             raise
-        run = _Run(self, tenant, session, gen, prompt, req.stop_sequences, t0, compile_s)
+        run = _Run(self, tenant, session, gen, prompt, req.stop_sequences, t0, compile_s, markers)
         run.tier = tier
         return run
 
@@ -312,14 +313,15 @@ class _Run:
     the tenant's slot given back, its timings kept)."""
 
     def __init__(self, replica: Replica, tenant: str, session: Any, gen: Any, prompt: list[int],
-                 stops: list[str], t0: float, compile_s: float):
+                 stops: list[str], t0: float, compile_s: float, markers: tuple[str, ...] = ()):
         self.replica, self.tenant, self.session, self.gen = replica, tenant, session, gen
         self.prompt = prompt
-        self.stream = TextStream(replica.loaded.tokenizer, stops, ("<tool_call>",))
+        self.stream = TextStream(replica.loaded.tokenizer, stops, markers)
         self.t0 = t0
         self.compile_s = compile_s
         self.finish_reason = "stop"
         self.tier = "none"
+        self.completed = False      # the whole answer was produced (a client gone after it is no failure)
 
     async def __aenter__(self):
         return self
@@ -328,7 +330,7 @@ class _Run:
         self.gen.cancel()
         r = self.replica
         r._done(self.tenant, self.session)
-        if exc[0] is not None:
+        if exc[0] is not None and not self.completed:
             r.counts["failed"] += 1
         r.finished += 1
         r.recent.append({"tenant": self.tenant, "grammar_from": self.tier, "prompt_tokens": len(self.prompt),
@@ -343,18 +345,20 @@ class _Run:
                 piece = self.stream.add(token)
                 if self.stream.stopped:
                     self.gen.cancel()
+                    self.finish_reason = "stop"
+                    self.completed = True
                     if piece:
                         yield piece
-                    self.finish_reason = "stop"
                     return
                 if piece:
                     yield piece
         except GenerationError as e:
             raise p.RequestError(str(e), status=503, code="unavailable", type="server_error") from None
         piece = self.stream.flush()
+        self.finish_reason = "length" if self.gen.finish_reason == "length" else "stop"
+        self.completed = True
         if piece:
             yield piece
-        self.finish_reason = "length" if self.gen.finish_reason == "length" else "stop"
 
     async def text(self) -> str:
         async for _ in self.pieces():
