@@ -30,9 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-from xg2._ext.bitmask import FLOAT32, mask_rows
 
 import xg2
 
@@ -274,15 +272,8 @@ class Engine:
         t0 = time.perf_counter()
         constrained = [k for k, g in enumerate(gens) if g.session is not None]
         if constrained:
-            if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
-                # the engine's own buffers, checked here: the C kernel straight away (xg2's public
-                # apply_token_bitmask_inplace checks every argument, ~50 µs with cold caches)
-                mask_rows(logits.data_ptr(), logits.stride(0) * 4, FLOAT32, self.bitmask.data_ptr(),
-                          self.bitmask.stride(0), np.asarray(constrained, np.int64),
-                          min(self.vocab_size, logits.shape[1]))
-            else:
-                xg2.apply_token_bitmask_inplace(logits, self.bitmask[:len(gens)], vocab_size=self.vocab_size,
-                                                indices=constrained)
+            xg2.apply_token_bitmask_inplace(logits, self.bitmask[:len(gens)], vocab_size=self.vocab_size,
+                                            indices=constrained)
         mask_s = time.perf_counter() - t0
         return _sample(logits, gens), mask_s
 
