@@ -49,6 +49,10 @@ class ReplicaOptions:
     max_sessions_per_tenant: int = 64
     max_compiles_per_tenant: int = 1        # of the runtime's 2 compile workers
     compile_timeout_s: float = 10.0
+    # This process's grammar caches (the cache shards are the tier behind them): compiled grammars
+    # by content key, and the compiler's own (modules, the entry pool, grammars by source).
+    grammar_cache_mb: int = 64
+    compiler_cache_mb: int = 128
     shards: list[str] = field(default_factory=list)
     shard_namespace: str | None = None
 
@@ -111,7 +115,9 @@ class Replica:
         self.runtime = GrammarRuntime(tokenizer_info(self.loaded), cache_tier=tier,
                                       max_sessions_per_tenant=o.max_sessions_per_tenant,
                                       max_compiles_per_tenant=o.max_compiles_per_tenant,
-                                      compile_timeout_s=o.compile_timeout_s)
+                                      compile_timeout_s=o.compile_timeout_s,
+                                      grammar_cache_bytes=o.grammar_cache_mb << 20,
+                                      cache_limit_bytes=o.compiler_cache_mb << 20)
         self.engine = Engine(self.loaded.model, self.loaded.eos_token_ids, runtime=self.runtime,
                              max_batch=o.max_batch, max_len=o.max_len, vocab_size=self.loaded.vocab_size)
         self._in_flight: dict[str, int] = {}

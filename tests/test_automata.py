@@ -388,3 +388,44 @@ def test_errors_and_threads_leave_the_builder_usable():
     with ThreadPoolExecutor(4) as pool:
         for got in pool.map(lambda _: [F.build_dfa(b, index) for b in bodies], range(8)):
             assert got == want
+
+
+def _deep_size(obj, seen) -> int:
+    import sys
+
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, (tuple, list, set, frozenset)):
+        size += sum(_deep_size(x, seen) for x in obj)
+    return size
+
+
+def test_the_automaton_size_estimate_is_near_what_python_holds():
+    """Cache budgets count automata by fsm_nbytes: it must not undercount what they really hold."""
+    from xg2.grammar import fsm
+
+    fsm.clear_automata_memo()
+    xg2.Grammar.from_json_schema({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 40}, "when": {"type": "string", "format": "date-time"},
+        "n": {"type": "integer", "minimum": -5, "maximum": 12345}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}}}})
+    lowered = xg2.compiler.lower(xg2.Grammar.from_json_schema({"type": "string", "format": "email"}).ir)
+    automata = [entry[0] for entry in fsm._AUTOMATA.values()] + list(lowered.fsms)
+    real = sum(_deep_size((f.byte_edges, f.rule_edges, f.finals), set()) for f in automata)
+    estimate = sum(fsm.fsm_nbytes(f) for f in automata)
+    assert 0.9 * real <= estimate <= 2.0 * real
+
+
+def test_the_automata_memo_is_bounded_by_bytes(monkeypatch):
+    from xg2.grammar import fsm
+
+    fsm.clear_automata_memo()
+    monkeypatch.setattr(fsm, "MAX_MEMO_AUTOMATA_BYTES", 200_000)
+    for k in range(40):
+        xg2.compiler.lower(xg2.Grammar.from_json_schema(
+            {"type": "object", "properties": {f"k{k}_{i}": {"type": "string", "maxLength": k + i} for i in range(6)}}).ir)
+    assert 0 < fsm.automata_memo_bytes() <= 200_000
+    assert fsm.automata_memo_bytes() == sum(size for _f, size in fsm._AUTOMATA.values())
+    fsm.clear_automata_memo()
+    assert fsm.automata_memo_bytes() == 0

@@ -22,6 +22,7 @@ from .grammar import budget
 from .grammar.fsm import (
     RuleFSM,
     byte_tables,
+    fsm_nbytes,
     nullable_rules,
     productive_rules,
     prune,
@@ -67,6 +68,17 @@ class LoweredGrammar:
     @property
     def n_nodes(self) -> int:
         return len(self.arrays["node_rule"])
+
+    @property
+    def python_bytes(self) -> int:
+        """What the automata and keys kept beside the tables hold as Python objects (estimated:
+        see fsm_nbytes); a cache budget that counted the tables alone undercounted a tool-calling
+        grammar about five times."""
+        n = sum(fsm_nbytes(f) for f in self.fsms) if self.fsms is not None else 0
+        if self._keys is not None:
+            n += 2 * 90 * len(self._keys.rule)
+            n += sum(64 + 40 * len(c) for c in self._keys.canon if c is not None)
+        return n
 
 
 #: Default `compile_timeout_ms`: a few seconds. Every ordinary large input measured here (hundreds
@@ -265,14 +277,22 @@ class CompiledGrammar:
 
     @property
     def memory_size_bytes(self) -> int:
-        """Tables plus the mask entries built so far (pooled ones included)."""
-        return int(self._core.cache_bytes) + self.tables_bytes
+        """What it holds (see held_bytes) plus the mask entries built so far (pooled ones included)."""
+        return int(self._core.cache_bytes) + self.held_bytes
 
     @property
     def tables_bytes(self) -> int:
+        """The part that does not change once compiled: tables, and automata and keys kept beside them."""
         if self._tables_bytes is None:
-            self._tables_bytes = int(sum(a.nbytes for a in self._lowered.arrays.values())) + self._core.own_bytes
+            self._tables_bytes = (int(sum(a.nbytes for a in self._lowered.arrays.values()))
+                                  + self._lowered.python_bytes)
         return self._tables_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Everything but the entries, now: the tables, and the C working memory (parsers and
+        transition memo) of the entry builder, which grows as entries are built."""
+        return self.tables_bytes + int(self._core.heap_bytes)
 
     @property
     def rule_hashes(self) -> dict[str, str]:
@@ -899,19 +919,27 @@ class GrammarCompiler:
             while self._cache and sum(c.memory_size_bytes for c in self._cache.values()) > self.cache_limit_bytes:
                 self._cache.pop(next(iter(self._cache)))
             return
-        while self._cache and self._held_bytes + self._pool.nbytes > self.cache_limit_bytes:
-            self._held_bytes -= self._cache.pop(next(iter(self._cache))).tables_bytes
-        while self._modules and self._held_bytes + self._pool.nbytes > self.cache_limit_bytes:
+        heap = self._heap_bytes()
+        while self._cache and self._held_bytes + heap + self._pool.nbytes > self.cache_limit_bytes:
+            old = self._cache.pop(next(iter(self._cache)))
+            self._held_bytes -= old.tables_bytes
+            heap -= int(old._core.heap_bytes)
+        while self._modules and self._held_bytes + heap + self._pool.nbytes > self.cache_limit_bytes:
             self._held_bytes -= self._modules.popitem(last=False)[1].nbytes
-        self._pool.set_limit(max(0, self.cache_limit_bytes - self._held_bytes))
+        self._pool.set_limit(max(0, self.cache_limit_bytes - self._held_bytes - heap))
+
+    def _heap_bytes(self) -> int:
+        """The cached grammars' C working memory as it is now (it grows after they are cached)."""
+        return sum(int(c._core.heap_bytes) for c in self._cache.values())
 
     def get_cache_size_bytes(self) -> int:
         """Bytes held by the caches: the pool's entries and the cached grammars' tables (without
         the pool, the cached grammars' own entries)."""
         with self._lock:
+            self._evict()       # the working memory of entry builds grew since the last compile
             if self._pool is None:
                 return sum(c.memory_size_bytes for c in self._cache.values())
-            return self._pool.nbytes + self._held_bytes
+            return self._pool.nbytes + self._held_bytes + self._heap_bytes()
 
     def cache_stats(self) -> dict[str, int]:
         """Pool counters: entries, bytes, hits, partial_hits, misses, evictions; plus grammars."""

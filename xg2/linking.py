@@ -77,7 +77,8 @@ class Module:
     @property
     def nbytes(self) -> int:
         if self._nbytes is None:
-            self._nbytes = int(sum(a.nbytes for a in self.lowered.arrays.values()))
+            # tables, plus the automata kept for frames and the keys (Python objects, estimated)
+            self._nbytes = int(sum(a.nbytes for a in self.lowered.arrays.values())) + self.lowered.python_bytes
         return self._nbytes
 
     @property

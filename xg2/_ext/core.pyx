@@ -354,6 +354,23 @@ cdef struct Parser:
     int32_t n_static      # leading sets that are never popped (the context parser's caller sets)
 
 
+cdef int64_t _parser_bytes(const Parser* p) noexcept nogil:
+    if p.items == NULL:
+        return 0
+    return (p.cap_items * sizeof(item_t) + p.cap_sets * (sizeof(int64_t) + 1 + 2 * sizeof(int32_t))
+            + (<int64_t>p.hmask + 1) * (sizeof(item_t) + sizeof(uint32_t)) + p.cap_id_pos * sizeof(int32_t))
+
+
+cdef int64_t _memo_bytes(const Memo* m) noexcept nogil:
+    if m.pool == NULL:
+        return 0
+    return (m.pool_cap * sizeof(item_t)
+            + <int64_t>m.cap_ids * (sizeof(int64_t) + sizeof(int32_t) + 1 + sizeof(uint64_t) + sizeof(int32_t))
+            + (<int64_t>m.ih_mask + 1) * sizeof(int32_t)
+            + (<int64_t>m.th_mask + 1) * (sizeof(uint64_t) + sizeof(int32_t))
+            + <int64_t>m.dense_cap * 256 * sizeof(int32_t))
+
+
 cdef int p_init(Parser* p) noexcept nogil:
     p.cap_items = 1024
     p.items = <item_t*>malloc(p.cap_items * sizeof(item_t))
@@ -1860,7 +1877,6 @@ cdef class CompiledCore:
     cdef const uint8_t* rule_shared   # per rule: its entries go through the pool
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
-    cdef readonly int64_t own_bytes   # what the core allocates per node beside the tables (not entries)
 
     def __cinit__(self):
         self.entries = NULL
@@ -1988,12 +2004,21 @@ cdef class CompiledCore:
         self.pb.memo = &self.memo
         self.cache_bytes = 0
         self.n_entries = 0
-        # entries, anytop-like per-depth buffers aside: per node a pointer, loop bytes, text
-        # bytes, text flag and chain length; plus the key lists of the pool
-        self.own_bytes = <int64_t>self.g.n_nodes * (sizeof(MaskEntry*) + 4 * sizeof(uint64_t)
-                                                    + 2 * sizeof(uint64_t) + 1 + sizeof(int32_t))
-        if keys is not None:
-            self.own_bytes += 80 * 2 * self.g.n_rules + 4 * self.g.n_nodes
+
+    @property
+    def heap_bytes(self) -> int:
+        """What this core holds in C besides its tables and entries, at the capacity its parsers and
+        transition memo have grown to (they grow while entries are built): the figure a cache
+        budget must count, not a per-node guess."""
+        cdef int64_t depth = self.vocab.max_depth + 2, total, j
+        total = <int64_t>self.g.n_nodes * (sizeof(MaskEntry*) + 6 * sizeof(uint64_t) + 1 + sizeof(int32_t) + 1)
+        total += ((self.vocab.n_ordinary + 63) // 64) * sizeof(uint64_t)
+        total += depth * (4 * sizeof(int32_t) + MAX_RESUMES * sizeof(int32_t) + 4)
+        total += _parser_bytes(&self.pa) + _parser_bytes(&self.pb)
+        for j in range(MAX_RESUMES):
+            total += _parser_bytes(&self.pc[j])
+        total += _memo_bytes(&self.memo)
+        return total
 
     def __dealloc__(self):
         cdef int32_t i

@@ -335,9 +335,18 @@ class GrammarRuntime:
             if key not in self._grammars:
                 self._grammars[key] = compiled
                 self._grammar_bytes += compiled.tables_bytes
-            while self._grammar_bytes > self.grammar_cache_bytes and len(self._grammars) > 1:
-                _k, old = self._grammars.popitem(last=False)
-                self._grammar_bytes -= old.tables_bytes
+            self._trim_grammars()
+
+    def _trim_grammars(self) -> int:
+        """Let the least recently used grammars go until the rest fit the budget (with self._lock);
+        the bytes kept. Run at every compile and every report: in between, only the working memory
+        of entry builds grows (the background precompute, masks built mid-generation)."""
+        heap = sum(int(g._core.heap_bytes) for g in self._grammars.values())
+        while self._grammar_bytes + heap > self.grammar_cache_bytes and len(self._grammars) > 1:
+            _k, old = self._grammars.popitem(last=False)
+            self._grammar_bytes -= old.tables_bytes
+            heap -= int(old._core.heap_bytes)
+        return self._grammar_bytes + heap
 
     # -- sessions ----------------------------------------------------------------------------------
     async def open(self, spec: SessionSpec | GrammarSpec | dict | str | bytes) -> Session:
@@ -546,7 +555,7 @@ class GrammarRuntime:
     def cache_bytes(self) -> dict[str, int]:
         """Bytes held per tier of this process: compiled grammars by key, and the compiler's caches."""
         with self._lock:
-            grammars = self._grammar_bytes
+            grammars = self._trim_grammars()
         return {"grammars": grammars, "grammars_budget": self.grammar_cache_bytes,
                 "compiler": self.compiler.get_cache_size_bytes(),
                 "compiler_budget": self.compiler.cache_limit_bytes}
