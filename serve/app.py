@@ -195,7 +195,10 @@ class MaskService:
 
         loaded = load_model(model)
         self.vocab_size = loaded.vocab_size
-        self.host = MatcherHost(tokenizer_info(loaded), shards=shards or None, shard_namespace=shard_namespace)
+        self.host = MatcherHost(tokenizer_info(loaded), shards=shards or None, shard_namespace=shard_namespace,
+                                compile_processes=True)     # compiles off this process's GIL: steps stay quick
+        if self.host.runtime.compile_workers is not None:
+            self.host.runtime.compile_workers.wait_ready()
 
     async def info(self) -> dict:
         return {"vocab_size": self.vocab_size}

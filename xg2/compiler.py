@@ -262,14 +262,15 @@ class CompiledGrammar:
             self._grammar = self._grammar()
         return self._grammar
 
-    def serialize(self) -> bytes:
+    def serialize(self, *, all_entries: bool = False) -> bytes:
         """Compact bytes (xg2.transport): tables, content keys, the entries that belong to this
         grammar alone and those of its first mask, and the source. `GrammarCompiler.deserialize`
         reads them in any process with the same vocabulary and engine version; the other pooled
-        entries travel on their own (`GrammarCompiler.entry_pool`, or a cache tier)."""
+        entries travel on their own (`GrammarCompiler.entry_pool`, or a cache tier), or with
+        `all_entries` in these bytes too."""
         from . import transport
 
-        return transport.dump_grammar(self)
+        return transport.dump_grammar(self, all_pooled=all_entries)
 
     @property
     def tokenizer_info(self) -> TokenizerInfo:

@@ -303,11 +303,12 @@ def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
         raise DeserializeError("table 'ctx_item' holds an index out of range")
 
 
-def dump_grammar(compiled: Any, *, rest_apart: bool = False) -> bytes | tuple[bytes, bytes]:
+def dump_grammar(compiled: Any, *, rest_apart: bool = False, all_pooled: bool = False) -> bytes | tuple[bytes, bytes]:
     """A CompiledGrammar as bytes: tables, keys, its own entries built so far, and its source.
     `rest_apart`: (the grammar with the own entries of its first mask only, the other own entries
     as a blob of their own), so that a cache tier can ship the first part on the compile path and
-    the second in the background."""
+    the second in the background. `all_pooled`: every pooled entry of its nodes the pool holds
+    travels too, not only those of the first mask (a compile worker's whole precompute)."""
     core = compiled._core
     lowered = compiled._lowered
     first: dict[bytes, bytes] = {}
@@ -316,7 +317,7 @@ def dump_grammar(compiled: Any, *, rest_apart: bool = False) -> bytes | tuple[by
     if pool is not None:
         initial = set(core.initial_nodes())
         for node, key in core.pool_keys().items():
-            if node in initial:
+            if node in initial or (all_pooled and key not in first):
                 data = pool.dump(key)
                 if data is not None:
                     first[key] = data

@@ -45,6 +45,7 @@ from ..errors import QuotaError, SessionError, SpecError, UsageError, XG2Error
 from ..grammar.budget import CompileTimeout
 from ..matcher import GrammarMatcher
 from ..tokenizer import TokenizerInfo
+from .compile_workers import CompileWorkers
 from .spec import GrammarSpec, SessionSpec, as_session_spec, content_key
 
 _log = logging.getLogger("xg2.runtime")
@@ -170,7 +171,9 @@ class GrammarRuntime:
     of one tenant running at once (default: all workers but one, so other tenants always have one).
     `idle_timeout_s`: a session not stepped for that long is closed (calls on it then raise
     SessionError). `grammar_cache_bytes` bounds the compiled grammars kept by content key;
-    `cache_limit_bytes` the compiler's caches.
+    `cache_limit_bytes` the compiler's caches. `compile_processes`: compile in
+    `compile_workers` child processes (xg2.actors.compile_workers) rather than on threads of this
+    one, so that compiles never hold this process's GIL: what a process that runs the model wants.
     """
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, compiler: GrammarCompiler | None = None,
@@ -178,7 +181,8 @@ class GrammarRuntime:
                  max_sessions_per_tenant: int = 1024, max_compiles_per_tenant: int | None = None,
                  idle_timeout_s: float | None = 600.0,
                  fill_threads: int | None = None, grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES,
-                 cache_limit_bytes: int = DEFAULT_CACHE_LIMIT_BYTES, cache_tier: Any = None):
+                 cache_limit_bytes: int = DEFAULT_CACHE_LIMIT_BYTES, cache_tier: Any = None,
+                 compile_processes: bool = False):
         if max_compiles_per_tenant is None:
             max_compiles_per_tenant = max(1, compile_workers - 1)
         if (compile_workers < 1 or max_sessions_per_tenant < 1 or max_compiles_per_tenant < 1
@@ -197,6 +201,10 @@ class GrammarRuntime:
         self.idle_timeout_s = idle_timeout_s
         self.grammar_cache_bytes = grammar_cache_bytes
         self._compile_pool = concurrent.futures.ThreadPoolExecutor(compile_workers, thread_name_prefix="xg2-compile")
+        self.compile_workers: CompileWorkers | None = None
+        if compile_processes:       # one process per compile thread; this process only reads results
+            self.compile_workers = CompileWorkers(tokenizer_info, compile_workers, cache_limit_bytes=cache_limit_bytes,
+                                                  compile_timeout_s=compile_timeout_s)
         self.fill_threads = fill_threads if fill_threads is not None else max(1, (os.cpu_count() or 2) // 2)
         self._fill_pool = concurrent.futures.ThreadPoolExecutor(max(1, self.fill_threads),
                                                                 thread_name_prefix="xg2-fill")
@@ -242,7 +250,13 @@ class GrammarRuntime:
                     return compiled
                 except XG2Error as e:      # a stale or damaged copy costs a compile, never a wrong mask
                     _log.warning("cache tier gave an unusable grammar (%s); compiling it", e)
-        compiled = grammar.compile(self.compiler)
+        if self.compile_workers is not None:
+            blob = self.compile_workers.compile(grammar, self.compile_timeout_s)
+            t0 = time.perf_counter()
+            compiled = self.compiler.deserialize(blob, precompute=False)    # the worker precomputed
+            self.stats["deserialize_ms"] += (time.perf_counter() - t0) * 1e3
+        else:
+            compiled = grammar.compile(self.compiler)
         if tier is not None:
             tier.prefetch(compiled, key)
             tier.publish_grammar(key, compiled)
@@ -566,6 +580,8 @@ class GrammarRuntime:
             sessions = list(self._sessions.values())
         self.close(sessions)
         self._compile_pool.shutdown(wait=False, cancel_futures=True)
+        if self.compile_workers is not None:
+            self.compile_workers.close()
         self._fill_pool.shutdown(wait=False)
         if self.cache_tier is not None:
             self.cache_tier.flush()

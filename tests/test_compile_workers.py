@@ -1,0 +1,155 @@
+"""Compiles in child processes (xg2.actors.compile_workers): the same grammars as compiling in
+process, typed errors that keep their pointers, and a worker past its deadline or dead replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import xg2
+from xg2.actors import GrammarRuntime
+from xg2.actors.compile_workers import CompileWorkerError
+from xg2.grammar.budget import CompileTimeout
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def proc_runtime(json_info):
+    rt = GrammarRuntime(json_info, compile_processes=True)
+    rt.compile_workers.wait_ready()
+    yield rt
+    rt.shutdown()
+
+
+SPECS = [
+    {"type": "json_schema", "schema": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12}, "n": {"type": "integer", "minimum": -3, "maximum": 250},
+        "tags": {"type": "array", "items": {"enum": ["a", "b c"]}, "maxItems": 3}}, "required": ["name"]}},
+    {"type": "ebnf", "grammar": 'root ::= "(" root ")" root | ""'},
+    {"type": "regex", "pattern": r"[a-c]{2,5}-\d{1,3}(x|yz)?"},
+    {"type": "tools", "tools": [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "add", "parameters": {
+            "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}],
+     "tool_choice": "required"},
+]
+
+
+def _walk_masks(rt, session, info, rng, steps=40):
+    """The masks along a random walk of allowed tokens (the next token drawn from the mask)."""
+    width = (info.vocab_size + 31) // 32
+    out = []
+    for _ in range(steps):
+        if session.is_terminated():
+            break
+        bitmask = np.zeros((1, width), np.int32)
+        rt.fill([session], bitmask)
+        out.append(bitmask.copy())
+        allowed = np.flatnonzero(np.unpackbits(bitmask.view(np.uint8), bitorder="little")[:info.vocab_size])
+        assert len(allowed), "an empty mask before the end"
+        token = int(rng.choice(allowed))
+        assert rt.accept([session], [token]) == [True]
+    return out
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["json_schema", "ebnf", "regex", "tools"])
+def test_masks_are_those_of_an_in_process_compile(json_info, proc_runtime, spec):
+    local = GrammarRuntime(json_info)
+    try:
+        for seed in range(3):
+            a = run(proc_runtime.open({"grammar": spec, "tenant": "t"}))
+            b = run(local.open({"grammar": spec, "tenant": "t"}))
+            rng_a, rng_b = random.Random(seed), random.Random(seed)
+            masks_a = _walk_masks(proc_runtime, a, json_info, rng_a)
+            masks_b = _walk_masks(local, b, json_info, rng_b)
+            assert len(masks_a) == len(masks_b) > 0
+            for x, y in zip(masks_a, masks_b):
+                assert np.array_equal(x, y)
+            proc_runtime.close(a)
+            local.close(b)
+    finally:
+        local.shutdown()
+    assert proc_runtime.stats["compiles"] >= 1 and proc_runtime.stats["deserialize_ms"] > 0
+
+
+def test_typed_errors_keep_their_class_and_where(proc_runtime):
+    with pytest.raises(xg2.SchemaError) as info:
+        run(proc_runtime.open({"grammar": {"type": "json_schema", "schema": {
+            "type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}))
+    assert info.value.pointer == "/properties/a/$ref"
+    with pytest.raises(xg2.GrammarError) as info:
+        run(proc_runtime.open({"grammar": {"type": "ebnf", "grammar": 'root ::= "a" (\n'}}))
+    assert "line 1" in str(info.value) or getattr(info.value, "line", None) == 1
+
+
+def test_a_compile_past_its_deadline_kills_and_replaces_the_worker(json_info):
+    rt = GrammarRuntime(json_info, compile_processes=True, compile_timeout_s=0.3, compile_workers=1)
+    try:
+        rt.compile_workers.wait_ready()
+        pid = rt.compile_workers.pids()[0]
+        slow = {"type": "json_schema", "schema": {"anyOf": [
+            {"type": "object", "properties": {f"k{j}_{i}": {"type": "integer"} for i in range(8)},
+             "required": [f"k{j}_0"]} for j in range(400)]}}
+        t0 = time.monotonic()
+        with pytest.raises(xg2.GrammarLimitError):      # the compiler's own deadline, or the kill
+            run(rt.open({"grammar": slow, "tenant": "t"}))
+        assert time.monotonic() - t0 < 5
+        s = run(rt.open({"grammar": SPECS[2], "tenant": "t"}))        # served by a worker again
+        assert not s.is_terminated()
+        if rt.compile_workers.restarts:
+            assert rt.compile_workers.pids()[0] != pid
+    finally:
+        rt.shutdown()
+
+
+def test_the_worker_is_killed_on_a_timeout_its_own_deadline_missed(json_info):
+    from xg2.actors.compile_workers import CompileWorkers
+
+    workers = CompileWorkers(json_info, 1, compile_timeout_s=60)     # its own deadline will not fire
+    try:
+        workers.wait_ready()
+        pid = workers.pids()[0]
+        slow = xg2.actors.spec.JSONSchemaSpec({"anyOf": [
+            {"type": "object", "properties": {f"k{j}_{i}": {"type": "integer"} for i in range(8)}} for j in range(600)]})
+        with pytest.raises(CompileTimeout):
+            workers.compile(slow, timeout=0.05)
+        assert workers.restarts == 1 and workers.pids()[0] != pid
+        with pytest.raises(OSError):
+            os.kill(pid, 0)                             # the old one is gone
+        blob = workers.compile(xg2.actors.spec.RegexSpec("ab+"), timeout=30)
+        assert xg2.GrammarCompiler(json_info).deserialize(blob) is not None
+    finally:
+        workers.close()
+
+
+def test_a_dead_worker_costs_one_request_and_is_replaced(json_info):
+    from xg2.actors.compile_workers import CompileWorkers
+
+    workers = CompileWorkers(json_info, 1, compile_timeout_s=60)
+    try:
+        workers.wait_ready()
+        os.kill(workers.pids()[0], signal.SIGKILL)          # dies while idle: replaced unseen
+        time.sleep(0.2)
+        assert workers.compile(xg2.actors.spec.RegexSpec("a|b"), timeout=30)
+        pid = workers.pids()[0]
+        slow = xg2.actors.spec.JSONSchemaSpec({"anyOf": [
+            {"type": "object", "properties": {f"q{j}_{i}": {"type": "integer"} for i in range(8)}} for j in range(600)]})
+        threading.Timer(0.2, os.kill, (pid, signal.SIGKILL)).start()     # dies mid-compile
+        with pytest.raises(CompileWorkerError):
+            workers.compile(slow, timeout=30)
+        assert workers.compile(xg2.actors.spec.RegexSpec("c"), timeout=30)
+        assert workers.restarts == 2
+    finally:
+        workers.close()
+    assert workers.pids() == []
