@@ -194,7 +194,7 @@ class Tenant(FastHttpUser):
     def max_tokens(self) -> int:
         return self.rng.randint(MAX_TOKENS[0], MAX_TOKENS[-1])
 
-    def call(self, path: str, body: dict, name: str, judge: Any, *, stream: bool = False,
+    def call(self, path: str, body: dict | bytes, name: str, judge: Any, *, stream: bool = False,
              unsupported: Any = None, extra: dict | None = None) -> str:
         """POST `body`; `judge(finish, content, tool_calls)` gives the Verdict of an answer;
         `unsupported(error)` says whether a 400 is a refusal to count rather than a failure.
@@ -228,8 +228,10 @@ class Tenant(FastHttpUser):
         timer = gevent.Timeout(TIMEOUT_S)
         timer.start()
         try:
-            resp = self.client.request("POST", path, json=body, headers=self.headers, stream=stream,
-                                       catch_response=True)      # not entered: no event of its own
+            raw_body = {"data": body, "headers": {**self.headers, "Content-Type": "application/json"}} \
+                if isinstance(body, bytes) else {"json": body, "headers": self.headers}
+            resp = self.client.request("POST", path, stream=stream, catch_response=True,
+                                       **raw_body)      # not entered: no event of its own
             err = getattr(resp, "error", None) or resp.request_meta.get("exception")
             status = resp.status_code
             info["status"] = status
@@ -242,6 +244,10 @@ class Tenant(FastHttpUser):
                 msg = f"{status} {error.get('code')}: {str(error.get('message'))[:160]}"
                 if status == 400 and unsupported is not None and unsupported(error):
                     return "unsupported", msg, info
+                if 400 <= status < 500 and judge is REFUSAL_EXPECTED:     # 429 too: it is not retried
+                    if not isinstance(error.get("message"), str) or not error.get("message"):
+                        return "invalid_output", f"{status} without an OpenAI error body: {content[:120]!r}", info
+                    return "refused", msg, info
                 info["retryable"] = status in RETRYABLE_STATUS or status >= 500
                 return ("http_5xx" if status >= 500 else "http_4xx"), msg, info
             if stream:
@@ -405,3 +411,77 @@ class StreamingChatter(_Extraction, Tenant):
             return w.Verdict("truncated") if finish == "length" else w.OK
 
         self.call("/v1/chat/completions", body, "chat", judge, stream=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# A hostile tenant (XG2_LT_HOSTILE users of it; none by default)
+# ------------------------------------------------------------------------------------------------
+
+def REFUSAL_EXPECTED(finish: str | None, content: str | None, calls: list) -> w.Verdict:
+    """The judge of a hostile request: a 4xx with an OpenAI error body is its expected answer
+    (`refused`); an answer at all is fine too (what it sent was within the limits after all)."""
+    return w.Verdict("ok")
+
+
+HOSTILE = int(os.environ.get("XG2_LT_HOSTILE", "0"))
+HOSTILE_KINDS = tuple(os.environ.get("XG2_LT_HOSTILE_KINDS", "slow_schema,slow_schema,huge_tools,too_many_tools,"
+                                     "deep,malformed,bad_json,oversized").split(","))
+
+
+def _slow_schema(rng: random.Random) -> dict:
+    """A schema never seen before that is as slow to compile as the limits allow: hundreds of
+    optional members, or an anyOf of hundreds of objects (fresh names: no cache can help)."""
+    tag = rng.randrange(1 << 40)
+    if rng.random() < 0.5:
+        return {"type": "object", "properties": {f"p{tag}_{i}": {"type": rng.choice(["string", "integer", "boolean"])}
+                                                 for i in range(rng.randint(250, 400))}}
+    return {"anyOf": [{"type": "object", "properties": {f"k{tag}_{j}_{i}": {"type": "integer"} for i in range(6)},
+                       "required": [f"k{tag}_{j}_0"]} for j in range(rng.randint(150, 250))]}
+
+
+def _deep_schema(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+if HOSTILE:
+    class HostileTenant(Tenant):
+        """Sends, as fast as it is answered, what a service must refuse or bound without the other
+        tenants noticing: schemas built to be slow to compile, tool sets past the limit or huge,
+        nesting past the depth limit, malformed and oversized bodies. Every answer must be a 4xx
+        with an OpenAI error (`refused`) or, for what is within the limits, an answer (max_tokens 1)."""
+
+        fixed_count = HOSTILE
+        wait_time = between(0.1, 0.6)      # the rate of the other tenants: hostile in what it sends, not how often
+
+        @task
+        def attack(self) -> None:
+            rng = self.rng
+            msgs = [{"role": "user", "content": "hi"}]
+            what = rng.choice(HOSTILE_KINDS)
+            body: dict | bytes
+            if what == "slow_schema":
+                body = {"model": MODEL, "messages": msgs, "max_tokens": 1, "response_format": {
+                    "type": "json_schema", "json_schema": {"name": "x", "schema": _slow_schema(rng)}}}
+            elif what in ("huge_tools", "too_many_tools"):
+                n = 64 if what == "huge_tools" else rng.randint(129, 300)
+                tools = Data.tools.get(rng.randrange(TOOL_POOL)).tools
+                tools = [{"type": "function", "function": {**t["function"], "name": f"{t['function']['name']}_{i}",
+                                                           "description": "x" * 2000}}
+                         for i, t in enumerate(itertools.islice(itertools.cycle(tools), n))]
+                body = {"model": MODEL, "messages": msgs, "tools": tools, "tool_choice": "required", "max_tokens": 1}
+            elif what == "deep":
+                body = {"model": MODEL, "messages": msgs, "max_tokens": 1, "response_format": {
+                    "type": "json_schema", "json_schema": {"name": "x", "schema": _deep_schema(rng.randint(300, 3000))}}}
+            elif what == "malformed":
+                body = rng.choice([{"model": MODEL, "messages": 5}, {"model": MODEL, "messages": msgs, "max_tokens": -3},
+                                   {"model": MODEL, "messages": msgs, "tool_choice": {"type": "function"}},
+                                   {"model": MODEL, "messages": msgs, "response_format": {"type": "json_schema", "json_schema": {
+                                       "name": "x", "schema": {"$ref": "#/definitions/missing"}}}}])
+            elif what == "bad_json":
+                body = b'{"model": "xg2", "messages": [{"role": "user", "content": "hi"}' + b"]" * rng.randint(0, 3)
+            else:
+                body = b'{"model": "xg2", "messages": [{"role": "user", "content": "' + b"a" * (5 << 20) + b'"}]}'
+            self.call("/v1/chat/completions", body, f"hostile {what}", REFUSAL_EXPECTED)

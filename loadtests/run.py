@@ -49,6 +49,9 @@ REQUIRED_FIELDS = ("requests", "failed_requests", "invalid_outputs", "p50_ms", "
 ROLES = (("ray::ServeReplica:xg2:xg2-model", "replica"), ("ray::CacheShard", "shard"),
          ("ray::ServeReplica:xg2-masks", "masks"), ("ray::ProxyActor", "proxy"),
          ("ray::ServeController", "controller"))
+#: Processes told by a part of their command line: the compile workers (children of a replica or
+#: of the mask service).
+ROLES_IN = (("-m xg2.actors.compile_workers", "compile_worker"),)
 #: Positions allowed a sequence by the model, for the tools' prompt budget (estimated tokens).
 PROMPT_BUDGETS = {"tiny": 2000, "default": 3600}
 
@@ -120,6 +123,11 @@ def app_processes() -> dict[int, tuple[str, float]]:
             if title.startswith(prefix):
                 out[pid] = (role, rss)
                 break
+        else:
+            for part, role in ROLES_IN:
+                if part in title:
+                    out[pid] = (role, rss)
+                    break
     return out
 
 
@@ -202,6 +210,8 @@ class Sampler(threading.Thread):
             s["tier"] = stats.get("tier")
             s["open_sessions"] = stats.get("open_sessions")
             s["steps"] = stats.get("steps")
+            s["compile_usage"] = stats.get("compile_usage")
+            s["compile_budget_refused"] = (stats.get("runtime") or {}).get("compile_budget_refused")
             for rec in stats.get("recent") or ():
                 self.recent[(rec.get("tenant"), rec.get("total_ms"), rec.get("ttft_ms"))] = rec
         except Exception as e:      # noqa: BLE001 - a sample that failed is recorded as such
@@ -297,6 +307,42 @@ def kill_replica() -> dict:
                             fault["restarted_after_s"] = round(time.time() - t, 2)
                             return
             time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return fault
+
+
+def proxies() -> list[str]:
+    """The names (namespace "serve") of Serve's HTTP proxy actors: the ingress every request enters by."""
+    import ray
+
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a.get("namespace") == "serve" and "PROXY" in a["name"])
+
+
+def restart_ingress(base: str) -> dict:
+    """Kill Serve's HTTP proxy (the controller starts another) and time until the ingress answers
+    again: connections in flight are cut, new ones refused until then."""
+    import ray
+
+    names = proxies()
+    if not names:
+        return {"kind": "ingress", "error": "no Serve proxy actor found", "t": time.time()}
+    name = names[0]
+    handle = ray.get_actor(name, namespace="serve")
+    t = time.time()
+    ray.kill(handle, no_restart=False)
+    fault = {"kind": "ingress", "target": name, "t": t}
+
+    def watch() -> None:
+        deadline = time.time() + 180
+        time.sleep(0.5)
+        while time.time() < deadline:
+            with contextlib.suppress(Exception), urllib.request.urlopen(base + "/-/healthz", timeout=2) as r:
+                if r.status == 200:
+                    fault["restarted_after_s"] = round(time.time() - t, 2)
+                    return
+            time.sleep(0.25)
 
     threading.Thread(target=watch, daemon=True).start()
     return fault
@@ -490,7 +536,7 @@ def summarize(events: list[dict], samples: list[dict], faults: list[dict], *, ti
     growth = {}
     warm = [r for r in rss_series if r["t"] >= warmup_fraction * span]
     if len(warm) >= 2:
-        for role in ("replica", "shard"):
+        for role in ("replica", "shard", "compile_worker", "masks"):
             first, last = warm[0].get(role), warm[-1].get(role)
             if first:
                 growth[role] = round((last - first) / first, 4) if last else None
@@ -501,6 +547,14 @@ def summarize(events: list[dict], samples: list[dict], faults: list[dict], *, ti
             cache_bytes.append({"t": round(s["t"] - t0, 1), **(s.get("cache_bytes") or {}),
                                 "shards": sum(x["bytes"] for x in shards) if "shards" in s else None,
                                 "shard_items": sum(x["items"] for x in shards) if "shards" in s else None})
+    latency_by_class = {}
+    for user in sorted({r["user"] for r in finals}):
+        xs = [r["ms"] for r in finals if r["user"] == user and r["kind"] in ("ok", "truncated", "refused")]
+        latency_by_class[user] = {"n": len(xs), "p50_ms": _r(quantile(xs, 0.5)), "p99_ms": _r(quantile(xs, 0.99))}
+    # the tenants that are not hostile: the figures a hostile tenant must not move
+    others = [r for r in finals if r["user"] != "HostileTenant"]
+    others_ms = [r["ms"] for r in others if r["kind"] in ("ok", "truncated")]
+    others_ttft = [r["ttft_ms"] for r in others if r.get("ttft_ms") is not None]
     summary = {
         "requests": len(finals),
         "attempts": len(attempts),
@@ -534,6 +588,12 @@ def summarize(events: list[dict], samples: list[dict], faults: list[dict], *, ti
         "rss_growth_after_warmup": growth,
         "outcomes_by_name": {k: dict(v) for k, v in sorted(by_name.items())},
         "outcomes_by_class": {k: dict(v) for k, v in sorted(by_user.items())},
+        "latency_by_class": latency_by_class,
+        "others": {"requests": len(others), "failed_requests": sum(1 for r in others if r["kind"] in FAILURE_KINDS),
+                   "p50_ms": _r(quantile(others_ms, 0.5)), "p95_ms": _r(quantile(others_ms, 0.95)),
+                   "p99_ms": _r(quantile(others_ms, 0.99)), "ttft_p50_ms": _r(quantile(others_ttft, 0.5)),
+                   "ttft_p99_ms": _r(quantile(others_ttft, 0.99))},
+        "refused": kinds["refused"],
         "tools_per_request": {"min": tools[0], "median": tools[len(tools) // 2], "max": tools[-1]} if tools else None,
         "tool_sets_seen": len({r["tool_set"] for r in finals if "tool_set" in r}),
         "schemas_seen": len({r["schema"] for r in finals if "schema" in r}),
@@ -579,6 +639,12 @@ def print_summary(s: dict, out: Any = sys.stdout) -> None:
           + f"; growth after warm-up {s['rss_growth_after_warmup']}")
     for name, kinds in s["outcomes_by_name"].items():
         p(f"  {name:<28} {kinds}")
+    p("latency by class: " + ", ".join(f"{k} p50 {v['p50_ms']} p99 {v['p99_ms']} ms (n {v['n']})"
+                                       for k, v in s["latency_by_class"].items()))
+    if "HostileTenant" in s["latency_by_class"]:
+        o = s["others"]
+        p(f"the other tenants: {o['requests']} requests, {o['failed_requests']} failed, p50 {o['p50_ms']} ms, "
+          f"p99 {o['p99_ms']} ms, time to first token p50 {o['ttft_p50_ms']} p99 {o['ttft_p99_ms']} ms")
     for f in s["faults"]:
         if f.get("error"):
             p(f"fault: {f['kind']} not made: {f['error']}")
@@ -666,7 +732,7 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
              max_tokens: tuple[int, int] = (48, 96), stream_fraction: float = 0.25, step_users: int = 2,
              step_s: float = 30.0, port: int | None = None, do_plot: bool = True, progress: bool = True,
              server_options: dict | None = None, mask_service: bool = True,
-             startup_timeout_s: float = 120.0) -> dict:
+             startup_timeout_s: float = 120.0, hostile: int = 0, restart_ingress_: bool = False) -> dict:
     """See the module note. Returns the summary (also written to `json_path`)."""
     if not 1 <= users <= 256 or not 0 < spawn_rate <= 64 or not 1 <= duration <= 24 * 3600:
         raise ValueError("users 1-256, spawn rate up to 64/s, duration 1 s to 24 h")
@@ -702,9 +768,10 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
                "XG2_LT_TIMEOUT": str(request_timeout), "XG2_LT_MAX_TOKENS": f"{max_tokens[0]},{max_tokens[1]}",
                "XG2_LT_STREAM_FRACTION": str(stream_fraction), "XG2_LT_SHAPE": shape or "",
                "XG2_LT_STEP_USERS": str(step_users), "XG2_LT_STEP_S": str(step_s),
-               "XG2_LT_PROMPT_BUDGET": str(PROMPT_BUDGETS.get(model, PROMPT_BUDGETS["default"]))}
+               "XG2_LT_PROMPT_BUDGET": str(PROMPT_BUDGETS.get(model, PROMPT_BUDGETS["default"])),
+               "XG2_LT_HOSTILE": str(hostile)}
         stop_timeout = int(min(request_timeout, 30))
-        cmd = locust_command(base, users, spawn_rate, duration, csv_prefix, stop_timeout)
+        cmd = locust_command(base, users + hostile, spawn_rate, duration, csv_prefix, stop_timeout)
         log(f"locust: {users} users, spawn rate {spawn_rate}/s, {duration} s, shape {shape or 'none'} -> {out}")
         logf = stack.enter_context(open(out / "locust.log", "w"))
         proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=logf, stderr=subprocess.STDOUT,
@@ -720,14 +787,12 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
         sampler.start()
         faults: list[dict] = []
         plan = []
-        if kill_shard_:
-            if server is None:
-                raise ValueError("--kill-shard needs the application started here (no --url)")
-            plan.append((t_start + duration / 3, "shard"))
-        if kill_replica_:
-            if server is None:
-                raise ValueError("--kill-replica needs the application started here (no --url)")
-            plan.append((t_start + 2 * duration / 3, "replica"))
+        wanted = [w for w, on in (("shard", kill_shard_), ("replica", kill_replica_), ("ingress", restart_ingress_))
+                  if on]
+        if wanted and server is None:
+            raise ValueError("faults need the application started here (no --url)")
+        for i, what in enumerate(wanted):       # spread over the run: 1/2, or 1/3 and 2/3, or quarters
+            plan.append((t_start + (i + 1) * duration / (len(wanted) + 1), what))
         deadline = t_start + duration + stop_timeout + 60
         last_note = time.time()
         while proc.poll() is None:
@@ -735,7 +800,8 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
             while plan and now >= plan[0][0]:
                 _, what = plan.pop(0)
                 try:
-                    f = kill_shard(shard_names[0]) if what == "shard" else kill_replica()
+                    f = (kill_shard(shard_names[0]) if what == "shard" else
+                         kill_replica() if what == "replica" else restart_ingress(base))
                     log(f"fault: killed {what} {f.get('target')} at {f['t'] - t_start:.1f} s")
                 except Exception as e:      # noqa: BLE001 - a fault that could not be made is reported
                     f = {"kind": what, "t": now, "error": f"{type(e).__name__}: {e}"}
@@ -761,7 +827,8 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
         summary["config"] = {"duration_s": duration, "users": users, "spawn_rate": spawn_rate, "model": model,
                              "url": url, "replicas": replicas if server else None, "shards": shards if server else None,
                              "shape": shape, "seed": seed, "request_timeout_s": request_timeout,
-                             "max_tokens": list(max_tokens), "stream_fraction": stream_fraction}
+                             "max_tokens": list(max_tokens), "stream_fraction": stream_fraction,
+                             "hostile_users": hostile}
         summary["locust"] = _locust_csv(csv_prefix)
         summary["locust"]["exit_code"] = proc.returncode
         summary["files"] = {"events": str(events_path), "csv_prefix": csv_prefix, "log": str(out / "locust.log"),
@@ -788,6 +855,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--kill-shard", action="store_true", help="kill cache shard 0 at 1/3 of the run")
     ap.add_argument("--kill-replica", action="store_true", help="kill a model replica at 2/3 of the run")
+    ap.add_argument("--restart-ingress", action="store_true", help="kill Serve's HTTP proxy (it is restarted)")
+    ap.add_argument("--hostile", type=int, default=0,
+                    help="users of a hostile tenant besides --users (slow schemas, huge tool sets, malformed bodies)")
     ap.add_argument("--shape", choices=("step", "soak"), help="load shape (default: -u users from the start)")
     ap.add_argument("--step-users", type=int, default=2, help="step shape: users added per step")
     ap.add_argument("--step-seconds", type=float, default=30.0, help="step shape: seconds per step")
@@ -810,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
                        sample_every=args.sample_every, request_timeout=args.timeout,
                        max_tokens=(int(lo), int(hi or lo)), stream_fraction=args.stream_fraction,
                        step_users=args.step_users, step_s=args.step_seconds, port=args.port,
-                       do_plot=not args.no_plot)
+                       do_plot=not args.no_plot, hostile=args.hostile, restart_ingress_=args.restart_ingress)
     print_summary(summary)
     print(f"\nsummary: {summary['files']['json']}" + (f", plot: {summary['files']['plot']}"
                                                       if "plot" in summary["files"] else ""))

@@ -34,7 +34,8 @@ HERE = Path(__file__).resolve().parent
 
 #: The failure kinds a request can end with, and the counted outcomes that are not failures.
 FAILURE_KINDS = ("invalid_output", "http_4xx", "http_5xx", "timeout", "connection", "stream_error")
-OUTCOMES = ("ok", "truncated", "unsupported", "retried", *FAILURE_KINDS)
+#: "refused": a hostile tenant's request answered with the 4xx its input deserves (a success).
+OUTCOMES = ("ok", "truncated", "unsupported", "refused", "retried", *FAILURE_KINDS)
 
 #: What the OpenAI spec allows as a function name (the registry's are cleaned to it).
 TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

@@ -57,6 +57,9 @@ class ReplicaOptions:
     # the GIL the decode loop needs (on threads, a tenant compiling 64-tool sets took the others'
     # decode step from 3 ms to 89 ms at the median).
     compile_processes: bool = True
+    # A tenant past this much recent compile time (decayed seconds, half-life 10 s: about 0.2 s of
+    # compiling per second sustained) gets 429 for new grammars until it decays; see GrammarRuntime.
+    max_compile_seconds_per_tenant: float | None = 3.0
     shards: list[str] = field(default_factory=list)
     shard_namespace: str | None = None
 
@@ -122,7 +125,8 @@ class Replica:
                                       compile_timeout_s=o.compile_timeout_s,
                                       grammar_cache_bytes=o.grammar_cache_mb << 20,
                                       cache_limit_bytes=o.compiler_cache_mb << 20,
-                                      compile_processes=o.compile_processes)
+                                      compile_processes=o.compile_processes,
+                                      max_compile_seconds_per_tenant=o.max_compile_seconds_per_tenant)
         if self.runtime.compile_workers is not None:
             self.runtime.compile_workers.wait_ready()       # before the first request, not on it
         self.engine = Engine(self.loaded.model, self.loaded.eos_token_ids, runtime=self.runtime,
@@ -300,7 +304,8 @@ class Replica:
         out = {"requests": dict(self.counts), "engine": dict(self.engine.counts),
                "steps": self.engine.exposed_mask_ms(), "runtime": dict(rt.stats),
                "cache_bytes": rt.cache_bytes(), "open_sessions": rt.open_sessions(),
-               "compiler": rt.compiler.cache_stats(), "recent": list(self.recent[-64:])}
+               "compiler": rt.compiler.cache_stats(), "compile_usage": rt.compile_usage(),
+               "recent": list(self.recent[-64:])}
         if rt.cache_tier is not None:
             out["tier"] = rt.cache_tier.stats()
         return out

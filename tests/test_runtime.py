@@ -976,3 +976,33 @@ def test_one_tenant_cannot_hold_every_compile_worker(json_info, make_runtime):
 
     run(burst(0))
     run(burst(1))       # a second event loop: the tenant's gate is made anew for it
+
+
+def test_waiting_compiles_go_to_the_tenant_that_compiled_least_lately(json_info, make_runtime):
+    """One worker, busy; a tenant that has used seconds of compile time lately queued first, a
+    quiet tenant after it: the quiet one's compile runs first (the busy one's when none waits)."""
+    rt = make_runtime(json_info, compile_workers=1)
+    gate, order = threading.Event(), []
+
+    def job(name):
+        if name == "first":
+            gate.wait(10)
+        order.append(name)
+        return name
+
+    with rt._lock:
+        first = rt._queue_compile("someone", job, "first")
+    rt._compile_pool.submit(rt._next_compile)
+    time.sleep(0.1)                                     # the worker holds "first"
+    rt._usage["hostile"] = (5.0, time.monotonic())      # five seconds of compiles just now
+    with rt._lock:
+        noisy = rt._queue_compile("hostile", job, "hostile")
+        quiet = rt._queue_compile("quiet", job, "quiet")
+    rt._compile_pool.submit(rt._next_compile)
+    rt._compile_pool.submit(rt._next_compile)
+    gate.set()
+    assert [f.result(10) for f in (first, noisy, quiet)] == ["first", "hostile", "quiet"]
+    assert order == ["first", "quiet", "hostile"]
+    now = time.monotonic()
+    assert rt._tenant_usage("quiet", now) < 0.1 < rt._tenant_usage("someone", now)     # charged what it used
+    assert 4.0 < rt._tenant_usage("hostile", now) < 5.1                                 # and decaying

@@ -79,8 +79,11 @@ class _Worker:
         env.setdefault("OMP_NUM_THREADS", "1")
         self.proc = subprocess.Popen([sys.executable, "-m", "xg2.actors.compile_workers"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-        self.send = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
-        self.recv = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
+        send_fd, recv_fd = os.dup(self.proc.stdin.fileno()), os.dup(self.proc.stdout.fileno())
+        for fd in (send_fd, recv_fd):       # gevent's subprocess, when patched in, makes them nonblocking
+            os.set_blocking(fd, True)
+        self.send = Connection(send_fd, readable=False)
+        self.recv = Connection(recv_fd, writable=False)
         self.proc.stdin.close()
         self.proc.stdout.close()
         self.send.send_bytes(setup)
@@ -193,16 +196,19 @@ class CompileWorkers:
 
 def _serve() -> None:
     """The worker's loop: setup, then one spec in, one compiled grammar (or error) out."""
+    for fd in (0, 1):       # a parent with nonblocking pipes (gevent's subprocess) shares their mode
+        os.set_blocking(fd, True)
     out = Connection(os.dup(1), readable=False)
     inp = Connection(os.dup(0), writable=False)
     os.dup2(2, 1)       # what anything prints goes to stderr, never into a frame
     try:
         setup = pickle.loads(inp.recv_bytes())
-        if setup.get("nice"):
-            try:
+        if os.environ.get("XG2_COMPILE_IDLE") == "1" and hasattr(os, "SCHED_IDLE"):
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        elif setup.get("nice"):
+            with contextlib.suppress(OSError):
                 os.nice(setup["nice"])
-            except OSError:
-                pass
         from ..compiler import GrammarCompiler
 
         compiler = GrammarCompiler(setup["tokenizer_info"], cache_limit_bytes=setup["cache_limit_bytes"],

@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import math
 import os
 import secrets
 import threading
@@ -53,6 +54,8 @@ _log = logging.getLogger("xg2.runtime")
 #: Defaults sized for a serving process: a few hundred MB of caches, thousands of sessions.
 DEFAULT_CACHE_LIMIT_BYTES = 512 << 20
 DEFAULT_GRAMMAR_CACHE_BYTES = 256 << 20
+#: A tenant's recent compile time (what orders the compiles waiting for a worker) halves in this long.
+COMPILE_USAGE_HALF_LIFE_S = 10.0
 
 
 class Session:
@@ -174,6 +177,10 @@ class GrammarRuntime:
     `cache_limit_bytes` the compiler's caches. `compile_processes`: compile in
     `compile_workers` child processes (xg2.actors.compile_workers) rather than on threads of this
     one, so that compiles never hold this process's GIL: what a process that runs the model wants.
+    `max_compile_seconds_per_tenant`: a tenant whose recent compile time (decayed, half-life
+    COMPILE_USAGE_HALF_LIFE_S; a steady rate r of compile seconds per second sums to about 14.4 r)
+    is past this has its new specs refused with QuotaError until it decays (its cached grammars are
+    still served): one tenant's stream of slow or unique specs cannot take the CPU from the others.
     """
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, compiler: GrammarCompiler | None = None,
@@ -182,7 +189,7 @@ class GrammarRuntime:
                  idle_timeout_s: float | None = 600.0,
                  fill_threads: int | None = None, grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES,
                  cache_limit_bytes: int = DEFAULT_CACHE_LIMIT_BYTES, cache_tier: Any = None,
-                 compile_processes: bool = False):
+                 compile_processes: bool = False, max_compile_seconds_per_tenant: float | None = None):
         if max_compiles_per_tenant is None:
             max_compiles_per_tenant = max(1, compile_workers - 1)
         if (compile_workers < 1 or max_sessions_per_tenant < 1 or max_compiles_per_tenant < 1
@@ -190,6 +197,7 @@ class GrammarRuntime:
             raise ValueError("compile_workers, max_sessions_per_tenant and max_compiles_per_tenant must be "
                              "at least 1, compile_timeout_s positive")
         self.max_compiles_per_tenant = max_compiles_per_tenant
+        self.max_compile_seconds_per_tenant = max_compile_seconds_per_tenant
         self._gates: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = {}
         self.tokenizer_info = tokenizer_info
         self.compiler = compiler or GrammarCompiler(
@@ -201,6 +209,11 @@ class GrammarRuntime:
         self.idle_timeout_s = idle_timeout_s
         self.grammar_cache_bytes = grammar_cache_bytes
         self._compile_pool = concurrent.futures.ThreadPoolExecutor(compile_workers, thread_name_prefix="xg2-compile")
+        # Compiles waiting for a worker, served by least recent compile time of their tenant (see
+        # _next_compile); the time each tenant's compiles took, decayed with COMPILE_USAGE_HALF_LIFE_S.
+        self._waiting: list[tuple[int, str, Any, tuple, concurrent.futures.Future]] = []
+        self._waiting_seq = itertools.count()
+        self._usage: dict[str, tuple[float, float]] = {}
         self.compile_workers: CompileWorkers | None = None
         if compile_processes:       # one process per compile thread; this process only reads results
             self.compile_workers = CompileWorkers(tokenizer_info, compile_workers, cache_limit_bytes=cache_limit_bytes,
@@ -221,7 +234,7 @@ class GrammarRuntime:
         self._bitmask_seen: tuple | None = None
         self.stats = {"compiles": 0, "compile_shared": 0, "grammar_hits": 0, "failures_refused": 0,
                       "tier_grammar_hits": 0, "sessions_opened": 0, "sessions_reaped": 0,
-                      "deserialize_ms": 0.0}
+                      "deserialize_ms": 0.0, "compile_budget_refused": 0}
         self.cache_tier = None
         if cache_tier is not None:
             self.attach_tier(cache_tier)
@@ -297,6 +310,15 @@ class GrammarRuntime:
         if isinstance(found, CompiledGrammar):
             return found
         if found is None:
+            budget_s = self.max_compile_seconds_per_tenant
+            if budget_s is not None:
+                used = self._tenant_usage(tenant, time.monotonic())
+                if used > budget_s:
+                    self.stats["compile_budget_refused"] += 1
+                    wait = COMPILE_USAGE_HALF_LIFE_S * math.log2(used / budget_s)
+                    raise QuotaError(f"tenant {tenant!r} has used {used:.1f} s of compile time lately, past its "
+                                     f"{budget_s:g} s; new grammars are refused for about {wait:.0f} s "
+                                     "(grammars compiled before are still served)")
             loop = asyncio.get_running_loop()
             gate = self._gates.get(tenant)
             if gate is None or gate[0] is not loop:     # a semaphore belongs to one event loop
@@ -320,12 +342,56 @@ class GrammarRuntime:
                             return found
                 if found is None:
                     with self._lock:
-                        found = self._compile_pool.submit(self._compile_blocking, grammar, key, blob)
+                        found = self._queue_compile(tenant, self._compile_blocking, grammar, key, blob)
                         self._inflight[key] = found
                         self.stats["compiles"] += 1
+                    self._compile_pool.submit(self._next_compile)     # not under the lock
                     found.add_done_callback(lambda f, key=key: self._compiled(key, f))
                 return await self._wait(found)
         return await self._wait(found)
+
+    def _queue_compile(self, tenant: str, fn: Any, *args: Any) -> concurrent.futures.Future:
+        """Queue a compile (with self._lock; then submit one `_next_compile` to the pool, without it).
+        Workers take the waiting compile whose tenant has used the least compile time lately, not
+        the oldest: a tenant that sends a stream of slow or unique specs gets a worker only when
+        no other tenant waits for one, rather than half of them all the time."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._waiting.append((next(self._waiting_seq), tenant, fn, args, fut))
+        return fut
+
+    def _tenant_usage(self, tenant: str, now: float) -> float:
+        used, at = self._usage.get(tenant, (0.0, now))
+        return used * 0.5 ** ((now - at) / COMPILE_USAGE_HALF_LIFE_S)
+
+    def compile_usage(self, top: int = 8) -> dict[str, float]:
+        """The tenants with the most recent compile time (decayed seconds), most first."""
+        now = time.monotonic()
+        with self._lock:
+            usage = {t: self._tenant_usage(t, now) for t in self._usage}
+        return {t: round(u, 3) for t, u in sorted(usage.items(), key=lambda kv: -kv[1])[:top]}
+
+    def _next_compile(self) -> None:
+        with self._lock:
+            if not self._waiting:
+                return
+            now = time.monotonic()
+            i = min(range(len(self._waiting)),
+                    key=lambda j: (self._tenant_usage(self._waiting[j][1], now), self._waiting[j][0]))
+            _seq, tenant, fn, args, fut = self._waiting.pop(i)
+        if not fut.set_running_or_notify_cancel():
+            return
+        t0 = time.monotonic()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the compile
+            fut.set_exception(e)
+        finally:
+            now = time.monotonic()
+            with self._lock:
+                self._usage[tenant] = (self._tenant_usage(tenant, now) + (now - t0), now)
+                if len(self._usage) > 4096:     # forget the tenants whose usage has decayed away
+                    for t in [t for t in self._usage if self._tenant_usage(t, now) < 1e-3]:
+                        del self._usage[t]
 
     async def _wait(self, fut: concurrent.futures.Future) -> CompiledGrammar:
         try:
@@ -580,6 +646,10 @@ class GrammarRuntime:
             sessions = list(self._sessions.values())
         self.close(sessions)
         self._compile_pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for *_rest, fut in waiting:
+            fut.cancel()
         if self.compile_workers is not None:
             self.compile_workers.close()
         self._fill_pool.shutdown(wait=False)
