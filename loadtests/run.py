@@ -732,7 +732,8 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
              max_tokens: tuple[int, int] = (48, 96), stream_fraction: float = 0.25, step_users: int = 2,
              step_s: float = 30.0, port: int | None = None, do_plot: bool = True, progress: bool = True,
              server_options: dict | None = None, mask_service: bool = True,
-             startup_timeout_s: float = 120.0, hostile: int = 0, restart_ingress_: bool = False) -> dict:
+             startup_timeout_s: float = 120.0, hostile: int = 0, restart_ingress_: bool = False,
+             shard_mb: int | None = None) -> dict:
     """See the module note. Returns the summary (also written to `json_path`)."""
     if not 1 <= users <= 256 or not 0 < spawn_rate <= 64 or not 1 <= duration <= 24 * 3600:
         raise ValueError("users 1-256, spawn rate up to 64/s, duration 1 s to 24 h")
@@ -757,7 +758,7 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
             port = port or free_port()
             log(f"starting the application: model {model}, {replicas} replica(s), {shards} shard(s), port {port}")
             server = Server(model=model, port=port, replicas=replicas, shards=shards, max_batch=max_batch,
-                            mask_service=mask_service, progress=False, options=server_options)
+                            mask_service=mask_service, progress=False, options=server_options, shard_mb=shard_mb)
             server.start()
             stack.callback(server.stop)
             url = server.url
@@ -858,6 +859,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restart-ingress", action="store_true", help="kill Serve's HTTP proxy (it is restarted)")
     ap.add_argument("--hostile", type=int, default=0,
                     help="users of a hostile tenant besides --users (slow schemas, huge tool sets, malformed bodies)")
+    ap.add_argument("--cache-mb", type=int, nargs=3, metavar=("GRAMMARS", "COMPILER", "SHARD"),
+                    help="the replicas' grammar and compiler caches and each shard's budget (default 64 128 256): "
+                         "smaller ones fill sooner, for a soak that reaches its plateau in minutes")
     ap.add_argument("--shape", choices=("step", "soak"), help="load shape (default: -u users from the start)")
     ap.add_argument("--step-users", type=int, default=2, help="step shape: users added per step")
     ap.add_argument("--step-seconds", type=float, default=30.0, help="step shape: seconds per step")
@@ -880,7 +884,9 @@ def main(argv: list[str] | None = None) -> int:
                        sample_every=args.sample_every, request_timeout=args.timeout,
                        max_tokens=(int(lo), int(hi or lo)), stream_fraction=args.stream_fraction,
                        step_users=args.step_users, step_s=args.step_seconds, port=args.port,
-                       do_plot=not args.no_plot, hostile=args.hostile, restart_ingress_=args.restart_ingress)
+                       do_plot=not args.no_plot, hostile=args.hostile, restart_ingress_=args.restart_ingress,
+                       server_options={"grammar_cache_mb": args.cache_mb[0], "compiler_cache_mb": args.cache_mb[1]}
+                       if args.cache_mb else None, shard_mb=args.cache_mb[2] if args.cache_mb else None)
     print_summary(summary)
     print(f"\nsummary: {summary['files']['json']}" + (f", plot: {summary['files']['plot']}"
                                                       if "plot" in summary["files"] else ""))

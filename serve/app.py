@@ -196,7 +196,8 @@ class MaskService:
         loaded = load_model(model)
         self.vocab_size = loaded.vocab_size
         self.host = MatcherHost(tokenizer_info(loaded), shards=shards or None, shard_namespace=shard_namespace,
-                                compile_processes=True)     # compiles off this process's GIL: steps stay quick
+                                compile_processes=True,     # compiles off this process's GIL: steps stay quick
+                                max_compile_seconds_per_tenant=ReplicaOptions.max_compile_seconds_per_tenant)
         if self.host.runtime.compile_workers is not None:
             self.host.runtime.compile_workers.wait_ready()
 

@@ -28,8 +28,10 @@ class Server:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 8000, model: str = "default", replicas: int = 1,
                  shards: int = 2, max_batch: int = 8, mask_service: bool = True, progress: bool = True,
-                 api_keys: dict[str, str] | None = None, options: dict[str, Any] | None = None):
+                 api_keys: dict[str, str] | None = None, options: dict[str, Any] | None = None,
+                 shard_mb: int | None = None):
         self.host, self.port, self.model = host, port, model
+        self.shard_mb = shard_mb        # each cache shard's budget (None: xg2.actors.shard's default)
         self.replicas, self.shards, self.max_batch = replicas, shards, max_batch
         self.mask_service, self.progress, self.api_keys = mask_service, progress, api_keys
         self.options = dict(options or {})
@@ -47,6 +49,10 @@ class Server:
     def start(self):
         # Ray's servers take the node's address; with this set it is the loopback (127.0.0.1)
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        # Serve replaces a dead HTTP proxy after 3 failed health checks, by default 10 s apart: 30 s
+        # without an ingress (measured); 2 s apart it is back in about 7 s. Read by Serve's
+        # controller, which inherits this environment from the Ray started below.
+        os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S", "2")
         import ray
         from ray import serve
 
@@ -72,7 +78,8 @@ class Server:
         # the shards first: a replica's first requests should not wait for an actor to start
         from xg2.actors.router import ShardRouter
 
-        router = ShardRouter([f"{self.shard_prefix}-{i}" for i in range(self.shards)], namespace="xg2")
+        router = ShardRouter([f"{self.shard_prefix}-{i}" for i in range(self.shards)], namespace="xg2",
+                             budget_bytes=self.shard_mb << 20 if self.shard_mb else None)
         ray.get([router._handle(i).ping.remote() for i in range(self.shards)])
         serve.run(build(args), name="xg2", route_prefix="/")
         if self.mask_service:

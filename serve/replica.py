@@ -14,6 +14,7 @@ flight on a replica and, through the runtime, on its open sessions and running c
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -57,11 +58,15 @@ class ReplicaOptions:
     # the GIL the decode loop needs (on threads, a tenant compiling 64-tool sets took the others'
     # decode step from 3 ms to 89 ms at the median).
     compile_processes: bool = True
-    # A tenant past this much recent compile time (decayed seconds, half-life 10 s: about 0.2 s of
+    # A tenant past this much recent compile time (decayed seconds, half-life 10 s: about 0.14 s of
     # compiling per second sustained) gets 429 for new grammars until it decays; see GrammarRuntime.
-    max_compile_seconds_per_tenant: float | None = 3.0
+    max_compile_seconds_per_tenant: float | None = 2.0
     shards: list[str] = field(default_factory=list)
     shard_namespace: str | None = None
+
+
+#: Request bodies and prompts past this many bytes are rendered and tokenized on a thread.
+_LARGE_PROMPT_BYTES = 32 << 10
 
 
 class TextStream:
@@ -129,6 +134,10 @@ class Replica:
                                       max_compile_seconds_per_tenant=o.max_compile_seconds_per_tenant)
         if self.runtime.compile_workers is not None:
             self.runtime.compile_workers.wait_ready()       # before the first request, not on it
+        # no token is longer than this: a prompt of more bytes than max_len of them is too long untokenized
+        added = getattr(self.loaded.tokenizer, "get_added_vocab", dict)()      # special tokens' text
+        self._max_token_bytes = max(1, max(map(len, tokenizer_info(self.loaded).decoded_vocab)),
+                                    max((len(t.encode()) for t in added), default=0))
         self.engine = Engine(self.loaded.model, self.loaded.eos_token_ids, runtime=self.runtime,
                              max_batch=o.max_batch, max_len=o.max_len, vocab_size=self.loaded.vocab_size)
         self._in_flight: dict[str, int] = {}
@@ -151,7 +160,9 @@ class Replica:
         fmt = self.loaded.tool_format
         try:
             spec = chat_session_spec(req, tool_format=fmt)
-            prompt_text = self.loaded.chat_format.render(req.message_dicts(), req.tool_dicts() or None)
+            render = functools.partial(self.loaded.chat_format.render, req.message_dicts(), req.tool_dicts() or None)
+            # a large template (many tools) renders off the event loop: the other requests' tokens keep flowing
+            prompt_text = await asyncio.to_thread(render) if len(body) > _LARGE_PROMPT_BYTES else render()
         except ValueError as e:
             raise p.RequestError(str(e), "/messages") from None
         tools = bool(req.tools) and spec is not None and req.tool_choice != "none"
@@ -198,7 +209,13 @@ class Replica:
             self.counts["rejected"] += 1
             raise p.RequestError(f"too many requests in flight for this API key ({held}); retry later",
                                  status=429, code="rate_limit_exceeded", type="rate_limit_error")
-        prompt = self.loaded.tokenizer.encode(prompt_text, add_special_tokens=False)
+        n_bytes = len(prompt_text.encode("utf-8", "surrogatepass"))
+        if -(-n_bytes // self._max_token_bytes) >= self.engine.lm.max_len:    # past the limit whatever the split
+            raise p.RequestError(f"the prompt has at least {-(-n_bytes // self._max_token_bytes)} tokens; this model "
+                                 f"takes at most {self.engine.lm.max_len - 1}", "/messages",
+                                 code="context_length_exceeded")
+        encode = functools.partial(self.loaded.tokenizer.encode, prompt_text, add_special_tokens=False)
+        prompt = await asyncio.to_thread(encode) if n_bytes > _LARGE_PROMPT_BYTES else encode()
         if len(prompt) >= self.engine.lm.max_len:
             raise p.RequestError(f"the prompt has {len(prompt)} tokens; this model takes at most "
                                  f"{self.engine.lm.max_len - 1}", "/messages", code="context_length_exceeded")

@@ -145,6 +145,7 @@ def ray_local():
     # With this setting Ray takes 127.0.0.1 as the node's address, so its servers listen on the
     # loopback only (by default they take the machine's address and listen on every interface).
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S", "2")     # as serve.cli.Server sets it
     import ray
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",

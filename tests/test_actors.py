@@ -19,7 +19,7 @@ from conftest import SHARED, shared_file
 
 import xg2
 from xg2.actors.router import ShardRouter
-from xg2.actors.shard import CacheShard
+from xg2.actors.shard import ITEM_OVERHEAD, CacheShard
 from xg2.errors import SessionError, SpecError
 
 REGISTRY = SHARED / "data" / "tools" / "registry.jsonl"
@@ -28,11 +28,12 @@ REGISTRY = SHARED / "data" / "tools" / "registry.jsonl"
 # -- the shard as plain Python ----------------------------------------------------------------------
 
 def test_shard_lru_by_bytes_and_refusals():
-    shard = CacheShard(budget_bytes=1000)
+    shard = CacheShard(budget_bytes=2300)     # 8 items of 16 + 100 bytes and their overhead
     run = asyncio.run
     assert run(shard.put_many([(bytes([i]) * 16, b"v" * 100) for i in range(20)])) == (20, shard.incarnation)
     stats = run(shard.stats())
-    assert stats["bytes"] <= 1000 and stats["items"] == 8 and stats["evictions"] == 12
+    assert stats["bytes"] <= 2300 and stats["items"] == 8 and stats["evictions"] == 12
+    assert stats["bytes"] == 8 * (16 + 100 + ITEM_OVERHEAD)
     # the oldest went first; a read refreshes recency
     got = run(shard.get_many([bytes([0]) * 16, bytes([19]) * 16, bytes([12]) * 16]))
     assert got == [None, b"v" * 100, b"v" * 100]
@@ -44,7 +45,7 @@ def test_shard_lru_by_bytes_and_refusals():
     assert run(shard.get_many([b"n" * 16])) == [b"w" * 100]
     # refused: too large, keys of the wrong size, not bytes, not pairs
     before = run(shard.stats())["refused"]
-    assert run(shard.put_many([(b"k" * 16, b"x" * 2000), (b"short", b"v"), ("s" * 16, b"v"), (b"k" * 16,),
+    assert run(shard.put_many([(b"k" * 16, b"x" * 3000), (b"short", b"v"), ("s" * 16, b"v"), (b"k" * 16,),
                                None]))[0] == 0
     assert run(shard.stats())["refused"] == before + 5
 

@@ -180,3 +180,24 @@ def test_short_multi_tenant_run(ray_local, tmp_path):
             break
         time.sleep(0.5)
     assert not left, left
+
+
+def test_faults_and_a_hostile_tenant_under_load(ray_local, tmp_path):
+    """About 30 s of 4 users and one hostile tenant's user, with a cache shard killed and then
+    Serve's HTTP proxy (the ingress) restarted: no invalid output, nothing hung, every hostile
+    request answered with its 4xx (or an answer, when it was within the limits), both faults
+    recovered from."""
+    _need_data()
+    run = _load("run")
+    summary = run.run_load(duration=30, users=4, spawn_rate=5, model="tiny", shards=1, mask_service=False,
+                           out_dir=tmp_path, sample_every=2.0, request_timeout=30, do_plot=False, progress=False,
+                           hostile=1, kill_shard_=True, restart_ingress_=True)
+    assert summary["invalid_outputs"] == 0, summary["invalid_samples"]
+    assert summary["hung_requests"] == 0 and summary["timeouts"] == 0, summary["failure_samples"]
+    hostile = summary["outcomes_by_class"]["HostileTenant"]
+    assert hostile.get("refused", 0) >= 5 and set(hostile) <= {"refused", "ok", "retried", "connection"}, hostile
+    faults = {f["kind"]: f for f in summary["faults"]}
+    assert set(faults) == {"shard", "ingress"} and not any(f.get("error") for f in faults.values()), faults
+    assert faults["shard"]["restarted_after_s"] is not None and faults["ingress"]["restarted_after_s"] is not None
+    assert faults["ingress"]["first_success_after_s"] is not None
+    assert summary["others"]["requests"] >= 10

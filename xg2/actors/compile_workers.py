@@ -210,7 +210,11 @@ def _serve() -> None:
             with contextlib.suppress(OSError):
                 os.nice(setup["nice"])
         from ..compiler import GrammarCompiler
+        from ..grammar import fsm
 
+        # this process's memo of automata: within a quarter of its compiler's budget, at most the default
+        if setup["cache_limit_bytes"] >= 0:
+            fsm.MAX_MEMO_AUTOMATA_BYTES = min(fsm.MAX_MEMO_AUTOMATA_BYTES, max(1 << 20, setup["cache_limit_bytes"] // 4))
         compiler = GrammarCompiler(setup["tokenizer_info"], cache_limit_bytes=setup["cache_limit_bytes"],
                                    precompute_budget_ms=setup["precompute_budget_ms"],
                                    compile_timeout_ms=setup["compile_timeout_ms"])

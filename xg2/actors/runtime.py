@@ -12,6 +12,12 @@ batches), `submit_fill` starts the same work on that pool and returns a handle t
 fill overlaps the forward pass; `accept`, `rollback` and `fork` (n > 1 sampling) follow. A session
 keeps the tokens it accepted, so it can be rebuilt anywhere by replaying them (`restore`).
 
+Compiles are fair across tenants: a waiting compile goes to the tenant that has used the least
+compile time lately, a tenant past `max_compile_seconds_per_tenant` of recent compile time has its
+new specs refused (QuotaError) until that decays, and with `compile_processes` the compiles run in
+child processes (xg2.actors.compile_workers), so that no tenant's compile holds the GIL this
+process's decode loop needs.
+
 Partial JIT as the XGrammar 2 paper means it: a compile builds the entries the first mask needs and
 returns; the costliest others are built by the compiler's background thread while the model
 prefills and decodes.
