@@ -36,6 +36,15 @@ def test_bounds_answer_with_typed_errors(replica):
     with pytest.raises(p.RequestError) as err:            # longer than the model's 512 positions
         chat(replica, messages=[{"role": "user", "content": "hello " * 1000}])
     assert err.value.status == 400 and err.value.code == "context_length_exceeded"
+    assert "at least" not in str(err.value)                # tokenized: 6000 bytes may be fewer tokens
+    saved, replica._max_token_bytes = replica._max_token_bytes, 1
+    try:                                                   # 1 byte per token at most: refused by its bytes
+        with pytest.raises(p.RequestError) as err:
+            chat(replica, messages=[{"role": "user", "content": "hello " * 100}])
+        assert err.value.code == "context_length_exceeded" and "at least" in str(err.value)
+    finally:
+        replica._max_token_bytes = saved
+    assert 16 <= replica._max_token_bytes <= 256            # the vocabulary's longest token, in bytes
 
 
 def test_stop_strings_cut_the_text_and_the_stream_holds_back_their_starts(replica):

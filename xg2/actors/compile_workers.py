@@ -106,10 +106,8 @@ class _Worker:
             self.proc.kill()
             self.proc.wait(5)
         for c in (self.send, self.recv):
-            try:
+            with contextlib.suppress(OSError):
                 c.close()
-            except OSError:
-                pass
 
 
 class CompileWorkers:
@@ -158,6 +156,8 @@ class CompileWorkers:
             w.wait_ready(timeout)
 
     def compile(self, spec: Any, timeout: float) -> bytes:
+        if self._closed:
+            raise CompileWorkerError("the compile workers were closed")
         w = self._idle.get()
         while w.proc.poll() is not None:        # died while idle (killed from outside): replaced unseen
             self._replace(w)
@@ -203,10 +203,7 @@ def _serve() -> None:
     os.dup2(2, 1)       # what anything prints goes to stderr, never into a frame
     try:
         setup = pickle.loads(inp.recv_bytes())
-        if os.environ.get("XG2_COMPILE_IDLE") == "1" and hasattr(os, "SCHED_IDLE"):
-            with contextlib.suppress(OSError):
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        elif setup.get("nice"):
+        if setup.get("nice"):       # (SCHED_IDLE was tried: under load it starved every tenant's compiles)
             with contextlib.suppress(OSError):
                 os.nice(setup["nice"])
         from ..compiler import GrammarCompiler
