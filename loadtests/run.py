@@ -700,7 +700,7 @@ def plot(summary: dict, events: list[dict], path: Path) -> bool:
     ax2.set_ylabel("grammar cache hit rate")
     ax2.set_ylim(0, 1.05)
     ax2.legend(loc="lower right", fontsize=8)
-    for role in ("replica", "shard", "masks", "proxy"):
+    for role in ("replica", "shard", "compile_worker", "masks", "proxy"):
         pts = [(r["t"], r[role]) for r in summary["rss_mb"] if role in r]
         if pts:
             ax3.plot([a for a, _ in pts], [b for _, b in pts], label=role)
