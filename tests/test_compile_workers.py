@@ -129,6 +129,7 @@ def test_the_worker_is_killed_on_a_timeout_its_own_deadline_missed(json_info):
             os.kill(pid, 0)                             # the old one is gone
         blob = workers.compile(xg2.actors.spec.RegexSpec("ab+"), timeout=30)
         assert xg2.GrammarCompiler(json_info).deserialize(blob) is not None
+        assert 0 < workers.last_cpu_s.value < 30            # the worker's CPU time for it, reported
     finally:
         workers.close()
 

@@ -24,9 +24,11 @@ import contextlib
 import os
 import pickle
 import queue
+import struct
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -41,6 +43,7 @@ _SPEC_ENC = msgspec.msgpack.Encoder()
 _SPEC_DEC = msgspec.msgpack.Decoder(GrammarSpec)
 
 _OK, _ERROR, _READY = b"o", b"e", b"r"
+_CPU = struct.Struct("<d")      # after _OK: the compile's CPU seconds in the worker
 
 #: How long a worker may take to start (import, build the vocabulary's tables) before it counts as
 #: failed to start.
@@ -129,6 +132,9 @@ class CompileWorkers:
         self._lock = threading.Lock()
         self._closed = False
         self.restarts = 0
+        # the CPU seconds the worker spent on the last compile this thread got back (what a
+        # tenant is charged: wall time would charge it for the machine being busy)
+        self.last_cpu_s = threading.local()
         for _ in range(workers):
             self._idle.put(self._start())
 
@@ -179,7 +185,8 @@ class CompileWorkers:
                                      "(out of memory, or killed); it was started again") from None
         self._idle.put(w)
         if msg[:1] == _OK:
-            return msg[1:]
+            self.last_cpu_s.value = _CPU.unpack_from(msg, 1)[0]
+            return msg[1 + _CPU.size:]
         raise _error_from(msg[1:])
 
     def pids(self) -> list[int]:
@@ -224,11 +231,13 @@ def _serve() -> None:
             data = inp.recv_bytes()
         except (EOFError, OSError):
             return      # the parent closed the pipe: stop
+        cpu0 = time.process_time()
         try:
             spec = _SPEC_DEC.decode(data)
             compiled = spec.compile(compiler)
             compiled._precomputed.wait()
-            reply = _OK + compiled.serialize(all_entries=True)
+            blob = compiled.serialize(all_entries=True)
+            reply = _OK + _CPU.pack(time.process_time() - cpu0) + blob
         except XG2Error as e:
             reply = _ERROR + _error_bytes(e)
         except RecursionError:

@@ -183,7 +183,7 @@ class GrammarRuntime:
     `cache_limit_bytes` the compiler's caches. `compile_processes`: compile in
     `compile_workers` child processes (xg2.actors.compile_workers) rather than on threads of this
     one, so that compiles never hold this process's GIL: what a process that runs the model wants.
-    `max_compile_seconds_per_tenant`: a tenant whose recent compile time (decayed, half-life
+    `max_compile_seconds_per_tenant`: a tenant whose recent compile CPU time (decayed, half-life
     COMPILE_USAGE_HALF_LIFE_S; a steady rate r of compile seconds per second sums to about 14.4 r)
     is past this has its new specs refused with QuotaError until it decays (its cached grammars are
     still served): one tenant's stream of slow or unique specs cannot take the CPU from the others.
@@ -220,6 +220,7 @@ class GrammarRuntime:
         self._waiting: list[tuple[int, str, Any, tuple, concurrent.futures.Future]] = []
         self._waiting_seq = itertools.count()
         self._usage: dict[str, tuple[float, float]] = {}
+        self._charge = threading.local()        # per compile thread: the worker's CPU seconds
         self.compile_workers: CompileWorkers | None = None
         if compile_processes:       # one process per compile thread; this process only reads results
             self.compile_workers = CompileWorkers(tokenizer_info, compile_workers, cache_limit_bytes=cache_limit_bytes,
@@ -271,6 +272,7 @@ class GrammarRuntime:
                     _log.warning("cache tier gave an unusable grammar (%s); compiling it", e)
         if self.compile_workers is not None:
             blob = self.compile_workers.compile(grammar, self.compile_timeout_s)
+            self._charge.worker_s = self.compile_workers.last_cpu_s.value
             t0 = time.perf_counter()
             compiled = self.compiler.deserialize(blob, precompute=False)    # the worker precomputed
             self.stats["deserialize_ms"] += (time.perf_counter() - t0) * 1e3
@@ -386,15 +388,24 @@ class GrammarRuntime:
             _seq, tenant, fn, args, fut = self._waiting.pop(i)
         if not fut.set_running_or_notify_cancel():
             return
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.thread_time()
+        self._charge.worker_s = None
+        failed = False
         try:
             fut.set_result(fn(*args))
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the compile
+            failed = True
             fut.set_exception(e)
         finally:
+            # Charged CPU time (this thread's, and a worker process's when it compiled): wall time
+            # would charge a tenant for the machine being busy. A compile that failed in a worker
+            # (a timeout, a dead worker) is charged its wall time.
             now = time.monotonic()
+            worker_s = self._charge.worker_s
+            spent = (now - t0) if failed and self.compile_workers is not None else \
+                (time.thread_time() - cpu0) + (worker_s or 0.0)
             with self._lock:
-                self._usage[tenant] = (self._tenant_usage(tenant, now) + (now - t0), now)
+                self._usage[tenant] = (self._tenant_usage(tenant, now) + spent, now)
                 if len(self._usage) > 4096:     # forget the tenants whose usage has decayed away
                     for t in [t for t in self._usage if self._tenant_usage(t, now) < 1e-3]:
                         del self._usage[t]
