@@ -197,7 +197,9 @@ class MaskService:
         self.vocab_size = loaded.vocab_size
         self.host = MatcherHost(tokenizer_info(loaded), shards=shards or None, shard_namespace=shard_namespace,
                                 compile_processes=True,     # compiles off this process's GIL: steps stay quick
-                                max_compile_seconds_per_tenant=ReplicaOptions.max_compile_seconds_per_tenant)
+                                max_compile_seconds_per_tenant=ReplicaOptions.max_compile_seconds_per_tenant,
+                                grammar_cache_bytes=ReplicaOptions.grammar_cache_mb << 20,   # as a replica's:
+                                cache_limit_bytes=ReplicaOptions.compiler_cache_mb << 20)    # the shards are behind
         if self.host.runtime.compile_workers is not None:
             self.host.runtime.compile_workers.wait_ready()
 
