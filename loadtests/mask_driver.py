@@ -43,10 +43,8 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
-import socket
 import sys
 import time
 from collections import Counter, defaultdict
@@ -61,15 +59,13 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:       # `python loadtests/mask_driver.py` and `import loadtests.mask_driver`
     sys.path.insert(0, str(HERE))
 import workload as w
+from run import PROMPT_BUDGETS, free_port, quantile  # the locust run's: same figures, same tool sets
 
 APP_NAME = "xg2-masks"
 CLASSES = ("tools", "json", "grammar")
 #: Tenant classes in the order tasks take them: the locust weights (3 : 2 : 2) over seven tasks,
 #: and the three classes among the first three, so even a small run covers them all.
 CLASS_CYCLE = ("tools", "json", "grammar", "tools", "json", "grammar", "tools")
-#: Prompt budget of a tool set (estimated tokens) per model, as run.py's PROMPT_BUDGETS: the same
-#: budget draws the same tool sets as the locust users, hence the same cache entries.
-PROMPT_BUDGETS = {"tiny": 2000, "default": 3600}
 MAX_TENANTS = 64
 MAX_BATCH = 64
 MAX_DURATION_S = 3600.0
@@ -88,24 +84,8 @@ def say(msg: str) -> None:
     print(f"[mask-driver {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def quantile(xs: list[float], q: float) -> float | None:
-    """Linear interpolation between order statistics (as run.py's summary)."""
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def _r(x: float | None, nd: int = 2) -> float | None:
     return None if x is None else round(x, nd)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cause_of(e: BaseException) -> BaseException:
