@@ -202,21 +202,29 @@ class Replica:
             raise p.RequestError(f"the request body is {len(body)} bytes; at most {self.options.max_body_bytes}",
                                  status=413, code="request_too_large")
 
-    async def _start(self, tenant: str, req: Any, spec: Any, prompt_text: str, max_tokens: int | None,
-                     compile_error: Any, markers: tuple[str, ...] = ()) -> _Run:
-        """Admission (the tenant's bound), the prompt's tokens, the grammar session, the submit."""
+    def _admit(self, tenant: str) -> None:
+        """429 when the tenant has its bound of requests in flight on this replica."""
         held = self._in_flight.get(tenant, 0)
         if held >= self.options.max_requests_per_tenant:
             self.counts["rejected"] += 1
             raise p.RequestError(f"too many requests in flight for this API key ({held}); retry later",
                                  status=429, code="rate_limit_exceeded", type="rate_limit_error")
+
+    async def _start(self, tenant: str, req: Any, spec: Any, prompt_text: str, max_tokens: int | None,
+                     compile_error: Any, markers: tuple[str, ...] = ()) -> _Run:
+        """Admission (the tenant's bound), the prompt's tokens, the grammar session, the submit."""
+        self._admit(tenant)
         n_bytes = len(prompt_text.encode("utf-8", "surrogatepass"))
         if -(-n_bytes // self._max_token_bytes) >= self.engine.lm.max_len:    # past the limit whatever the split
             raise p.RequestError(f"the prompt has at least {-(-n_bytes // self._max_token_bytes)} tokens; this model "
                                  f"takes at most {self.engine.lm.max_len - 1}", "/messages",
                                  code="context_length_exceeded")
         encode = functools.partial(self.loaded.tokenizer.encode, prompt_text, add_special_tokens=False)
-        prompt = await asyncio.to_thread(encode) if n_bytes > _LARGE_PROMPT_BYTES else encode()
+        if n_bytes > _LARGE_PROMPT_BYTES:
+            prompt = await asyncio.to_thread(encode)
+            self._admit(tenant)         # others of the tenant's may have started meanwhile
+        else:
+            prompt = encode()
         if len(prompt) >= self.engine.lm.max_len:
             raise p.RequestError(f"the prompt has {len(prompt)} tokens; this model takes at most "
                                  f"{self.engine.lm.max_len - 1}", "/messages", code="context_length_exceeded")
@@ -225,7 +233,7 @@ class Replica:
             max_tokens=min(max_tokens or self.options.default_max_tokens, limit),
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed)
-        self._in_flight[tenant] = held + 1
+        self._in_flight[tenant] = self._in_flight.get(tenant, 0) + 1
         self.counts["requests"] += 1
         t0 = time.perf_counter()
         session = None
