@@ -270,12 +270,17 @@ def kill_shard(name: str) -> dict:
     return fault
 
 
-def model_replicas() -> list[str]:
-    """The names (namespace "serve") of the model deployment's replica actors."""
+def serve_actors(*parts: str) -> list[str]:
+    """The names of Serve's actors (namespace "serve") whose name holds every one of `parts`."""
     import ray
 
     return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a.get("namespace") == "serve" and "xg2-model" in a["name"] and "REPLICA" in a["name"])
+                  if a.get("namespace") == "serve" and all(p in a["name"] for p in parts))
+
+
+def model_replicas() -> list[str]:
+    """The names of the model deployment's replica actors."""
+    return serve_actors("xg2-model", "REPLICA")
 
 
 def kill_replica() -> dict:
@@ -312,20 +317,12 @@ def kill_replica() -> dict:
     return fault
 
 
-def proxies() -> list[str]:
-    """The names (namespace "serve") of Serve's HTTP proxy actors: the ingress every request enters by."""
-    import ray
-
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a.get("namespace") == "serve" and "PROXY" in a["name"])
-
-
 def restart_ingress(base: str) -> dict:
     """Kill Serve's HTTP proxy (the controller starts another) and time until the ingress answers
     again: connections in flight are cut, new ones refused until then."""
     import ray
 
-    names = proxies()
+    names = serve_actors("PROXY")      # Serve's HTTP proxies: the ingress every request enters by
     if not names:
         return {"kind": "ingress", "error": "no Serve proxy actor found", "t": time.time()}
     name = names[0]
