@@ -51,7 +51,8 @@ ROLES = (("ray::ServeReplica:xg2:xg2-model", "replica"), ("ray::CacheShard", "sh
          ("ray::ServeController", "controller"))
 #: Processes told by a part of their command line: the compile workers (children of a replica or
 #: of the mask service).
-ROLES_IN = (("-m xg2.actors.compile_workers", "compile_worker"),)
+ROLES_IN = (("-m xg2.actors.compile_workers", "compile_worker"), ("-m locust", "locust"),
+            ("/raylet", "ray_system"), ("gcs_server", "ray_system"))
 #: Positions allowed a sequence by the model, for the tools' prompt budget (estimated tokens).
 PROMPT_BUDGETS = {"tiny": 2000, "default": 3600}
 
@@ -83,9 +84,9 @@ def _r(x: float | None, nd: int = 1) -> float | None:
 # Processes and their memory
 # ------------------------------------------------------------------------------------------------
 
-def _descendants() -> list[tuple[int, str, float]]:
-    """(pid, title, rss MB) of this process's descendants (the Ray it started: its raylet's
-    workers), by psutil when installed, else /proc."""
+def _descendants() -> list[tuple[int, str, float, float]]:
+    """(pid, title, rss MB, CPU seconds) of this process's descendants (the Ray it started: its
+    raylet's workers; the locust child), by psutil when installed, else /proc."""
     try:
         import psutil
     except ImportError:
@@ -94,7 +95,8 @@ def _descendants() -> list[tuple[int, str, float]]:
     if psutil is not None:
         for p in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                out.append((p.pid, " ".join(p.cmdline()), p.memory_info().rss / 2**20))
+                cpu = p.cpu_times()
+                out.append((p.pid, " ".join(p.cmdline()), p.memory_info().rss / 2**20, cpu.user + cpu.system))
         return out
     parents: dict[int, int] = {}
     for d in Path("/proc").iterdir():
@@ -106,27 +108,31 @@ def _descendants() -> list[tuple[int, str, float]]:
     while frontier:
         frontier = {pid for pid, ppid in parents.items() if ppid in frontier and pid not in mine}
         mine |= frontier
+    tick = os.sysconf("SC_CLK_TCK")
     for pid in mine:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, IndexError):
             title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
             rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                        if line.startswith("VmRSS:"))
-            out.append((pid, title, rss / 1024))
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            out.append((pid, title, rss / 1024, (int(fields[11]) + int(fields[12])) / tick))
     return out
 
 
-def app_processes() -> dict[int, tuple[str, float]]:
-    """pid -> (role, rss MB) of the application's processes among this process's descendants."""
+def app_processes() -> dict[int, tuple[str, float, float]]:
+    """pid -> (role, rss MB, CPU seconds) of the application's processes (and the load generator)
+    among this process's descendants."""
     out = {}
-    for pid, title, rss in _descendants():
+    for pid, title, rss, cpu in _descendants():
         for prefix, role in ROLES:
             if title.startswith(prefix):
-                out[pid] = (role, rss)
+                out[pid] = (role, rss, cpu)
                 break
         else:
             for part, role in ROLES_IN:
                 if part in title:
-                    out[pid] = (role, rss)
+                    out[pid] = (role, rss, cpu)
                     break
     return out
 
@@ -219,7 +225,8 @@ class Sampler(threading.Thread):
         if self.shard_names:
             s["shards"] = self._shards()
         procs = app_processes()
-        s["rss"] = {f"{role}:{pid}": round(mb, 1) for pid, (role, mb) in procs.items()}
+        s["rss"] = {f"{role}:{pid}": round(mb, 1) for pid, (role, mb, _) in procs.items()}
+        s["cpu_s"] = {f"{role}:{pid}": round(cpu, 2) for pid, (role, _, cpu) in procs.items()}
         self.samples.append(s)
         return s
 
@@ -537,6 +544,16 @@ def summarize(events: list[dict], samples: list[dict], faults: list[dict], *, ti
             first, last = warm[0].get(role), warm[-1].get(role)
             if first:
                 growth[role] = round((last - first) / first, 4) if last else None
+    # CPU seconds spent by each role over the run (processes that died count up to their last sample)
+    last_cpu: dict[str, float] = {}
+    first_cpu: dict[str, float] = {}
+    for s in samples:
+        for key, cpu in (s.get("cpu_s") or {}).items():
+            first_cpu.setdefault(key, cpu)
+            last_cpu[key] = cpu
+    cpu_by_role: dict[str, float] = defaultdict(float)
+    for key, cpu in last_cpu.items():
+        cpu_by_role[key.split(":")[0]] += cpu - first_cpu[key]
     cache_bytes = []
     for s in samples:
         if "cache_bytes" in s or "shards" in s:
@@ -583,6 +600,7 @@ def summarize(events: list[dict], samples: list[dict], faults: list[dict], *, ti
         "rss_mb": [{k: v for k, v in r.items() if k != "processes"} for r in rss_series],
         "rss_mb_processes": [{"t": r["t"], **r["processes"]} for r in rss_series],
         "rss_growth_after_warmup": growth,
+        "cpu_s_by_role": {k: round(v, 1) for k, v in sorted(cpu_by_role.items())},
         "outcomes_by_name": {k: dict(v) for k, v in sorted(by_name.items())},
         "outcomes_by_class": {k: dict(v) for k, v in sorted(by_user.items())},
         "latency_by_class": latency_by_class,
@@ -634,6 +652,8 @@ def print_summary(s: dict, out: Any = sys.stdout) -> None:
         roles = [k for k in b if k != "t"]
         p("resident memory (MB): " + ", ".join(f"{k} {a.get(k)} -> {b.get(k)}" for k in roles)
           + f"; growth after warm-up {s['rss_growth_after_warmup']}")
+    if s["cpu_s_by_role"]:
+        p("CPU seconds by role: " + ", ".join(f"{k} {v}" for k, v in s["cpu_s_by_role"].items()))
     for name, kinds in s["outcomes_by_name"].items():
         p(f"  {name:<28} {kinds}")
     p("latency by class: " + ", ".join(f"{k} p50 {v['p50_ms']} p99 {v['p99_ms']} ms (n {v['n']})"

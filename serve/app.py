@@ -22,6 +22,7 @@ never by the key itself).
 import hashlib
 import logging
 import os
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,6 +35,9 @@ from . import protocol as p
 from .replica import Replica, ReplicaOptions
 
 _log = logging.getLogger("xg2.serve")
+#: The gauges (cache bytes, step medians over the last steps) are read at most this often: their
+#: cost grows with the caches and the step record, and every request ends with an update.
+GAUGE_PERIOD_S = 1.0
 
 api = FastAPI(title="xg2", docs_url=None, redoc_url=None)
 
@@ -101,6 +105,7 @@ class _Metrics:
             boundaries=[0.1, 1, 5, 10, 25, 50, 100, 250, 1000, 5000], tag_keys=("tier",))
         self._last: dict[str, float] = {}
         self._seen_recent = 0
+        self._gauges_at = -GAUGE_PERIOD_S
 
     def update(self) -> None:
         try:
@@ -119,6 +124,10 @@ class _Metrics:
                 if rec["grammar_from"] != "none":
                     self.compile_ms.observe(rec["compile_ms"], tags={"tier": rec["grammar_from"]})
             self._seen_recent = r.finished
+            now = time.monotonic()
+            if now - self._gauges_at < GAUGE_PERIOD_S:
+                return
+            self._gauges_at = now
             self.gauges["open_sessions"].set(r.runtime.open_sessions())
             cb = r.runtime.cache_bytes()
             self.gauges["cache_bytes"].set(cb["grammars"] + cb["compiler"])

@@ -16,6 +16,7 @@ import pytest
 import xg2
 from xg2.actors import GrammarRuntime
 from xg2.actors.compile_workers import CompileWorkerError
+from xg2.errors import QuotaError
 from xg2.grammar.budget import CompileTimeout
 
 
@@ -154,3 +155,43 @@ def test_a_dead_worker_costs_one_request_and_is_replaced(json_info):
     finally:
         workers.close()
     assert workers.pids() == []
+
+
+def _sched_policy(pid: int) -> int:
+    return os.sched_getscheduler(pid)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_a_tenant_past_half_its_compile_budget_compiles_on_the_idle_cpu_worker(json_info):
+    """The background worker runs at SCHED_IDLE; a tenant past half its budget is sent there, the
+    others keep the ordinary workers; a background compile starved past the deadline is a
+    QuotaError for that tenant, not a failure of the spec remembered against everyone."""
+    rt = GrammarRuntime(json_info, compile_processes=True, compile_workers=1, max_compile_seconds_per_tenant=1.0)
+    try:
+        workers = rt.compile_workers
+        workers.wait_ready()
+        assert workers.background_workers == 1
+        by_class = {w.background: w.proc.pid for w in workers._all}
+        assert _sched_policy(by_class[True]) == os.SCHED_IDLE
+        assert _sched_policy(by_class[False]) != os.SCHED_IDLE
+        s = run(rt.open({"grammar": SPECS[2], "tenant": "quiet"}))
+        assert rt.stats["background_compiles"] == 0
+        rt._usage["heavy"] = (0.7, time.monotonic())       # past half of its 1 s, not past it
+        h = run(rt.open({"grammar": SPECS[1], "tenant": "heavy"}))
+        assert rt.stats["background_compiles"] == 1
+        assert _walk_masks(rt, h, json_info, random.Random(1), 10)      # a working grammar (it may end early)
+        rt.close([s, h])
+
+        # starved: the background worker stopped (as if the machine never had idle CPU)
+        os.kill(by_class[True], signal.SIGSTOP)
+        rt.compile_timeout_s = 0.5
+        try:
+            with pytest.raises(QuotaError, match="idle CPU"):
+                run(rt.open({"grammar": SPECS[0], "tenant": "heavy"}))
+        finally:
+            os.kill(by_class[True], signal.SIGCONT)
+        assert rt.stats["background_timeouts"] == 1
+        q = run(rt.open({"grammar": SPECS[0], "tenant": "quiet"}))    # the same spec: not refused for others
+        assert not q.is_terminated()
+    finally:
+        rt.shutdown()

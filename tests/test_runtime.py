@@ -994,13 +994,13 @@ def test_waiting_compiles_go_to_the_tenant_that_compiled_least_lately(json_info,
         return name
 
     with rt._lock:
-        first = rt._queue_compile("someone", job, "first")
+        first = rt._queue_compile("someone", False, job, "first")
     rt._compile_pool.submit(rt._next_compile)
     time.sleep(0.3)                                     # the worker holds "first"
     rt._usage["hostile"] = (5.0, time.monotonic())      # five seconds of compiles just now
     with rt._lock:
-        noisy = rt._queue_compile("hostile", job, "hostile")
-        quiet = rt._queue_compile("quiet", job, "quiet")
+        noisy = rt._queue_compile("hostile", False, job, "hostile")
+        quiet = rt._queue_compile("quiet", False, job, "quiet")
     rt._compile_pool.submit(rt._next_compile)
     rt._compile_pool.submit(rt._next_compile)
     gate.set()

@@ -412,17 +412,17 @@ def _precompute_costliest(core: CompiledCore, t0: float, budget_ms: float, top_k
     left = top_k
     if time.perf_counter() >= deadline or left == 0:
         return  # estimating every state's cost is itself work (a C call per scannable state)
-    nodes = sorted((-core.estimate_cost(node), node) for node, _width in core.scannable_nodes())
+    nodes, costs = core.costliest_nodes()       # not built yet, costliest first
     seconds_per_unit = 25e-9
-    for neg_cost, node in nodes:
+    for node, cost in zip(nodes.tolist(), costs.tolist()):
         now = time.perf_counter()
         if now >= deadline:
             break
-        if now - neg_cost * seconds_per_unit > deadline:
+        if now + cost * seconds_per_unit > deadline:
             continue
         core.precompute([node])
-        if neg_cost < -1000:
-            seconds_per_unit = max(seconds_per_unit, (time.perf_counter() - now) / -neg_cost)
+        if cost > 1000:
+            seconds_per_unit = max(seconds_per_unit, (time.perf_counter() - now) / cost)
         if left is not None:
             left -= 1
             if left == 0:

@@ -18,6 +18,13 @@ compiling on a thread of the parent), and sends the bytes back with every entry 
 again), which also bounds work inside one C call that the compiler's own deadline checks cannot
 interrupt; a worker that dies (out of memory, a crash) costs only the request that was running on
 it.
+
+Background workers (`background_workers`) run under SCHED_IDLE: they get a core only when nothing
+else wants it. The runtime sends them the compiles of tenants that have compiled heavily lately, so
+that one tenant's stream of slow specs is paid for with idle CPU, not with the other tenants'
+decode steps (on 2 cores, a worker at the lowest nice level still took about a third of a core
+from the model's forward pass while it ran). Every worker at SCHED_IDLE starves everyone's compiles
+under load; a separate class starves only the tenant that put itself there.
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ class _Worker:
         self.proc.stdout.close()
         self.send.send_bytes(setup)
         self.ready = False
+        self.background = False
 
     def wait_ready(self, timeout: float) -> None:
         if self.ready:
@@ -123,13 +131,18 @@ class CompileWorkers:
     (the worker is killed and replaced) or CompileWorkerError."""
 
     def __init__(self, tokenizer_info: TokenizerInfo, workers: int = 2, *, cache_limit_bytes: int = 128 << 20,
-                 precompute_budget_ms: float = 0.0, compile_timeout_s: float = 5.0, nice: int = 10):
-        if workers < 1:
-            raise ValueError("workers must be at least 1")
-        self._setup = pickle.dumps({"tokenizer_info": tokenizer_info, "cache_limit_bytes": cache_limit_bytes,
-                                    "precompute_budget_ms": precompute_budget_ms,
-                                    "compile_timeout_ms": compile_timeout_s * 1e3, "nice": nice})
+                 precompute_budget_ms: float = 0.0, compile_timeout_s: float = 5.0, nice: int = 10,
+                 background_workers: int = 0):
+        if workers < 1 or background_workers < 0:
+            raise ValueError("workers must be at least 1, background_workers at least 0")
+        setup = {"tokenizer_info": tokenizer_info, "cache_limit_bytes": cache_limit_bytes,
+                 "precompute_budget_ms": precompute_budget_ms, "compile_timeout_ms": compile_timeout_s * 1e3,
+                 "nice": nice}
+        self._setup = pickle.dumps(setup)
+        self._setup_idle = pickle.dumps({**setup, "sched_idle": True})
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._idle_background: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self.background_workers = background_workers
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -139,9 +152,12 @@ class CompileWorkers:
         self.last_cpu_s = threading.local()
         for _ in range(workers):
             self._idle.put(self._start())
+        for _ in range(background_workers):
+            self._idle_background.put(self._start(background=True))
 
-    def _start(self) -> _Worker:
-        w = _Worker(self._setup)
+    def _start(self, background: bool = False) -> _Worker:
+        w = _Worker(self._setup_idle if background else self._setup)
+        w.background = background
         with self._lock:
             self._all.append(w)
         return w
@@ -154,7 +170,7 @@ class CompileWorkers:
             closed = self._closed
         if not closed:
             self.restarts += 1
-            self._idle.put(self._start())
+            (self._idle_background if w.background else self._idle).put(self._start(w.background))
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         """Block until every worker has started (a replica calls it once, before serving)."""
@@ -163,13 +179,15 @@ class CompileWorkers:
         for w in workers:
             w.wait_ready(timeout)
 
-    def compile(self, spec: Any, timeout: float) -> bytes:
+    def compile(self, spec: Any, timeout: float, background: bool = False) -> bytes:
+        """`background`: on a background worker (SCHED_IDLE), when there is one."""
         if self._closed:
             raise CompileWorkerError("the compile workers were closed")
-        w = self._idle.get()
+        idle = self._idle_background if background and self.background_workers else self._idle
+        w = idle.get()
         while w.proc.poll() is not None:        # died while idle (killed from outside): replaced unseen
             self._replace(w)
-            w = self._idle.get()
+            w = idle.get()
         try:
             w.wait_ready(START_TIMEOUT_S)
         except BaseException:
@@ -185,7 +203,7 @@ class CompileWorkers:
             self._replace(w)
             raise CompileWorkerError("the compile worker died while compiling this spec "
                                      "(out of memory, or killed); it was started again") from None
-        self._idle.put(w)
+        idle.put(w)
         if msg[:1] == _OK:
             self.last_cpu_s.value = _CPU.unpack_from(msg, 1)[0]
             return msg[1 + _CPU.size:]
@@ -212,9 +230,12 @@ def _serve() -> None:
     os.dup2(2, 1)       # what anything prints goes to stderr, never into a frame
     try:
         setup = pickle.loads(inp.recv_bytes())
-        if setup.get("nice"):       # (SCHED_IDLE was tried: under load it starved every tenant's compiles)
+        if setup.get("nice"):
             with contextlib.suppress(OSError):
                 os.nice(setup["nice"])
+        if setup.get("sched_idle") and hasattr(os, "SCHED_IDLE"):     # a background worker (Linux)
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         from ..compiler import GrammarCompiler
         from ..grammar import fsm
 

@@ -326,7 +326,7 @@ class ShardedCache:
     def _entry_items(self, compiled: Any) -> list[tuple[bytes, bytes]]:
         pool = self.compiler.entry_pool
         out = []
-        for i, k in enumerate(compiled._core.pool_keys().values()):
+        for i, k in enumerate(compiled._core.pool_keys(built_only=True).values()):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 self._yield()
             sk = self.shard_key(b"e", k)
