@@ -439,11 +439,11 @@ def _slow_schema(rng: random.Random) -> dict:
                        "required": [f"k{tag}_{j}_0"]} for j in range(rng.randint(150, 250))]}
 
 
-def _deep_schema(depth: int) -> dict:
-    schema: dict = {"type": "string"}
-    for _ in range(depth):
-        schema = {"type": "array", "items": schema}
-    return schema
+def _deep_body(depth: int) -> bytes:
+    """A chat request whose schema nests `depth` arrays, written without recursion."""
+    head = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})[:-1]
+    return (head + ', "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": '
+            + '{"type": "array", "items": ' * depth + '{"type": "string"}' + "}" * depth + "}}}").encode()
 
 
 if HOSTILE:
@@ -472,9 +472,8 @@ if HOSTILE:
                                                            "description": "x" * 2000}}
                          for i, t in enumerate(itertools.islice(itertools.cycle(tools), n))]
                 body = {"model": MODEL, "messages": msgs, "tools": tools, "tool_choice": "required", "max_tokens": 1}
-            elif what == "deep":
-                body = {"model": MODEL, "messages": msgs, "max_tokens": 1, "response_format": {
-                    "type": "json_schema", "json_schema": {"name": "x", "schema": _deep_schema(rng.randint(300, 3000))}}}
+            elif what == "deep":        # as bytes: json.dumps itself recurses per level (past ~990 it raised here)
+                body = _deep_body(rng.randint(300, 3000))
             elif what == "malformed":
                 body = rng.choice([{"model": MODEL, "messages": 5}, {"model": MODEL, "messages": msgs, "max_tokens": -3},
                                    {"model": MODEL, "messages": msgs, "tool_choice": {"type": "function"}},

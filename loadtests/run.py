@@ -418,6 +418,14 @@ def _locust_csv(prefix: str) -> dict:
         with open(failures, newline="") as f:
             out["failures"] = [{"name": r.get("Name"), "error": (r.get("Error") or "")[:200],
                                 "occurrences": int(r.get("Occurrences") or 0)} for r in csv.DictReader(f)]
+    # exceptions raised inside the users' tasks: requests that were never sent (a bug of the load
+    # generator, which would otherwise only thin out what was measured)
+    exceptions = Path(f"{prefix}_exceptions.csv")
+    out["client_exceptions"] = []
+    if exceptions.exists():
+        with open(exceptions, newline="") as f:
+            out["client_exceptions"] = [{"count": int(r.get("Count") or 0), "message": (r.get("Message") or "")[:200]}
+                                        for r in csv.DictReader(f)]
     return out
 
 
@@ -652,6 +660,8 @@ def print_summary(s: dict, out: Any = sys.stdout) -> None:
         roles = [k for k in b if k != "t"]
         p("resident memory (MB): " + ", ".join(f"{k} {a.get(k)} -> {b.get(k)}" for k in roles)
           + f"; growth after warm-up {s['rss_growth_after_warmup']}")
+    for e in (s.get("locust") or {}).get("client_exceptions") or ():
+        p(f"EXCEPTION in the load generator ({e['count']} times; those requests were not sent): {e['message']}")
     if s["cpu_s_by_role"]:
         p("CPU seconds by role: " + ", ".join(f"{k} {v}" for k, v in s["cpu_s_by_role"].items()))
     for name, kinds in s["outcomes_by_name"].items():
@@ -909,7 +919,7 @@ def main(argv: list[str] | None = None) -> int:
                                                       if "plot" in summary["files"] else ""))
     faults = bool(summary["faults"])
     bad = summary["invalid_outputs"] or summary["hung_requests"] or summary["timeouts"] \
-        or (summary["failed_requests"] and not faults)
+        or (summary["failed_requests"] and not faults) or (summary.get("locust") or {}).get("client_exceptions")
     return 1 if bad else 0
 
 

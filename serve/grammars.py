@@ -81,6 +81,8 @@ def _parse_json_text(text: str, param: str, kind: str) -> Any:
         return msgspec.json.decode(text)
     except msgspec.DecodeError as e:
         raise RequestError(f"{kind} is not valid JSON text: {e}", param, code="invalid_value") from None
+    except RecursionError:
+        raise RequestError(f"{kind} nests too deeply to decode", param, code="invalid_value") from None
 
 
 def _schema_spec(value: Any, param: str, *, any_whitespace: bool = True, strict_mode: bool = True) -> _Source:

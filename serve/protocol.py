@@ -542,6 +542,9 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise _validation_error(e) from None
     except msgspec.DecodeError as e:
         raise RequestError(f"the body is not valid JSON: {e}", None, code="invalid_json") from None
+    except RecursionError:      # msgspec's decoder recurses per nesting level
+        raise RequestError("the body nests too deeply to decode (JSON nested about a thousand levels "
+                           "or more)", None, code="invalid_json") from None
 
 
 def decode_chat_request(body: bytes, *,

@@ -163,6 +163,8 @@ def test_short_multi_tenant_run(ray_local, tmp_path):
     assert summary["failed_requests"] == 0 and summary["retried"] == 0, summary["failure_samples"]
     assert summary["hung_requests"] == 0 and summary["timeouts"] == 0
     assert summary["requests"] >= 20 and summary["locust"]["exit_code"] == 0
+    assert summary["locust"]["client_exceptions"] == []         # every request a user built was sent
+    assert summary["cpu_s_by_role"].get("replica", 0) > 0 and "locust" in summary["cpu_s_by_role"]
     assert set(summary["outcomes_by_class"]) == {"ToolAgent", "Extractor", "GrammarUser", "StreamingChatter"}
     assert summary["tenants"] == 4
     for key in ("p50_ms", "p99_ms", "ttft_p50_ms", "cache_hit_rate"):
@@ -201,3 +203,4 @@ def test_faults_and_a_hostile_tenant_under_load(ray_local, tmp_path):
     assert faults["shard"]["restarted_after_s"] is not None and faults["ingress"]["restarted_after_s"] is not None
     assert faults["ingress"]["first_success_after_s"] is not None
     assert summary["others"]["requests"] >= 10
+    assert summary["locust"]["client_exceptions"] == []

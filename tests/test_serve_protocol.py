@@ -227,6 +227,33 @@ def test_a_body_that_is_not_a_json_object_is_a_400_on_the_whole_body(raw):
     assert err.code in ("invalid_json", "invalid_type")
 
 
+@pytest.mark.parametrize("depth", [1000, 3000, 200_000])
+def test_a_body_nested_past_what_the_decoder_recurses_is_a_400_not_a_500(depth):
+    """msgspec's decoder recurses per level: a deep body raised RecursionError (Serve's plain 500)."""
+    schema = b'{"items":' * depth + b"{}" + b"}" * depth
+    body = (b'{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", '
+            b'"json_schema": {"name": "x", "schema": ' + schema + b"}}}")
+    err = refused(p.decode_chat_request, body)
+    assert (err.status, err.param, err.code) == (400, None, "invalid_json") and "deeply" in err.message
+    err = refused(p.decode_completion_request, b'{"prompt": "x", "extra": ' + b"[" * depth + b"]" * depth + b"}")
+    assert (err.status, err.code) == (400, "invalid_json")
+
+
+def test_a_schema_sent_as_text_nested_too_deeply_to_decode_is_refused_at_its_field():
+    text = "[" * 5000 + "]" * 5000
+    with pytest.raises(p.RequestError) as info:
+        g._schema_spec(text, "/response_format/json_schema/schema")
+    assert info.value.param == "/response_format/json_schema/schema" and "deeply" in info.value.message
+
+
+def test_a_spec_nested_too_deeply_to_decode_is_a_spec_error():
+    from xg2.actors.runtime import parse_spec
+    from xg2.errors import SpecError
+
+    with pytest.raises(SpecError, match="deeply"):
+        parse_spec(b'{"grammar": {"type": "json_schema", "schema": ' + b"[" * 5000 + b"]" * 5000 + b"}}")
+
+
 def test_the_max_tokens_limit_is_configurable():
     body = json.dumps({"messages": USER, "max_tokens": 100}).encode()
     assert p.decode_chat_request(body, max_tokens_limit=100).max_tokens == 100

@@ -174,6 +174,8 @@ def parse_spec(spec: Any) -> SessionSpec:
         raise _spec_error(e) from None
     except msgspec.DecodeError as e:
         raise SpecError(f"malformed spec: {e}") from None
+    except RecursionError:
+        raise SpecError("malformed spec: it nests too deeply to decode") from None
 
 
 class GrammarRuntime:
@@ -194,7 +196,9 @@ class GrammarRuntime:
     still served): one tenant's stream of slow or unique specs cannot take the CPU from the others.
     With both, a tenant past BACKGROUND_COMPILE_FRACTION of that budget compiles on a background
     worker process at SCHED_IDLE; one of its compiles that does not finish in time there (the
-    machine was busy) is refused with QuotaError, and not remembered as the spec's failure.
+    machine was busy) is refused with QuotaError, and not remembered as the spec's failure. Nothing
+    speculative is done for such a grammar here (no background precompute, no cache tier fetch or
+    publish): a tenant that churns through new specs pays for what its own requests use.
     """
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, compiler: GrammarCompiler | None = None,
@@ -295,12 +299,16 @@ class GrammarRuntime:
             self._charge.worker_s = self.compile_workers.last_cpu_s.value
             t0 = time.perf_counter()
             # the worker built the first mask; the costliest other entries are built here in the
-            # background (the partial JIT: in C, mostly without the GIL), not on the compile path
-            compiled = self.compiler.deserialize(blob)
+            # background (the partial JIT: in C, mostly without the GIL), not on the compile path.
+            # Not for a background tenant's grammar: nothing speculative is done for a tenant that
+            # churns through new specs (no precompute, no tier fetch or publish); its entries are
+            # built when its own steps need them.
+            compiled = self.compiler.deserialize(blob, precompute=not background)
+            compiled._xg2_unshared = background        # nor published when its sessions close
             self.stats["deserialize_ms"] += (time.perf_counter() - t0) * 1e3
         else:
             compiled = grammar.compile(self.compiler)
-        if tier is not None:
+        if tier is not None and not background:
             tier.prefetch(compiled, key)
             tier.publish_grammar(key, compiled)
         return compiled
@@ -550,7 +558,7 @@ class GrammarRuntime:
                 s.closed = True
                 self._sessions.pop(s.id, None)
             self._release(s.tenant)
-            if self.cache_tier is not None:
+            if self.cache_tier is not None and not getattr(s.matcher.compiled_grammar, "_xg2_unshared", False):
                 self.cache_tier.publish_entries(s.matcher.compiled_grammar, s.key)
             s.matcher = None
             s._core = None
