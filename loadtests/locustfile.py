@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import gevent
+from geventhttpclient.response import HTTPParseError
 from locust import FastHttpUser, between, events, task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -260,6 +261,9 @@ class Tenant(FastHttpUser):
                     # a stream cut before [DONE] (not an error event) is retried, as a connection error
                     info["retryable"] = "without [DONE]" in str(e) or "inside an event" in str(e)
                     return "stream_error", str(e), info
+                except HTTPParseError as e:     # the connection closed mid-body (a replica or proxy died)
+                    info["retryable"] = True
+                    return "stream_error", f"the stream was cut: {type(e).__name__}: {str(e)[:120]}", info
                 finish, content, calls = a.finish_reason, a.content, a.tool_calls
                 info["tokens"] = a.completion_tokens
                 if a.first_token_at is not None:
@@ -285,7 +289,7 @@ class Tenant(FastHttpUser):
             if t is not timer:
                 raise
             return "timeout", f"no complete answer within {TIMEOUT_S:g} s", info
-        except (OSError, ConnectionError) as e:
+        except (OSError, ConnectionError, HTTPParseError) as e:    # (a body cut short: "Incomplete response")
             return self._transport_error(e, timer, info)
         finally:
             timer.cancel()
