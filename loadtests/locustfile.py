@@ -432,24 +432,6 @@ HOSTILE_KINDS = tuple(os.environ.get("XG2_LT_HOSTILE_KINDS", "slow_schema,slow_s
                                      "deep,malformed,bad_json,oversized").split(","))
 
 
-def _slow_schema(rng: random.Random) -> dict:
-    """A schema never seen before that is as slow to compile as the limits allow: hundreds of
-    optional members, or an anyOf of hundreds of objects (fresh names: no cache can help)."""
-    tag = rng.randrange(1 << 40)
-    if rng.random() < 0.5:
-        return {"type": "object", "properties": {f"p{tag}_{i}": {"type": rng.choice(["string", "integer", "boolean"])}
-                                                 for i in range(rng.randint(250, 400))}}
-    return {"anyOf": [{"type": "object", "properties": {f"k{tag}_{j}_{i}": {"type": "integer"} for i in range(6)},
-                       "required": [f"k{tag}_{j}_0"]} for j in range(rng.randint(150, 250))]}
-
-
-def _deep_body(depth: int) -> bytes:
-    """A chat request whose schema nests `depth` arrays, written without recursion."""
-    head = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})[:-1]
-    return (head + ', "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": '
-            + '{"type": "array", "items": ' * depth + '{"type": "string"}' + "}" * depth + "}}}").encode()
-
-
 if HOSTILE:
     class HostileTenant(Tenant):
         """Sends, as fast as it is answered, what a service must refuse or bound without the other
@@ -463,28 +445,6 @@ if HOSTILE:
         @task
         def attack(self) -> None:
             rng = self.rng
-            msgs = [{"role": "user", "content": "hi"}]
             what = rng.choice(HOSTILE_KINDS)
-            body: dict | bytes
-            if what == "slow_schema":
-                body = {"model": MODEL, "messages": msgs, "max_tokens": 1, "response_format": {
-                    "type": "json_schema", "json_schema": {"name": "x", "schema": _slow_schema(rng)}}}
-            elif what in ("huge_tools", "too_many_tools"):
-                n = 64 if what == "huge_tools" else rng.randint(129, 300)
-                tools = Data.tools.get(rng.randrange(TOOL_POOL)).tools
-                tools = [{"type": "function", "function": {**t["function"], "name": f"{t['function']['name']}_{i}",
-                                                           "description": "x" * 2000}}
-                         for i, t in enumerate(itertools.islice(itertools.cycle(tools), n))]
-                body = {"model": MODEL, "messages": msgs, "tools": tools, "tool_choice": "required", "max_tokens": 1}
-            elif what == "deep":        # as bytes: json.dumps itself recurses per level (past ~990 it raised here)
-                body = _deep_body(rng.randint(300, 3000))
-            elif what == "malformed":
-                body = rng.choice([{"model": MODEL, "messages": 5}, {"model": MODEL, "messages": msgs, "max_tokens": -3},
-                                   {"model": MODEL, "messages": msgs, "tool_choice": {"type": "function"}},
-                                   {"model": MODEL, "messages": msgs, "response_format": {"type": "json_schema", "json_schema": {
-                                       "name": "x", "schema": {"$ref": "#/definitions/missing"}}}}])
-            elif what == "bad_json":
-                body = b'{"model": "xg2", "messages": [{"role": "user", "content": "hi"}' + b"]" * rng.randint(0, 3)
-            else:
-                body = b'{"model": "xg2", "messages": [{"role": "user", "content": "' + b"a" * (5 << 20) + b'"}]}'
+            body = w.hostile_body(what, rng, MODEL, Data.tools.get(rng.randrange(TOOL_POOL)).tools)
             self.call("/v1/chat/completions", body, f"hostile {what}", REFUSAL_EXPECTED)

@@ -20,6 +20,7 @@ entries.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import os
@@ -503,6 +504,60 @@ def check_grammar_output(finish: str | None, text: str | None, case: GrammarCase
 # ------------------------------------------------------------------------------------------------
 # Server-sent events
 # ------------------------------------------------------------------------------------------------
+
+# ------------------------------------------------------------------------------------------------
+# What a hostile tenant sends (loadtests' HostileTenant, and hostile_costs.py)
+# ------------------------------------------------------------------------------------------------
+
+HOSTILE_KINDS = ("slow_schema", "huge_tools", "too_many_tools", "deep", "malformed", "bad_json", "oversized")
+
+
+def slow_schema(rng: random.Random) -> dict:
+    """A schema never seen before that is as slow to compile as the limits allow: hundreds of
+    optional members, or an anyOf of hundreds of objects (fresh names: no cache can help)."""
+    tag = rng.randrange(1 << 40)
+    if rng.random() < 0.5:
+        return {"type": "object", "properties": {f"p{tag}_{i}": {"type": rng.choice(["string", "integer", "boolean"])}
+                                                 for i in range(rng.randint(250, 400))}}
+    return {"anyOf": [{"type": "object", "properties": {f"k{tag}_{j}_{i}": {"type": "integer"} for i in range(6)},
+                       "required": [f"k{tag}_{j}_0"]} for j in range(rng.randint(150, 250))]}
+
+
+def deep_body(model: str, depth: int) -> bytes:
+    """A chat request whose schema nests `depth` arrays, written without recursion (json.dumps
+    recurses per level and fails past about 990)."""
+    head = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})[:-1]
+    return (head + ', "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": '
+            + '{"type": "array", "items": ' * depth + '{"type": "string"}' + "}" * depth + "}}}").encode()
+
+
+def hostile_body(kind: str, rng: random.Random, model: str, tools: list[dict]) -> dict | bytes:
+    """One hostile request body of `kind` (HOSTILE_KINDS); `tools` a registry tool set to inflate.
+    Its expected answer is a 4xx with an OpenAI error body, or an answer when it stays within the
+    limits (max_tokens 1)."""
+    msgs = [{"role": "user", "content": "hi"}]
+    if kind == "slow_schema":
+        return {"model": model, "messages": msgs, "max_tokens": 1, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": slow_schema(rng)}}}
+    if kind in ("huge_tools", "too_many_tools"):
+        n = 64 if kind == "huge_tools" else rng.randint(129, 300)
+        big = [{"type": "function", "function": {**t["function"], "name": f"{t['function']['name']}_{i}",
+                                                  "description": "x" * 2000}}
+               for i, t in enumerate(itertools.islice(itertools.cycle(tools), n))]
+        return {"model": model, "messages": msgs, "tools": big, "tool_choice": "required", "max_tokens": 1}
+    if kind == "deep":
+        return deep_body(model, rng.randint(300, 3000))
+    if kind == "malformed":
+        return rng.choice([{"model": model, "messages": 5}, {"model": model, "messages": msgs, "max_tokens": -3},
+                           {"model": model, "messages": msgs, "tool_choice": {"type": "function"}},
+                           {"model": model, "messages": msgs, "response_format": {"type": "json_schema", "json_schema": {
+                               "name": "x", "schema": {"$ref": "#/definitions/missing"}}}}])
+    if kind == "bad_json":
+        return b'{"model": "xg2", "messages": [{"role": "user", "content": "hi"}' + b"]" * rng.randint(0, 3)
+    if kind == "oversized":
+        return b'{"model": "xg2", "messages": [{"role": "user", "content": "' + b"a" * (5 << 20) + b'"}]}'
+    raise ValueError(f"unknown hostile kind {kind!r}; one of {', '.join(HOSTILE_KINDS)}")
+
 
 class StreamError(Exception):
     """A stream that is not well formed, cut before [DONE], or that carried an error event."""

@@ -127,6 +127,31 @@ def test_sse_assembly():
         workload.assemble(workload.sse_data([b'data: {"error":{"code":"x","message":"m"}}\n\n']), clock)
 
 
+def test_every_hostile_kind_builds_a_body_that_is_sent_as_is():
+    """The hostile bodies are built without recursion (json.dumps failed past ~990 levels inside
+    the locust task, so the deepest were never sent) and are what they claim to be."""
+    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object"}}} for i in range(5)]
+    rng = random.Random(3)
+    for kind in workload.HOSTILE_KINDS:
+        body = workload.hostile_body(kind, rng, "tiny", tools)
+        assert isinstance(body, (dict, bytes)), kind
+        if isinstance(body, dict):
+            json.dumps(body)
+    deep = workload.deep_body("tiny", 3000)
+    assert deep.count(b'"items"') == 3000 and deep.endswith(b"}" * 3003)
+    shallow = json.loads(workload.deep_body("tiny", 40))
+    node, depth = shallow["response_format"]["json_schema"]["schema"], 0
+    while node.get("type") == "array":
+        node, depth = node["items"], depth + 1
+    assert depth == 40 and node == {"type": "string"} and shallow["max_tokens"] == 1
+    a, b = workload.slow_schema(random.Random(1)), workload.slow_schema(random.Random(2))
+    assert a != b and len(json.dumps(a)) > 5000           # fresh names: nothing cached helps
+    huge = workload.hostile_body("huge_tools", random.Random(0), "tiny", tools)
+    assert len(huge["tools"]) == 64 and len({t["function"]["name"] for t in huge["tools"]}) == 64
+    with pytest.raises(ValueError):
+        workload.hostile_body("nope", rng, "tiny", tools)
+
+
 def test_pools_are_deterministic_and_zipf_hot():
     _need_data()
     tools = workload.load_registry_tools()
