@@ -2406,9 +2406,10 @@ cdef class CompiledCore:
         return total
 
     def costliest_nodes(self):
-        """The scannable nodes without a built entry, costliest first (by estimate_cost), as an
-        int32 array: the partial JIT's order, computed in one call rather than one per node (a
-        grammar of thousands of states took milliseconds of the GIL the other way)."""
+        """(nodes, costs): the scannable nodes without a built entry, costliest first (by
+        estimate_cost; ties by node), as int32 and int64 arrays. The partial JIT's order, computed
+        in one call rather than one per node (a grammar of thousands of states took milliseconds
+        of the GIL the other way)."""
         cdef int32_t n, count = 0
         cdef int64_t[::1] cost
         cdef int32_t[::1] nodes
