@@ -201,7 +201,7 @@ def test_short_multi_tenant_run(ray_local, tmp_path):
     # nothing left behind: the locust child and the application's replica and shard
     deadline = time.monotonic() + 15
     while True:
-        left = [(pid, title) for pid, title, _ in run._descendants()
+        left = [(pid, title) for pid, title, *_ in run._descendants()
                 if "locust" in title or title.startswith(("ray::ServeReplica:xg2", "ray::CacheShard"))]
         if not left or time.monotonic() > deadline:
             break
