@@ -47,6 +47,8 @@ CACHE_LIMIT = 32 << 20
 XG2_CONFIGS = {
     "xg2": {"precompute_budget_ms": 0, "cache_limit_bytes": CACHE_LIMIT},
     "xg2-background": {"background_precompute": True, "cache_limit_bytes": CACHE_LIMIT},
+    "xg2-defaults": {"cache_limit_bytes": CACHE_LIMIT},
+    "xg2-sync": {"background_precompute": False, "cache_limit_bytes": CACHE_LIMIT},
     "xg2-nocache": {"precompute_budget_ms": 0, "cache_enabled": False, "cross_grammar_cache": False},
 }
 
@@ -98,7 +100,7 @@ def make_requests(n: int, per_request: int, seed: int) -> tuple[list[dict], list
 
 
 def run_engine(name: str, vocab, schemas: list[dict], picks: list[list[int]], steps: int, seed: int,
-               token_bytes: list[bytes], stops: set[int]) -> dict:
+               token_bytes: list[bytes], stops: set[int], as_text: bool = False) -> dict:
     base = "xg2" if name in XG2_CONFIGS else name
     engine, compiler = make_engine_and_compiler(name, vocab)
     tb = token_bytes
@@ -111,6 +113,8 @@ def run_engine(name: str, vocab, schemas: list[dict], picks: list[list[int]], st
         row: dict[str, Any] = {"i": i, "new_tools": len(set(picks[i]) - seen)}
         seen |= set(picks[i])
         before = compiler.cache_stats() if base == "xg2" else None
+        if as_text:     # what an HTTP server receives (written before the clock starts)
+            schema = json.dumps(schema)
         t0 = time.perf_counter()
         try:
             handle = engine.compile_json_schema(schema, compiler, **({"lenient": True} if base != "xgrammar" else {}))
@@ -226,6 +230,7 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--as-text", action="store_true", help="schemas given as JSON text (what a server receives)")
     args = ap.parse_args()
 
     vocab = load_vocab(Path(args.tokenizer))
@@ -236,7 +241,8 @@ def main() -> None:
     for name in args.engines.split(","):
         n = min(args.requests, args.xgrammar_requests) if name == "xgrammar" else args.requests
         t = time.perf_counter()
-        res = run_engine(name, vocab, schemas[:n], picks[:n], args.steps, args.seed, token_bytes, stops)
+        res = run_engine(name, vocab, schemas[:n], picks[:n], args.steps, args.seed, token_bytes, stops,
+                         as_text=args.as_text)
         print(f"[{name}] {n} requests in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         results.append(res)
     summaries = [summary(r, min(args.skip, len(r["rows"]) // 2)) for r in results]

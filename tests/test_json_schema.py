@@ -296,6 +296,21 @@ def test_schema_as_json_text(check):
     assert check('{"type": "integer"}')("5")
 
 
+def test_schema_text_takes_the_path_of_its_document(compiler):
+    """Text is what a server receives: it shares the dict's cache entry, and an anyOf of objects
+    is linked from modules as the dict is (it was lowered whole, about three times slower)."""
+    schema = {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                        {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]}]}
+    as_dict = compiler.compile_json_schema(schema)
+    assert compiler.compile_json_schema(json.dumps(schema)) is as_dict
+    assert compiler.compile_json_schema(json.dumps(schema).encode()) is as_dict
+    other = {"anyOf": [{"type": "object", "properties": {"c": {"type": "boolean"}}}, {"type": "null"}]}
+    from_text = compiler.compile_json_schema(json.dumps(other, indent=2))
+    assert from_text is compiler.compile_json_schema(other)
+    with pytest.raises(SchemaError):        # text that does not decode: the front-end's typed error
+        compiler.compile_json_schema('{"type": ')
+
+
 # --- errors --------------------------------------------------------------------------------------
 
 def test_errors():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import queue
 import threading
 import time
@@ -557,6 +558,14 @@ class GrammarCompiler:
         options = {"any_whitespace": any_whitespace, "indent": indent, "separators": separators,
                    "strict_mode": strict_mode, "max_whitespace_cnt": max_whitespace_cnt, "any_order": any_order,
                    "lenient": lenient}
+        if isinstance(schema, (str, bytes)):
+            # JSON text (what a server receives) takes the path of the document it holds: the same
+            # cache key and the linked path for anyOf tool sets. Text that does not decode is left
+            # to the front-end, which says why with its typed error.
+            try:
+                schema = json.loads(schema)
+            except (ValueError, RecursionError):
+                pass
         branches = self._linkable_branches(schema)
         if branches is not None:
             compiled = self._compile_linked(schema, branches, options)
