@@ -18,11 +18,13 @@ cdef extern from *:
     static inline int xg2_ref_sub(int *p) { return __atomic_sub_fetch(p, 1, __ATOMIC_ACQ_REL); }
     static inline void *xg2_load_acquire(void **p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void xg2_store_release(void **p, void *v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline int xg2_int_load(int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     """
     void xg2_ref_add(int* p) nogil
     int xg2_ref_sub(int* p) nogil
     void* xg2_load_acquire(void** p) nogil
     void xg2_store_release(void** p, void* v) nogil
+    int xg2_int_load(int* p) nogil
 
 
 cdef inline void entry_retain(MaskEntry* e) noexcept nogil:
