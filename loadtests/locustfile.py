@@ -428,8 +428,8 @@ def REFUSAL_EXPECTED(finish: str | None, content: str | None, calls: list) -> w.
 
 
 HOSTILE = int(os.environ.get("XG2_LT_HOSTILE", "0"))
-HOSTILE_KINDS = tuple(os.environ.get("XG2_LT_HOSTILE_KINDS", "slow_schema,slow_schema,huge_tools,too_many_tools,"
-                                     "deep,malformed,bad_json,oversized").split(","))
+# every kind once, slow schemas twice (what costs the others most), unless told otherwise
+HOSTILE_KINDS = tuple(os.environ.get("XG2_LT_HOSTILE_KINDS", ",".join(("slow_schema", *w.HOSTILE_KINDS))).split(","))
 
 
 if HOSTILE:

@@ -180,8 +180,8 @@ def test_a_tenant_past_half_its_compile_budget_compiles_on_the_idle_cpu_worker(j
         h = run(rt.open({"grammar": SPECS[1], "tenant": "heavy"}))
         assert rt.stats["background_compiles"] == 1
         # nothing speculative for it: no background precompute here, not shared through a cache tier
-        assert h.matcher.compiled_grammar._xg2_unshared and h.matcher.compiled_grammar._precompute_budget_ms == 0
-        assert not s.matcher.compiled_grammar._xg2_unshared
+        assert h.matcher.compiled_grammar in rt._unshared and h.matcher.compiled_grammar._precompute_budget_ms == 0
+        assert s.matcher.compiled_grammar not in rt._unshared
         assert _walk_masks(rt, h, json_info, random.Random(1), 10)      # a working grammar (it may end early)
         rt.close([s, h])
 

@@ -40,6 +40,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -235,6 +236,7 @@ class GrammarRuntime:
         self._charge = threading.local()        # per compile thread: the worker's CPU seconds
         self.compile_workers: CompileWorkers | None = None
         self._background_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._unshared: weakref.WeakSet[CompiledGrammar] = weakref.WeakSet()     # background tenants' grammars
         if compile_processes:       # one process per compile thread; this process only reads results
             background = 1 if max_compile_seconds_per_tenant is not None else 0
             self.compile_workers = CompileWorkers(tokenizer_info, compile_workers, cache_limit_bytes=cache_limit_bytes,
@@ -304,7 +306,8 @@ class GrammarRuntime:
             # churns through new specs (no precompute, no tier fetch or publish); its entries are
             # built when its own steps need them.
             compiled = self.compiler.deserialize(blob, precompute=not background)
-            compiled._xg2_unshared = background        # nor published when its sessions close
+            if background:
+                self._unshared.add(compiled)        # nor published when its sessions close
             self.stats["deserialize_ms"] += (time.perf_counter() - t0) * 1e3
         else:
             compiled = grammar.compile(self.compiler)
@@ -558,7 +561,7 @@ class GrammarRuntime:
                 s.closed = True
                 self._sessions.pop(s.id, None)
             self._release(s.tenant)
-            if self.cache_tier is not None and not getattr(s.matcher.compiled_grammar, "_xg2_unshared", False):
+            if self.cache_tier is not None and s.matcher.compiled_grammar not in self._unshared:
                 self.cache_tier.publish_entries(s.matcher.compiled_grammar, s.key)
             s.matcher = None
             s._core = None
