@@ -1,5 +1,7 @@
 """Build the Cython core (C level, -O3)."""
 
+from glob import glob
+
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -8,7 +10,8 @@ extensions = [
     Extension(
         "xg2._ext.core",
         ["xg2/_ext/core.pyx"],
-        depends=["xg2/_ext/pool.pxi"],
+        # The core is one extension whose parts (one job each) are included files.
+        depends=sorted(glob("xg2/_ext/*.pxi")),
         include_dirs=[np.get_include()],
         extra_compile_args=["-O3", "-fno-strict-aliasing"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

@@ -1,0 +1,398 @@
+# Included by core.pyx: one request's parse, mask fill, accept and rollback.
+
+# ---------------------------------------------------------------------------------------------
+# Matcher: one request's parse with history, mask fill, accept and rollback
+# ---------------------------------------------------------------------------------------------
+
+cdef class MatcherCore:
+    """Runtime parser over a CompiledCore. Not thread-safe by itself: one request, one thread."""
+    cdef CompiledCore core
+    cdef GrammarC* g
+    cdef VocabC* vc
+    cdef Parser p
+    cdef int32_t* boundaries          # n_sets before each accepted token
+    cdef int32_t n_bound
+    cdef int32_t cap_bound
+    cdef uint64_t* acc                # scratch: uint64 words over vocab_size
+    cdef uint64_t* tmp
+    cdef uint64_t* unc                # scratch: uint64 words over ranks
+    cdef int32_t* stamp
+    cdef int32_t stamp_gen
+    cdef int32_t* nodes
+    cdef int32_t* stops
+    cdef int32_t n_stop
+    cdef Memo memo
+    cdef int32_t* cid
+    cdef uint8_t* pbyte
+    cdef uint64_t* mcache             # final masks of recent costly states, direct-mapped by set id
+    cdef int32_t mcache_id[MCACHE_SLOTS]
+    cdef readonly bint terminated
+
+    def __cinit__(self):
+        self.p.items = NULL
+        self.boundaries = NULL
+        self.acc = NULL
+        self.tmp = NULL
+        self.unc = NULL
+        self.stamp = NULL
+        self.nodes = NULL
+        self.stops = NULL
+        self.memo.pool = NULL
+        self.cid = NULL
+        self.pbyte = NULL
+        self.mcache = NULL
+
+    def __init__(self, CompiledCore core, stop_ids):
+        self.core = core
+        self.g = &core.g
+        self.vc = &core.vocab.c
+        cdef Vocab v = core.vocab
+        if p_init(&self.p) < 0 or m_init(&self.memo) < 0:
+            raise MemoryError()
+        self.p.memo = &self.memo
+        self.cid = <int32_t*>malloc((v.max_depth + 2) * sizeof(int32_t))
+        self.pbyte = <uint8_t*>malloc((v.max_depth + 2) * sizeof(uint8_t))
+        self.mcache = <uint64_t*>malloc(MCACHE_SLOTS * max(1, v.n_words) * sizeof(uint64_t))
+        if self.cid == NULL or self.pbyte == NULL or self.mcache == NULL:
+            raise MemoryError()
+        for i in range(MCACHE_SLOTS):
+            self.mcache_id[i] = -1
+        self.cap_bound = 64
+        self.boundaries = <int32_t*>malloc(self.cap_bound * sizeof(int32_t))
+        self.acc = <uint64_t*>calloc(max(1, v.n_words), sizeof(uint64_t))
+        self.tmp = <uint64_t*>calloc(max(1, v.n_words), sizeof(uint64_t))
+        self.unc = <uint64_t*>calloc(max(1, (v.n_ordinary + 63) // 64), sizeof(uint64_t))
+        self.stamp = <int32_t*>calloc(max(1, core.g.n_nodes), sizeof(int32_t))
+        self.nodes = <int32_t*>malloc(max(1, core.g.n_nodes) * sizeof(int32_t))
+        if (self.boundaries == NULL or self.acc == NULL or self.tmp == NULL or self.unc == NULL or
+                self.stamp == NULL or self.nodes == NULL):
+            raise MemoryError()
+        self.n_stop = len(stop_ids)
+        self.stops = <int32_t*>malloc(max(1, self.n_stop) * sizeof(int32_t))
+        if self.stops == NULL:
+            raise MemoryError()
+        for i, t in enumerate(stop_ids):
+            if not 0 <= t < v.vocab_size:
+                raise ValueError(f"stop token {t} out of range")
+            self.stops[i] = t
+        self.stamp_gen = 0
+        self.reset()
+
+    def __dealloc__(self):
+        if self.p.items != NULL:
+            p_free(&self.p)
+        free(self.boundaries)
+        free(self.acc)
+        free(self.tmp)
+        free(self.unc)
+        free(self.stamp)
+        free(self.nodes)
+        free(self.stops)
+        free(self.cid)
+        free(self.pbyte)
+        free(self.mcache)
+        if self.memo.pool != NULL:
+            m_free(&self.memo)
+
+    def reset(self):
+        self.n_bound = 0
+        self.terminated = False
+        if p_start(&self.p, self.g, TOP_BIT | <item_t>self.core.g.rule_start[self.core.root_rule]) < 0:
+            raise MemoryError()
+
+    @property
+    def num_tokens(self):
+        return self.n_bound
+
+    def can_end(self):
+        return bool(self.p.set_top[self.p.n_sets - 1])
+
+    cdef int _feed(self, const uint8_t* data, int64_t n) noexcept nogil:
+        """Push bytes; on failure restore the state. 1 accepted, 0 rejected, -1 OOM."""
+        cdef int32_t base = self.p.n_sets
+        cdef int64_t i
+        cdef int ok
+        for i in range(n):
+            ok = p_push_byte(&self.p, self.g, data[i])
+            if ok <= 0:
+                p_pop_to(&self.p, base)
+                return ok
+        return 1
+
+    cdef int _push_boundary(self) except -1:
+        if self.n_bound == self.cap_bound:
+            self.cap_bound *= 2
+            self.boundaries = <int32_t*>realloc(self.boundaries, self.cap_bound * sizeof(int32_t))
+            if self.boundaries == NULL:
+                raise MemoryError()
+        self.boundaries[self.n_bound] = self.p.n_sets
+        self.n_bound += 1
+        return 0
+
+    def is_stop_token(self, int32_t t):
+        cdef int32_t i
+        for i in range(self.n_stop):
+            if self.stops[i] == t:
+                return True
+        return False
+
+    def accept_token(self, int32_t t):
+        """Accept a token id; False (state unchanged) if the grammar does not allow it here."""
+        cdef VocabC* v = self.vc
+        cdef int ok
+        if self.terminated or t < 0 or t >= v.vocab_size:
+            return False
+        if self.is_stop_token(t):
+            if not self.p.set_top[self.p.n_sets - 1]:
+                return False
+            self._push_boundary()
+            self.terminated = True
+            return True
+        if v.token_rank[t] < 0:
+            return False
+        self._push_boundary()
+        with nogil:
+            ok = self._feed(v.tok_data + v.tok_off[t], v.tok_off[t + 1] - v.tok_off[t])
+        if ok <= 0:
+            self.n_bound -= 1
+            if ok < 0:
+                raise MemoryError()
+            return False
+        return True
+
+    def accept_bytes(self, const uint8_t[:] data):
+        cdef int ok
+        if self.terminated:
+            return False
+        self._push_boundary()
+        with nogil:
+            ok = self._feed(&data[0], data.shape[0]) if data.shape[0] > 0 else 1
+        if ok <= 0:
+            self.n_bound -= 1
+            if ok < 0:
+                raise MemoryError()
+            return False
+        return True
+
+    def rollback(self, int32_t k):
+        if k < 0 or k > self.n_bound:
+            raise ValueError(f"cannot roll back {k} tokens; {self.n_bound} can be rolled back")
+        if k == 0:
+            return
+        self.n_bound -= k
+        p_pop_to(&self.p, self.boundaries[self.n_bound])
+        self.terminated = False
+
+    def forget_history(self, int32_t keep):
+        """Keep only the last `keep` token boundaries for rollback (bounds max_rollback_tokens)."""
+        if 0 <= keep < self.n_bound:
+            # Source and destination overlap when fewer than 2 * keep boundaries are held.
+            memmove(self.boundaries, self.boundaries + (self.n_bound - keep), keep * sizeof(int32_t))
+            self.n_bound = keep
+
+    def fill_bitmask(self, uintptr_t address, int32_t n_int32_words):
+        """Write the next-token mask into n_int32_words int32 words at `address`, without the GIL."""
+        cdef int rc
+        with nogil:
+            rc = self._fill(<int32_t*>address, n_int32_words)
+        if rc < 0:
+            raise MemoryError()
+
+    cdef int _fill(self, int32_t* out, int32_t n_out) noexcept nogil:
+        """The mask is built in the output row itself when it is wide and aligned enough (most
+        rows), saving a copy of a vocabulary bitset per fill."""
+        cdef uint64_t* own = self.acc
+        cdef int32_t W = self.vc.n_words
+        cdef int rc
+        if n_out < W * 2 or (<uintptr_t>out) & 7:
+            rc = self._fill_acc()
+            if rc == 0:
+                memcpy(out, self.acc, min(n_out, W * 2) * sizeof(int32_t))
+        else:
+            self.acc = <uint64_t*>out
+            rc = self._fill_acc()
+            self.acc = own
+        if rc == 0 and n_out > W * 2:
+            memset(out + W * 2, 0, (n_out - W * 2) * sizeof(int32_t))
+        return rc
+
+    cdef int _fill_acc(self) noexcept nogil:
+        """The next-token mask into self.acc."""
+        cdef VocabC* v = self.vc
+        cdef Parser* p = &self.p
+        cdef int32_t cur = p.n_sets - 1
+        cdef int32_t W = v.n_words, WR = (v.n_ordinary + 63) // 64
+        cdef int64_t j
+        cdef int32_t node, n_nodes = 0, k, w, r, t, base
+        cdef MaskEntry* e
+        cdef uint64_t bitsw
+        cdef int any_unc = 0, n_checked = 0
+        cdef int32_t sid = p.set_id[cur], slot = sid & (MCACHE_SLOTS - 1), full = -1
+        if self.terminated:
+            memset(self.acc, 0, W * sizeof(uint64_t))
+        elif sid >= 0 and self.mcache_id[slot] == sid:
+            # The same parse state as an earlier step (interned ids capture all of it): same mask.
+            memcpy(self.acc, self.mcache + <int64_t>slot * W, W * sizeof(uint64_t))
+        else:
+            self.stamp_gen += 1
+            if self.stamp_gen == 0x7FFFFFFF:
+                memset(self.stamp, 0, self.g.n_nodes * sizeof(int32_t))
+                self.stamp_gen = 1
+            for j in range(p.set_start[cur], p.n_items):
+                node = p.items[j] & NODE_MASK
+                if self.g.be_start[node + 1] > self.g.be_start[node] and self.stamp[node] != self.stamp_gen:
+                    self.stamp[node] = self.stamp_gen
+                    self.nodes[n_nodes] = node
+                    n_nodes += 1
+            # An entry that keeps a set (a bitset, or all ordinary tokens but a list) starts the
+            # mask by itself; without one the mask starts empty.
+            for k in range(n_nodes):
+                e = self.core.get_entry(self.nodes[k])
+                if e == NULL:
+                    return -1
+                if full < 0 and e.kind != ENTRY_ACCEPTED_LIST:
+                    full = k
+            if full < 0:
+                memset(self.acc, 0, W * sizeof(uint64_t))
+            else:
+                e = self.core.entries[self.nodes[full]]
+                if e.kind == ENTRY_BITSET:
+                    memcpy(self.acc, e.bits, W * sizeof(uint64_t))
+                else:
+                    _all_but(self.acc, v, e)
+            for k in range(n_nodes):
+                e = self.core.entries[self.nodes[k]]
+                if k == full:
+                    pass                    # it started the mask
+                elif e.kind == ENTRY_ACCEPTED_LIST:
+                    for j in range(e.n_list):
+                        t = e.list[j]
+                        self.acc[t >> 6] |= (<uint64_t>1) << (t & 63)
+                elif e.kind == ENTRY_BITSET:
+                    for w in range(W):
+                        self.acc[w] |= e.bits[w]
+                else:
+                    _all_but(self.tmp, v, e)
+                    for w in range(W):
+                        self.acc[w] |= self.tmp[w]
+                if e.n_unc:
+                    if not any_unc:
+                        memset(self.unc, 0, WR * sizeof(uint64_t))
+                        any_unc = 1
+                    for j in range(e.n_unc):
+                        r = e.unc_ranks[j]
+                        self.unc[r >> 6] |= (<uint64_t>1) << (r & 63)
+            if any_unc:
+                n_checked = self._check_uncertain(WR)
+                if n_checked < 0:
+                    return -1
+            for k in range(self.n_stop):
+                t = self.stops[k]
+                if p.set_top[cur]:
+                    self.acc[t >> 6] |= (<uint64_t>1) << (t & 63)
+                else:
+                    self.acc[t >> 6] &= ~((<uint64_t>1) << (t & 63))
+            sid = p.set_id[cur]
+            if n_checked >= MCACHE_MIN_CHECKS and sid >= 0:
+                slot = sid & (MCACHE_SLOTS - 1)
+                self.mcache_id[slot] = sid
+                memcpy(self.mcache + <int64_t>slot * W, self.acc, W * sizeof(uint64_t))
+        return 0
+
+    cdef int _check_uncertain(self, int32_t WR) noexcept nogil:
+        """Run the parser over each uncertain token not already accepted, in byte order.
+
+        Consecutive tokens share their common prefix, a failed prefix rejects every token that
+        extends it, and steps go through the memo (sets are materialized only on a miss).
+        """
+        cdef VocabC* v = self.vc
+        cdef Parser* p = &self.p
+        cdef GrammarC* g = self.g
+        cdef int32_t base = p.n_sets - 1, w, r, t, plen = 0, fail_at = -1, lcp, length, d, known = 0, x
+        cdef uint64_t word
+        cdef const uint8_t* prev = NULL
+        cdef const uint8_t* cur
+        cdef bint ok
+        cdef int32_t n_checked = 0
+        if self.memo.pool_len > MEMO_MAX_ITEMS or self.memo.th_count > MEMO_MAX_TRANSITIONS:
+            m_clear(&self.memo)
+            for x in range(MCACHE_SLOTS):
+                self.mcache_id[x] = -1
+            if p_reintern_all(p) < 0:
+                return -1
+        self.cid[0] = p.set_id[base]
+        for w in range(WR):
+            word = self.unc[w]
+            while word:
+                r = (w << 6) + __builtin_ctzll(word)
+                word &= word - 1
+                t = v.rank_token[r]
+                if (self.acc[t >> 6] >> (t & 63)) & 1:
+                    continue
+                cur = v.tok_data + v.tok_off[t]
+                length = <int32_t>(v.tok_off[t + 1] - v.tok_off[t])
+                lcp = 0
+                while lcp < length and lcp < plen and cur[lcp] == prev[lcp]:
+                    lcp += 1
+                prev = cur
+                plen = length
+                if fail_at >= 0 and lcp > fail_at:
+                    continue          # shares the prefix that already failed
+                fail_at = -1
+                n_checked += 1
+                d = min(lcp, known)
+                if p.n_sets > base + 1 + d:
+                    p_pop_to(p, base + 1 + d)
+                ok = True
+                while d < length:
+                    self.pbyte[d + 1] = cur[d]
+                    x = p_advance(p, g, self.cid, base, d + 1, cur[d], self.pbyte)
+                    if x < 0:
+                        return -1
+                    if self.memo.id_len[x] == 0:
+                        fail_at = d
+                        ok = False
+                        break
+                    d += 1
+                known = d
+                if ok:
+                    self.acc[t >> 6] |= (<uint64_t>1) << (t & 63)
+        p_pop_to(p, base + 1)
+        return n_checked
+
+    def state_items(self):
+        """(node, origin) of every item of the current state set (for inspection and profiling)."""
+        cdef Parser* p = &self.p
+        cdef int64_t j
+        return [(int(p.items[j] & NODE_MASK), int(p.items[j] >> 32))
+                for j in range(p.set_start[p.n_sets - 1], p.n_items)]
+
+    def allowed_bytes(self):
+        """The set of bytes some item of the current state set can scan (for jump-forward)."""
+        cdef Parser* p = &self.p
+        cdef GrammarC* g = self.g
+        cdef int32_t cur = p.n_sets - 1, k
+        cdef int64_t j
+        cdef uint32_t node
+        out = set()
+        for j in range(p.set_start[cur], p.n_items):
+            node = p.items[j] & NODE_MASK
+            for k in range(g.be_start[node], g.be_start[node + 1]):
+                out.update(range(g.be_lo[k], g.be_hi[k] + 1))
+        return out
+
+    def push_byte(self, uint8_t b):
+        """Scan one byte (no token boundary); used by jump-forward with pop_bytes."""
+        cdef int ok = p_push_byte(&self.p, self.g, b)
+        if ok < 0:
+            raise MemoryError()
+        if ok == 0:
+            p_pop_to(&self.p, self.p.n_sets - 1)
+        return ok == 1
+
+    @property
+    def n_sets(self):
+        return self.p.n_sets
+
+    def pop_to(self, int32_t n):
+        p_pop_to(&self.p, n)
