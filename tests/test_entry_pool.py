@@ -277,8 +277,10 @@ def test_threads_share_one_pool(small_info):
 
 def test_precompute_top_k_and_background(small_info):
     text = 'root ::= (a | b | c)+\na ::= "x" [0-9]+\nb ::= "y" [a-z]+ "."\nc ::= "(" root ")"'
-    k1 = xg2.GrammarCompiler(small_info, precompute_top_k=1, cross_grammar_cache=False).compile_grammar(text)
-    k3 = xg2.GrammarCompiler(small_info, precompute_top_k=3, cross_grammar_cache=False).compile_grammar(text)
+    k1 = xg2.GrammarCompiler(small_info, precompute_top_k=1, cross_grammar_cache=False,
+                             background_precompute=False).compile_grammar(text)
+    k3 = xg2.GrammarCompiler(small_info, precompute_top_k=3, cross_grammar_cache=False,
+                             background_precompute=False).compile_grammar(text)
     assert k3._core.n_entries == k1._core.n_entries + 2
     bg = xg2.GrammarCompiler(small_info, background_precompute=True, precompute_budget_ms=1000).compile_grammar(text)
     assert bg._precomputed.wait(60)

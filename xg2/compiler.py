@@ -384,9 +384,11 @@ def _precompute_worker(jobs: queue.SimpleQueue) -> None:
             return
         core, t0, budget_ms, top_k, done, pending = job
         try:
+            core.start_background()     # a builder of its own: the fills never wait for it
             _load_entries(core, pending)
-            _precompute_costliest(core, t0, budget_ms, top_k)
+            _precompute_costliest(core, t0, budget_ms, top_k, background=True)
         finally:
+            core.end_background()
             done.set()
 
 
@@ -405,29 +407,13 @@ def _load_entries(core: CompiledCore, entries: dict[int, bytes] | None) -> None:
             pass
 
 
-def _precompute_costliest(core: CompiledCore, t0: float, budget_ms: float, top_k: int | None) -> None:
+def _precompute_costliest(core: CompiledCore, t0: float, budget_ms: float, top_k: int | None,
+                          background: bool = False) -> None:
     """Costliest first, by an estimate of the trie they reach, since those are the ones a
     mid-generation build would stall on; one predicted to overrun the budget (counted from
-    `t0`, from the time per estimated trie node seen so far) is left for later."""
-    deadline = t0 + budget_ms / 1e3
-    left = top_k
-    if time.perf_counter() >= deadline or left == 0:
-        return  # estimating every state's cost is itself work (a C call per scannable state)
-    nodes, costs = core.costliest_nodes()       # not built yet, costliest first
-    seconds_per_unit = 25e-9
-    for node, cost in zip(nodes.tolist(), costs.tolist()):
-        now = time.perf_counter()
-        if now >= deadline:
-            break
-        if now + cost * seconds_per_unit > deadline:
-            continue
-        core.precompute([node])
-        if cost > 1000:
-            seconds_per_unit = max(seconds_per_unit, (time.perf_counter() - now) / cost)
-        if left is not None:
-            left -= 1
-            if left == 0:
-                break
+    `t0`) is left for later. All in C without the GIL (CompiledCore.precompute_costliest);
+    `background`: with the builder the core lent the background thread."""
+    core.precompute_costliest(t0 + budget_ms / 1e3, -1 if top_k is None else top_k, background)
 
 
 def _source_of(key: tuple) -> tuple[str, str] | None:
@@ -473,10 +459,11 @@ class GrammarCompiler:
     Two caches share `cache_limit_bytes` (-1: unbounded): compiled grammars by their normalised
     text (`cache_enabled`), and the cross-grammar pool of mask entries (`cross_grammar_cache`),
     through which every grammar this compiler builds reuses the entries of sub-structures it has
-    seen before. Partial JIT: at compile time the entries of the first mask are built, then the
-    costliest others within `precompute_budget_ms` (and at most `precompute_top_k` of them),
-    optionally in a background thread (`background_precompute`) so that the work overlaps the
-    model's prefill; the rest are built on first visit. `jit=False` builds every entry at compile
+    seen before. Partial JIT: compile builds the entries of the first mask and returns; the
+    costliest others are built within `precompute_budget_ms` (and at most `precompute_top_k` of
+    them) by a background thread, with a builder of its own so that fills never wait for it, while
+    the model prefills (`background_precompute=False` builds them on the compile path instead);
+    the rest are built on first visit. `jit=False` builds every entry at compile
     time and `repetition_compression=False` unrolls every bounded repetition: with both, and
     without the pool, the engine runs with every optimisation off (masks are the same).
     Every compile (front-end, automata, keys, the first mask's entries, and with `jit=False` all
@@ -486,7 +473,7 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, max_threads: int = 8, cache_enabled: bool = True,
                  cache_limit_bytes: int = -1, precompute_budget_ms: float = 40.0,
-                 precompute_top_k: int | None = None, background_precompute: bool = False,
+                 precompute_top_k: int | None = None, background_precompute: bool = True,
                  jit: bool = True, cross_grammar_cache: bool = True, repetition_compression: bool = True,
                  compile_timeout_ms: float | None = DEFAULT_COMPILE_TIMEOUT_MS):
         if not isinstance(tokenizer_info, TokenizerInfo):

@@ -19,12 +19,19 @@ cdef extern from *:
     static inline void *xg2_load_acquire(void **p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void xg2_store_release(void **p, void *v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
     static inline int xg2_int_load(int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline int xg2_cas_ptr(void **p, void *v) {
+        void *expected = NULL;
+        return __atomic_compare_exchange_n(p, &expected, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
+    static inline void xg2_add64(int64_t *p, int64_t v) { __atomic_add_fetch(p, v, __ATOMIC_RELAXED); }
     """
     void xg2_ref_add(int* p) nogil
     int xg2_ref_sub(int* p) nogil
     void* xg2_load_acquire(void** p) nogil
     void xg2_store_release(void** p, void* v) nogil
     int xg2_int_load(int* p) nogil
+    bint xg2_cas_ptr(void** p, void* v) nogil       # NULL -> v, once
+    void xg2_add64(int64_t* p, int64_t v) nogil
 
 
 cdef inline void entry_retain(MaskEntry* e) noexcept nogil:
