@@ -13,10 +13,10 @@ import pytest
 from conftest import SHARED
 
 import xg2
-from xg2.compiler import lower
 from xg2.grammar.ebnf import parse_ebnf
 from xg2.grammar.hashing import grammar_keys
 from xg2.grammar.repetition import REPEAT_THRESHOLD
+from xg2.lowering import lower
 
 REGISTRY = SHARED / "data" / "tools" / "registry.jsonl"
 

@@ -11,76 +11,17 @@ import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import numpy as np
 
 from ._ext.core import ClassTrie, CompiledCore, EntryPool, Vocab
-from .errors import GrammarError, TokenizerError, UsageError, XG2Error
+from .errors import TokenizerError, UsageError, XG2Error
 from .grammar import budget
-from .grammar.fsm import (
-    RuleFSM,
-    byte_tables,
-    fsm_nbytes,
-    nullable_rules,
-    productive_rules,
-    prune,
-    rule_automaton,
-    strongly_connected,
-)
 from .grammar.grammar import Grammar
-from .grammar.hashing import GrammarKeys, grammar_keys
-from .grammar.ir import GrammarIR
-from .grammar.optimize import inline_small_rules
-from .grammar.repetition import compress_repetitions
-from .linking import Module, link, link_frame
+from .lowering import LoweredGrammar, Module, byte_classes, link, link_frame, lower
 from .tokenizer import TokenizerInfo
-
-
-@dataclass
-class LoweredGrammar:
-    rule_names: list[str]
-    fsms: list[RuleFSM] | None          # None for linked grammars (their keys come with them)
-    root: int
-    arrays: dict[str, np.ndarray]
-    _keys: GrammarKeys | None = None
-    follows: dict[int, int] | None = None   # rule -> its declared follow rule, where the core uses it
-
-    @property
-    def keys(self) -> GrammarKeys:
-        """Content keys of the rules and their contexts, computed on first use (only the entry
-        pool needs them)."""
-        if self._keys is None:
-            self._keys = grammar_keys(self.fsms, self.root, follows=self.follows)
-        return self._keys
-
-    def core_keys(self) -> tuple[list[bytes], list[bytes], np.ndarray]:
-        """(rule keys, context keys, per-node canonical numbers): what the core keys entries by."""
-        keys = self.keys
-        rule_start = self.arrays["rule_start"]
-        node_canon = np.arange(self.n_nodes, dtype=np.int32) - rule_start[self.arrays["node_rule"]]
-        for r, perm in enumerate(keys.canon):
-            if perm is not None:
-                node_canon[rule_start[r]: rule_start[r] + len(perm)] = perm
-        return keys.rule, keys.ctx, node_canon
-
-    @property
-    def n_nodes(self) -> int:
-        return len(self.arrays["node_rule"])
-
-    @property
-    def python_bytes(self) -> int:
-        """What the automata and keys kept beside the tables hold as Python objects (estimated:
-        see fsm_nbytes); a cache budget that counted the tables alone undercounted a tool-calling
-        grammar about five times."""
-        n = sum(fsm_nbytes(f) for f in self.fsms) if self.fsms is not None else 0
-        if self._keys is not None:
-            n += 2 * 90 * len(self._keys.rule)
-            n += sum(64 + 40 * len(c) for c in self._keys.canon if c is not None)
-        return n
-
 
 #: Default `compile_timeout_ms`: a few seconds. Every ordinary large input measured here (hundreds
 #: of properties, thousands of rules or alternatives, long regexes, tags with excluded strings;
@@ -99,142 +40,6 @@ def _budgeted(what: str):
                 return method(self, *args, **kwargs)
         return run
     return wrap
-
-
-#: Caller nodes per rule the mask builder follows as certain contexts (the core's MAX_RESUMES).
-MAX_RESUMES = 4
-
-
-def _all_resumes(fsms: list[RuleFSM], sites: list[list[tuple[int, int, int]]], root: int) -> list[set | None]:
-    """Per rule, the caller nodes (rule, node) where its calls resume, looking through tail calls
-    (a resume node that is final with no way on hands over to that rule's own callers); None when
-    the root is among the callers seen through tail calls (the text may end there) or there are
-    more than MAX_RESUMES. One pass over the tail-call graph's components, callers first: a walk
-    up the chain per rule would be quadratic in a chain of thousands of tail-calling rules."""
-    n = len(fsms)
-    direct: list[set[tuple[int, int]] | None] = [set() for _ in range(n)]
-    tail: list[list[int]] = [[] for _ in range(n)]      # rule -> rules it hands over to
-    for r in range(n):
-        for p, _u, v in sites[r]:
-            f = fsms[p]
-            if v in f.finals and not f.byte_edges[v] and not f.rule_edges[v]:
-                tail[r].append(p)
-            elif direct[r] is not None:
-                direct[r].add((p, v))
-                if len(direct[r]) > MAX_RESUMES:
-                    direct[r] = None
-    out: list[set | None] = [None] * n
-    for comp in strongly_connected(n, tail):    # the rules a component hands over to come first
-        acc: set[tuple[int, int]] | None = set()
-        for r in comp:
-            if r == root or direct[r] is None:
-                acc = None
-                break
-            acc |= direct[r]
-            for p in tail[r]:
-                if p in comp:
-                    continue
-                if out[p] is None:
-                    acc = None
-                    break
-                acc |= out[p]
-            if acc is None or len(acc) > MAX_RESUMES:
-                acc = None
-                break
-        for r in comp:
-            out[r] = acc
-    return out
-
-
-def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None = None,
-          keep: frozenset[str] = frozenset()) -> LoweredGrammar:
-    """Lower IR to per-rule automata and flatten them (CSR) for the core; `compress=False` keeps
-    every repetition unrolled (the reference the compressed form must match). A rule's declared
-    follow (`Rule.follow`) replaces its callers as the mask builder's certain context when it
-    covers `max_token_bytes` elements: then no token can read past what the declaration promises.
-    Rules in `keep` stay rules (not inlined), e.g. the stubs a frame links modules in for."""
-    ir = inline_small_rules(compress_repetitions(ir) if compress else ir, keep)
-    names = [r.name for r in ir.rules]
-    index = {n: i for i, n in enumerate(names)}
-    fsms = []
-    for r in ir.rules:
-        budget.check("rule automata")
-        fsms.append(rule_automaton(r.body, index))
-    live = productive_rules(fsms)
-    root = index[ir.root]
-    if root not in live:
-        raise GrammarError(f"the root rule {ir.root!r} accepts no string")
-    fsms = [prune(f, live) if r in live else RuleFSM([[]], [[]], set()) for r, f in enumerate(fsms)]
-    nullable = nullable_rules(fsms)
-    budget.check("rule automata")
-
-    tables = [byte_tables(f) for f in fsms]
-    sizes = np.array([f.n_nodes for f in fsms], np.int64)
-    base = np.concatenate([[0], np.cumsum(sizes)])
-    n_nodes = int(base[-1])
-    if n_nodes >= 2**30:
-        raise GrammarError("grammar too large")
-    counts = np.concatenate([t[0] for t in tables])
-    be_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    be_target = np.concatenate([t[3] + b for t, b in zip(tables, base[:-1])])
-    node_rule = np.repeat(np.arange(len(fsms), dtype=np.int32), sizes)
-    node_final = np.concatenate([t[4] for t in tables])
-    re_count = np.zeros(n_nodes, np.int32)
-    re_rule, re_target = [], []
-    sites: list[list[tuple[int, int, int]]] = [[] for _ in fsms]  # per rule: (caller, node, resume node)
-    for r, (f, t) in enumerate(zip(fsms, tables)):
-        b = int(base[r])
-        for u in t[6]:
-            edges = f.rule_edges[u]
-            re_count[b + u] = len(edges)
-            for rr, v in edges:
-                re_rule.append(rr)
-                re_target.append(b + v)
-                sites[rr].append((r, u, v))
-    re_start = np.concatenate([[0], np.cumsum(re_count)]).astype(np.int32)
-
-    # Context: for each rule, the caller items waiting on it; item origin = the caller's own rule,
-    # whose static state set in the core's context parser holds that caller's callers.
-    ctx_start = np.zeros(len(fsms) + 1, np.int32)
-    ctx_item: list[int] = []
-    for r in range(len(fsms)):
-        ctx_item.extend(sorted((p << 32) | (int(base[p]) + u) for p, u, _v in sites[r]))
-        ctx_start[r + 1] = len(ctx_item)
-    budget.check("call sites")
-    ctx_resume = np.full((len(fsms), MAX_RESUMES), -1, np.int32)
-    for r, resumes in enumerate(_all_resumes(fsms, sites, root)):
-        if resumes is not None and len(resumes) <= MAX_RESUMES:
-            ctx_resume[r, : len(resumes)] = sorted(int(base[p]) + v for p, v in resumes)
-    follows = {}
-    for r, rule in enumerate(ir.rules):
-        if rule.follow is not None and max_token_bytes is not None and rule.follow[1] >= max_token_bytes:
-            follows[r] = index[rule.follow[0]]
-            ctx_resume[r] = -1
-            ctx_resume[r, 0] = base[follows[r]]
-
-    # Nodes from which the rule is a plain deterministic automaton: no call is reachable.
-    node_pure = np.concatenate([t[5] for t in tables])
-
-    rule_start = base[:-1].astype(np.int32)
-    arrays = {
-        "node_rule": node_rule,
-        "node_final": node_final,
-        "be_start": be_start,
-        "be_lo": np.concatenate([t[1] for t in tables]),
-        "be_hi": np.concatenate([t[2] for t in tables]),
-        "be_target": be_target.astype(np.int32),
-        "re_start": re_start,
-        "re_rule": np.array(re_rule, np.int32),
-        "re_target": np.array(re_target, np.int32),
-        "rule_start": rule_start,
-        "rule_nullable": np.array([r in nullable for r in range(len(fsms))], np.uint8),
-        "ctx_start": ctx_start,
-        "ctx_item": np.array(ctx_item, np.uint64),
-        "node_pure": node_pure,
-        "ctx_resume": ctx_resume.reshape(-1),
-        "rule_follow": np.array([r in follows for r in range(len(fsms))], np.uint8),
-    }
-    return LoweredGrammar(names, fsms, root, arrays, follows=follows)
 
 
 class CompiledGrammar:
@@ -368,12 +173,6 @@ CLASS_TRIE_MAX_RATIO = 0.6
 CLASS_TRIE_MAX_SAMPLE_RATIO = 0.7
 #: Class tries a compiler keeps (grammars with equal byte classes share one).
 MAX_CLASS_TRIES = 64
-
-
-def byte_classes(arrays: dict[str, np.ndarray]) -> bytes:
-    """Byte -> class: bytes that no byte edge of the grammar separates share a class."""
-    bounds = np.union1d(arrays["be_lo"].astype(np.int32), arrays["be_hi"].astype(np.int32) + 1)
-    return np.searchsorted(bounds, np.arange(256), side="right").astype(np.uint8).tobytes()
 
 
 def _precompute_worker(jobs: queue.SimpleQueue) -> None:

@@ -222,9 +222,9 @@ def _lowered_out(lowered: Any, with_fsms: bool, keys: Any = None) -> _Lowered:
 
 
 def _lowered_in(w: _Lowered) -> Any:
-    from .compiler import LoweredGrammar
     from .grammar.fsm import RuleFSM
     from .grammar.hashing import GrammarKeys
+    from .lowering import LoweredGrammar
 
     missing = set(_TABLE_DTYPES) - set(w.arrays)
     if missing:
@@ -261,7 +261,7 @@ def _lowered_in(w: _Lowered) -> Any:
 def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
     """Every index the core follows stays inside its table: the core trusts its tables, so a blob's
     must be checked before they reach it."""
-    from .compiler import MAX_RESUMES
+    from .lowering import MAX_RESUMES
 
     n_nodes = len(a["node_rule"])
     n_be = int(a["be_start"][-1]) if len(a["be_start"]) else -1
@@ -364,7 +364,7 @@ def dump_module(module: Any, fingerprint: str) -> bytes:
 
 
 def load_module(data: bytes, fingerprint: str) -> Any:
-    from .linking import Module
+    from .lowering import Module
 
     try:
         payload = _MODULE_DEC.decode(unpack(data, KIND_MODULE, fingerprint))

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._ext.core import link_tables
-from .grammar.fsm import RuleFSM
-from .grammar.hashing import (
+from .._ext.core import link_tables
+from ..grammar.fsm import RuleFSM
+from ..grammar.hashing import (
     UNSHARED,
     GrammarKeys,
     choice_key,
@@ -27,6 +27,7 @@ from .grammar.hashing import (
     node_digests,
     retired_key,
 )
+from .tables import LoweredGrammar
 
 #: The root of a linked grammar: node 0 calls every module (added by `link`) and goes to node 1,
 #: which is final and reads nothing.
@@ -43,7 +44,7 @@ MAX_CONTEXTS = 4
 class Module:
     """One lowered branch (a LoweredGrammar), with its keys as a module and what linking needs."""
 
-    lowered: object                    # LoweredGrammar (not imported: compiler.py imports this module)
+    lowered: LoweredGrammar
     warnings: list = field(default_factory=list)
     _keys: GrammarKeys | None = None
     _tables: dict[str, np.ndarray] | None = None
@@ -107,7 +108,6 @@ class Module:
 def link(modules: list[Module]):
     """The LoweredGrammar of `root ::= m1 | m2 | ...` (modules distinct, each linkable): the root is
     rule 0 with nodes 0 (calls every module root) and 1 (final); module tables follow, moved."""
-    from .compiler import LoweredGrammar
 
     arrays = link_tables([m.tables for m in modules], [m.lowered.root for m in modules])
     module_keys = [m.keys for m in modules]
@@ -180,7 +180,6 @@ def link_frame(frame, stubs: dict[int, Module], impassable=None, gates: dict[int
     after them, moved. A module root takes over its stub's callers (context items and resume
     nodes) and is keyed under its context in the frame (`_module_context`), its inner rules after
     it; the frame's keys are `_frame_keys`."""
-    from .compiler import LoweredGrammar
 
     fa = frame.arrays
     fkeys = _frame_keys(frame, stubs, impassable, gates or {})
