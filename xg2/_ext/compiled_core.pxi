@@ -163,15 +163,19 @@ cdef class CompiledCore:
 
     @property
     def heap_bytes(self) -> int:
-        """What this core holds in C besides its tables and entries, at the capacity its builders'
-        parsers and transition memo have grown to (they grow while entries are built): the
-        figure a cache budget must count, not a per-node guess."""
+        """What this core keeps in C besides its tables and entries, at the capacity the fills'
+        builder's parsers and transition memo have grown to (they grow while entries are built):
+        the figure a cache budget must count, not a per-node guess. A background precompute's
+        builder is left out: it is working memory of one job at a time, given back when the job
+        ends, and counting it evicted the grammars and modules a cache is for while a job ran."""
         cdef int64_t total
         total = <int64_t>self.g.n_nodes * (sizeof(MaskEntry*) + 6 * sizeof(uint64_t) + 1 + sizeof(int32_t) + 1)
-        total += self.fill.heap_bytes()
-        if self.background is not None:
-            total += self.background.heap_bytes()
-        return total
+        return total + self.fill.heap_bytes()
+
+    @property
+    def background_heap_bytes(self) -> int:
+        """The background precompute's builder's working memory now (0 when none runs)."""
+        return 0 if self.background is None else int(self.background.heap_bytes())
 
     def __dealloc__(self):
         cdef int32_t i

@@ -195,7 +195,7 @@ class _Converter(ObjectLowering):
     # rules ------------------------------------------------------------------------------------
     def new_name(self, hint: str) -> str:
         # Names must print as EBNF (the compile cache keys on the printed grammar): ASCII only.
-        base = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in hint)[:40]
+        base = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in hint[:40])
         if not base or base[0].isdigit():
             base = "r" + base
         budget.check("JSON Schema rules")       # every rule the converter writes passes here
