@@ -7,6 +7,7 @@ import itertools
 import json
 import random
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -286,6 +287,24 @@ def test_precompute_top_k_and_background(small_info):
     assert bg._precomputed.wait(60)
     assert bg._core.n_entries > k1._core.n_entries
     assert_same_walks(small_info, bg, reference_compiler(small_info).compile_grammar(text))
+
+
+CORPUS = Path(__file__).resolve().parents[1] / "benchmarks" / "grammars"
+
+
+@pytest.mark.parametrize("name", ["sexpr", "nullable", "unicode", "markdown_outline"])
+def test_class_trie_built_in_the_background_keeps_the_masks(deepseek_info, name):
+    """A grammar whose class trie the compiler had not built starts on the byte trie and changes
+    over when the background precompute has built it: the masks along random walks are those of
+    a grammar that walked the class trie from the start, and of the reference."""
+    text = (CORPUS / f"{name}.ebnf").read_text(encoding="utf-8")
+    late = xg2.GrammarCompiler(deepseek_info).compile_grammar(text)
+    early = xg2.GrammarCompiler(deepseek_info, background_precompute=False).compile_grammar(text)
+    assert_same_walks(deepseek_info, late, early, seed=3, walks=2, steps=40)
+    assert late._precomputed.wait(30)
+    assert (late._core.class_trie is None) == (early._core.class_trie is None)
+    assert_same_walks(deepseek_info, late, reference_compiler(deepseek_info).compile_grammar(text), seed=4,
+                      walks=2, steps=40)
 
 
 @pytest.mark.parametrize(("m", "n"), [(0, 10 * REPEAT_THRESHOLD + 5), (REPEAT_THRESHOLD - 1, 12 * REPEAT_THRESHOLD + 1),

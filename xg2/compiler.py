@@ -59,6 +59,7 @@ class CompiledGrammar:
         self._pending_entries: dict[int, bytes] | None = None   # loaded: entries installed after the first mask
         self._precompute_budget_ms: float | None = None         # None: the compiler's
         self._tier_found: int | None = None     # first-mask entries a second tier had (None: not asked)
+        self._make_trie: Callable[[], ClassTrie | None] | None = None   # its class trie, to build in the background
 
     @property
     def grammar(self) -> Grammar:
@@ -175,14 +176,36 @@ CLASS_TRIE_MAX_SAMPLE_RATIO = 0.7
 MAX_CLASS_TRIES = 64
 
 
+def _class_trie_of(vocab: Vocab, classes: bytes, tries: dict[bytes, ClassTrie | None],
+                   lock: threading.Lock) -> ClassTrie | None:
+    """The class trie of `classes` from a compiler's `tries`, built and kept there if missing
+    (None when a token sample shows it would not be much smaller than the byte trie)."""
+    with lock:
+        if classes in tries:
+            return tries[classes]
+    sample = vocab.token_sample
+    trie = None
+    if len({t.translate(classes) for t in sample}) <= CLASS_TRIE_MAX_SAMPLE_RATIO * len(sample):
+        trie = ClassTrie(vocab, np.frombuffer(classes, dtype=np.uint8))
+        if trie.n_nodes > CLASS_TRIE_MAX_RATIO * vocab.n_trie:
+            trie = None
+    with lock:
+        if len(tries) >= MAX_CLASS_TRIES:
+            tries.pop(next(iter(tries)))
+        tries[classes] = trie
+    return trie
+
+
 def _precompute_worker(jobs: queue.SimpleQueue) -> None:
     """A compiler's background precompute thread; None (put when the compiler is collected) ends it."""
     while True:
         job = jobs.get()
         if job is None:
             return
-        core, t0, budget_ms, top_k, done, pending = job
+        core, t0, budget_ms, top_k, done, pending, make_trie = job
         try:
+            if make_trie is not None:   # built here, not on the compile path (see GrammarCompiler._compile)
+                core.use_class_trie(make_trie())
             core.start_background()     # a builder of its own: the fills never wait for it
             _load_entries(core, pending)
             _precompute_costliest(core, t0, budget_ms, top_k, background=True)
@@ -609,10 +632,20 @@ class GrammarCompiler:
         t0 = time.perf_counter()
         lowered = lower(grammar.ir, compress=self.repetition_compression, max_token_bytes=self._vocab.max_depth)
         keys = lowered.core_keys() if self._pool is not None else None
-        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, self._class_trie(lowered.arrays),
-                            self._pool, keys)
+        classes = byte_classes(lowered.arrays)
+        with self._lock:
+            known = classes in self._class_tries
+        later = not known and self.background_precompute and self.jit
+        # A class trie not built yet (a walk of the whole vocabulary: 5-10 ms) is built by the
+        # background precompute, which hands it to the core; the first mask walks the byte trie
+        # (the same entries, measured faster than building the trie first).
+        trie = None if later else self._class_trie(lowered.arrays)
+        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, keys)
         compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered, core)
         compiled._source = source
+        if later:
+            compiled._make_trie = functools.partial(_class_trie_of, self._vocab, classes, self._class_tries,
+                                                    self._lock)
         return self._finish(key, compiled, t0)
 
     @_budgeted("a serialized grammar")
@@ -657,21 +690,7 @@ class GrammarCompiler:
     def _class_trie(self, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
         """The vocabulary trie over the grammar's byte classes, kept per compiler and byte classes;
         None when a token sample shows it would not be much smaller than the byte trie."""
-        classes = byte_classes(arrays)
-        with self._lock:
-            if classes in self._class_tries:
-                return self._class_tries[classes]
-        sample = self._vocab.token_sample
-        trie = None
-        if len({t.translate(classes) for t in sample}) <= CLASS_TRIE_MAX_SAMPLE_RATIO * len(sample):
-            trie = ClassTrie(self._vocab, np.frombuffer(classes, dtype=np.uint8))
-            if trie.n_nodes > CLASS_TRIE_MAX_RATIO * self._vocab.n_trie:
-                trie = None
-        with self._lock:
-            if len(self._class_tries) >= MAX_CLASS_TRIES:
-                self._class_tries.pop(next(iter(self._class_tries)))
-            self._class_tries[classes] = trie
-        return trie
+        return _class_trie_of(self._vocab, byte_classes(arrays), self._class_tries, self._lock)
 
     def _precompute(self, compiled: CompiledGrammar, t0: float) -> None:
         """Partial JIT: the entries the first mask needs now, then the costliest others (see
@@ -698,8 +717,9 @@ class GrammarCompiler:
                     self._worker.start()
                     weakref.finalize(self, self._jobs.put, None)
             self._jobs.put((core, time.perf_counter(), budget_ms, self.precompute_top_k,
-                            compiled._precomputed, compiled._pending_entries))
+                            compiled._precomputed, compiled._pending_entries, compiled._make_trie))
             compiled._pending_entries = None
+            compiled._make_trie = None
             return
         else:
             _load_entries(core, compiled._pending_entries)

@@ -266,6 +266,22 @@ cdef class CompiledCore:
         with nogil:
             self._install(node, e)
 
+    def use_class_trie(self, ClassTrie class_trie):
+        """Walk `class_trie` from the next build on (a grammar compiled before its class trie
+        was built starts on the byte trie; the entries are the same either way). Each builder
+        changes over under its own lock, so no walk switches tries midway."""
+        if class_trie is None or self._class_trie is not None:
+            return
+        self._class_trie = class_trie
+        self.trie = &class_trie.t
+        for b in (self.fill, self.background):
+            if b is None:
+                continue
+            with nogil:
+                PyThread_acquire_lock((<EntryBuilder>b).lock, WAIT_LOCK)
+            (<EntryBuilder>b).trie = self.trie
+            PyThread_release_lock((<EntryBuilder>b).lock)
+
     def start_background(self):
         """Lend a second builder to a background precompute: its builds then never hold the lock
         a fill waits for. end_background gives its working memory back."""
