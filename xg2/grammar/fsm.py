@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .._ext.automata import minimal_dfa, rule_dfa
+from .._ext.automata import minimal_dfa, reach_back, rule_dfa
 from ..errors import GrammarLimitError
 from . import budget as deadline
 from .alternation import MIN_TRIE_LITERALS, factor_literals
@@ -314,12 +314,12 @@ def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
                    remap, fsm.keys_memo)
 
 
-def _purity(fsm: RuleFSM):
+def _purity(fsm: RuleFSM, counts=None, target=None):
     """Per node, the core's purity bits: 1 when no call is reachable from it, 2 when it makes no
     call itself (both only in deterministic automata)."""
     import numpy as np
 
-    out = np.array(pure_nodes(fsm), np.uint8)
+    out = np.array(pure_nodes(fsm, counts, target), np.uint8)
     if fsm.deterministic:
         out |= np.array([0 if e else 2 for e in fsm.rule_edges], np.uint8)
     return out
@@ -348,26 +348,36 @@ def _set_tables(fsm: RuleFSM, counts, lo, hi, target) -> None:
     h = hashlib.blake2b(digest_size=16)
     for part in (bytes([fsm.deterministic]), final, counts.astype("<i4"), lo, hi, target.astype("<i4")):
         h.update(part)
-    fsm.flat = (counts, lo, hi, target, final, _purity(fsm), tuple(u for u, e in enumerate(fsm.rule_edges) if e),
-                h.digest())
+    fsm.flat = (counts, lo, hi, target, final, _purity(fsm, counts, target),
+                tuple(u for u, e in enumerate(fsm.rule_edges) if e), h.digest())
 
 
 def trimmed(fsm: RuleFSM) -> bool:
     """Whether a final node is reachable from every node when every call can complete."""
     if fsm.trimmed is None:
-        fsm.trimmed = len(reaching(fsm, fsm.finals)) == fsm.n_nodes
+        if fsm.flat is not None:    # the flat tables: the walk in C
+            calls = [(u, v) for u, edges in enumerate(fsm.rule_edges) for _r, v in edges]
+            fsm.trimmed = all(reach_back(fsm.flat[0], fsm.flat[3], calls, fsm.finals))
+        else:
+            fsm.trimmed = len(reaching(fsm, fsm.finals)) == fsm.n_nodes
     return fsm.trimmed
 
 
-def pure_nodes(fsm: RuleFSM) -> tuple[bool, ...]:
-    """Per node: the rule is a plain deterministic automaton from here on (no call is reachable)."""
+def pure_nodes(fsm: RuleFSM, counts=None, target=None) -> tuple[bool, ...]:
+    """Per node: the rule is a plain deterministic automaton from here on (no call is reachable).
+    `counts`, `target`: the automaton's flat byte edges, when known (the walk is then in C)."""
     if fsm.pure is None:
         if not fsm.deterministic:
             fsm.pure = (False,) * fsm.n_nodes
         else:
             calls = [u for u in range(fsm.n_nodes) if fsm.rule_edges[u]]
-            impure = reaching(fsm, calls, [[] for _ in range(fsm.n_nodes)]) if calls else set()
-            fsm.pure = tuple(u not in impure for u in range(fsm.n_nodes))
+            if not calls:
+                fsm.pure = (True,) * fsm.n_nodes
+            elif counts is not None:
+                fsm.pure = tuple(not f for f in reach_back(counts, target, [], calls))
+            else:
+                impure = reaching(fsm, calls, [[] for _ in range(fsm.n_nodes)])
+                fsm.pure = tuple(u not in impure for u in range(fsm.n_nodes))
     return fsm.pure
 
 

@@ -311,7 +311,10 @@ def _name(f: Any) -> str:
 
 def to_json(tag: StructuralTag) -> str:
     """The structural tag as JSON text (what `parse_structural_tag` reads back)."""
-    return json.dumps(msgspec.to_builtins(tag))
+    try:
+        return msgspec.json.encode(tag).decode()
+    except UnicodeEncodeError:      # a lone surrogate in a string: written as an escape
+        return json.dumps(msgspec.to_builtins(tag))
 
 
 #: Formats `structural_tag_to_ir` lowers; `exclude_token` (exactly one token) is not: a byte-level
