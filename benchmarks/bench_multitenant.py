@@ -53,6 +53,11 @@ XG2_CONFIGS = {
 }
 
 
+#: Seconds between a request's first mask and its walk, standing for the model's prefill
+#: (bench_ttfm.py --prefill-ms); 0: the walk starts at once.
+PREFILL_S = 0.0
+
+
 def _rebase(node: Any, prefix: str) -> Any:
     if isinstance(node, dict):
         return {k: (prefix + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rebase(v, prefix))
@@ -125,6 +130,8 @@ def run_engine(name: str, vocab, schemas: list[dict], picks: list[list[int]], st
             rows.append(row)
             continue
         row["ttfm_ms"] = (time.perf_counter() - t0) * 1e3
+        if PREFILL_S:
+            time.sleep(PREFILL_S)
         rng = random.Random(seed * 1_000_003 + i)
         times = []
         for step in range(steps):

@@ -101,6 +101,10 @@ from bench_multitenant import XG2_CONFIGS, load_tools, make_engine_and_compiler,
 from engines import DEFAULT_TOKENIZER, Engine, Vocab, load_vocab, percentile
 from schema_instances import Unsatisfiable, valid_instance
 
+#: Seconds between a request's first mask and its walk, standing for the model's prefill, which a
+#: background precompute overlaps (bench_ttfm.py --prefill-ms); 0: the walk starts at once.
+PREFILL_S = 0.0
+
 TRIGGER = "<tool_call>"
 END = "}\n</tool_call>"
 SENTENCES = [
@@ -253,6 +257,8 @@ def run_engine(name: str, vocab: Vocab, requests: list[Request], view: MaskView,
             gc.enable()
             row.update(error_kind="compile", error=_err(exc))
             continue
+        if PREFILL_S:
+            time.sleep(PREFILL_S)
         try:
             walk(engine, matcher, bitmask, req, row, view, vocab, eos, digests.setdefault(req.i, []) if compare else None)
         finally:

@@ -605,6 +605,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="fewer requests, schemas and repeats (about 2 minutes)")
     ap.add_argument("--with-slow", action="store_true",
                     help="also xgrammar where it takes seconds per input (JSONSchemaBench, strings, EBNF)")
+    ap.add_argument("--prefill-ms", type=float, default=0.0,
+                    help="toolcalling and multitenant: a pause between each first mask and its walk, standing "
+                         "for the model's prefill that a background precompute overlaps (default 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     ap.add_argument("--json", type=Path, help="write every figure here (after each workload)")
@@ -619,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown workloads {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     args.profile = QUICK if args.quick else FULL
+    bench_toolcalling.PREFILL_S = bench_multitenant.PREFILL_S = args.prefill_ms / 1e3
     started = time.perf_counter()
     vocab = load_vocab(args.tokenizer)
     for module in ("xg2", "llguidance", "xgrammar"):   # imported before the runs, then frozen (see freeze)
