@@ -207,5 +207,7 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
 
 def byte_classes(arrays: dict[str, np.ndarray]) -> bytes:
     """Byte -> class: bytes that no byte edge of the grammar separates share a class."""
-    bounds = np.union1d(arrays["be_lo"].astype(np.int32), arrays["be_hi"].astype(np.int32) + 1)
-    return np.searchsorted(bounds, np.arange(256), side="right").astype(np.uint8).tobytes()
+    starts = np.zeros(257, np.uint8)      # bytes where some edge's range starts or ends + 1
+    starts[arrays["be_lo"]] = 1
+    starts[arrays["be_hi"].astype(np.int32) + 1] = 1
+    return np.cumsum(starts[:256], dtype=np.int32).astype(np.uint8).tobytes()
