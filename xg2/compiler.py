@@ -216,6 +216,8 @@ def _precompute_worker(jobs: queue.SimpleQueue) -> None:
             core.start_background()     # a builder of its own: the fills never wait for it
             _load_entries(core, pending)
             _precompute_costliest(core, t0, budget_ms, top_k, background=True)
+        except MemoryError:
+            pass    # what was not built is built on first visit; the next jobs must still run
         finally:
             core.end_background()
             done.set()
@@ -648,7 +650,7 @@ class GrammarCompiler:
         # A class trie not built yet (a walk of the whole vocabulary: 5-10 ms) is built by the
         # background precompute, which hands it to the core; the first mask walks the byte trie
         # (the same entries, measured faster than building the trie first).
-        trie = None if later else self._class_trie(lowered.arrays)
+        trie = None if later else _class_trie_of(self._vocab, classes, self._class_tries, self._lock)
         core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, keys)
         compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered, core)
         compiled._source = source
@@ -695,11 +697,6 @@ class GrammarCompiler:
         compiled._pending_entries = pending
         compiled._precompute_budget_ms = None if precompute else 0.0
         return self._finish(None, compiled, t0)
-
-    def _class_trie(self, arrays: dict[str, np.ndarray]) -> ClassTrie | None:
-        """The vocabulary trie over the grammar's byte classes, kept per compiler and byte classes;
-        None when a token sample shows it would not be much smaller than the byte trie."""
-        return _class_trie_of(self._vocab, byte_classes(arrays), self._class_tries, self._lock)
 
     def _precompute(self, compiled: CompiledGrammar, t0: float) -> None:
         """Partial JIT: the entries the first mask needs now, then the costliest others (see

@@ -25,6 +25,16 @@ cdef int _cmp_cost_desc(const void* a, const void* b) noexcept nogil:
     return (x[1] > y[1]) - (x[1] < y[1])
 
 
+cdef inline void _let_waiters_in(PyObject* bp) noexcept nogil:
+    """Before a precompute takes builder `bp` for its next entry, a fill waiting for that builder
+    has it first: the lock is not fair, and a precompute that took it again at once kept the first
+    fills waiting for its whole budget."""
+    cdef int spins = 0
+    while xg2_int_load(&(<EntryBuilder>bp).lock_waiters) > 0 and spins < 100000:
+        sched_yield()
+        spins += 1
+
+
 cdef class CompiledCore:
     """Flat grammar tables plus the lazily built mask entries, one per scannable node.
 
@@ -291,29 +301,18 @@ cdef class CompiledCore:
     def end_background(self):
         self.background = None
 
-    def precompute(self, nodes, bint background=False):
-        """Build the entries of the given nodes now (the partial JIT's part ahead of the fills).
-        `background`: with the builder start_background lent (a fill never waits for it); else
-        with the fills' builder, and before each node a fill that waits for that builder's lock
-        has it first (the lock is not fair: a precompute that took it again at once kept the
-        first fills waiting for its whole budget)."""
-        cdef int32_t n, spins
-        cdef EntryBuilder b = self.background if background else self.fill
-        if b is None:
-            raise RuntimeError("precompute(background=True) without start_background()")
-        cdef PyObject* bp = <PyObject*>b
+    def precompute(self, nodes):
+        """Build the entries of the given nodes now with the fills' builder (the first mask's, or
+        every entry with jit=False)."""
+        cdef int32_t n
         for n in nodes:
             if not 0 <= n < self.g.n_nodes:
                 raise IndexError(f"node {n} out of range")
             if self.g.be_start[n + 1] == self.g.be_start[n]:
                 continue
             with nogil:
-                if not background:
-                    spins = 0
-                    while xg2_int_load(&b.lock_waiters) > 0 and spins < 100000:
-                        sched_yield()
-                        spins += 1
-                if xg2_load_acquire(<void**>&self.entries[n]) == NULL and self._build_in(bp, n) == NULL:
+                _let_waiters_in(self.fill_ptr)
+                if xg2_load_acquire(<void**>&self.entries[n]) == NULL and self._build_in(self.fill_ptr, n) == NULL:
                     with gil:
                         raise MemoryError()
 
@@ -331,7 +330,7 @@ cdef class CompiledCore:
         if b is None:
             raise RuntimeError("precompute_costliest(background=True) without start_background()")
         cdef PyObject* bp = <PyObject*>b
-        cdef int32_t n, count = 0, k, spins
+        cdef int32_t n, count = 0, k
         cdef int64_t built = 0
         cdef double now, spu = 25e-9, t
         cdef int64_t* pairs
@@ -356,10 +355,7 @@ cdef class CompiledCore:
                     continue
                 n = <int32_t>pairs[2 * k + 1]
                 if not background:
-                    spins = 0
-                    while xg2_int_load(&b.lock_waiters) > 0 and spins < 100000:
-                        sched_yield()
-                        spins += 1
+                    _let_waiters_in(bp)
                 if xg2_load_acquire(<void**>&self.entries[n]) == NULL:
                     if self._build_in(bp, n) == NULL:
                         built = -1
@@ -415,30 +411,6 @@ cdef class CompiledCore:
         with nogil:
             total = self.fill._estimate_cost(node)
         return total
-
-    def costliest_nodes(self, bint background=False):
-        """(nodes, costs): the scannable nodes without a built entry, costliest first (by
-        estimate_cost; ties by node), as int32 and int64 arrays. The partial JIT's order, computed
-        in one call rather than one per node (a grammar of thousands of states took milliseconds
-        of the GIL the other way). `background`: estimated with the background builder."""
-        cdef EntryBuilder b = self.background if background else self.fill
-        if b is None:
-            raise RuntimeError("costliest_nodes(background=True) without start_background()")
-        cdef int32_t n, count = 0
-        cdef int64_t[::1] cost
-        cdef int32_t[::1] nodes
-        arr_nodes = np.empty(self.g.n_nodes, np.int32)
-        arr_cost = np.empty(self.g.n_nodes, np.int64)
-        nodes, cost = arr_nodes, arr_cost
-        with nogil:
-            for n in range(self.g.n_nodes):
-                if self.g.be_start[n + 1] > self.g.be_start[n] and \
-                        xg2_load_acquire(<void**>&self.entries[n]) == NULL:
-                    nodes[count] = n
-                    cost[count] = b._estimate_cost(n)
-                    count += 1
-        order = np.argsort(-arr_cost[:count], kind="stable")
-        return arr_nodes[:count][order], arr_cost[:count][order]
 
     @property
     def class_trie(self):
