@@ -14,6 +14,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import SHARED
 
@@ -320,7 +321,8 @@ def test_empty_language():
 
 
 def test_closure_budget_raises_like_the_reference(monkeypatch):
-    body = xg2.Grammar.from_ebnf('root ::= (("a" | "bb"){1,8} "c"){1,8}').ir.rules[0].body
+    # (a trailing "d": a bare repetition of a prefix code is chained without a subset construction)
+    body = xg2.Grammar.from_ebnf('root ::= (("a" | "bb"){1,8} "c"){1,8} "d"').ir.rules[0].body
     sizes = []
     for limit in (50, 500, 5_000, 50_000, 500_000):
         monkeypatch.setattr(F, "MAX_CLOSURE_WORK", limit)
@@ -429,3 +431,40 @@ def test_the_automata_memo_is_bounded_by_bytes(monkeypatch):
     assert fsm.automata_memo_bytes() == sum(size for _f, size in fsm._AUTOMATA.values())
     fsm.clear_automata_memo()
     assert fsm.automata_memo_bytes() == 0
+
+
+@pytest.mark.parametrize("bounds", [(0, 2), (0, 7), (3, 3), (8, 8), (0, 128), (5, 40), (1, 2), (2, 9)])
+def test_repeat_chain_is_the_general_builders_automaton(bounds):
+    """A repetition of a prefix code is chained copy to copy (automata.repeat_chain): the very
+    automaton, numbering and flat tables of the subset construction and minimisation."""
+    json_char = xg2.Grammar.from_json_schema({"type": "string", "maxLength": 3}).ir
+    char = next(x for r in json_char.rules for x in _nodes(r.body) if type(x) is Repeat).expr
+    elems = [char, Literal("ab"), Choice((Literal("a"), Literal("bc"))), CharClass(((0x80, 0x10FFFF),)),
+             Seq((Literal("x"), CharClass(((48, 57),))))]
+    for elem in elems:
+        body = Repeat(elem, *bounds)
+        chain = F._repeat_chain(body)
+        assert chain is not None, body
+        res = F.rule_dfa(body, {}, F._class_sequences, F.MAX_NFA_NODES, F.MAX_DFA_STATES, F.MAX_CLOSURE_WORK)
+        general = F._from_minimal(res)
+        assert (chain.byte_edges, chain.rule_edges, chain.finals) == (general.byte_edges, general.rule_edges,
+                                                                      general.finals), body
+        assert all(np.array_equal(a, b) for a, b in zip(chain.flat[:6], general.flat[:6])), body
+        assert chain.flat[6:] == general.flat[6:], body
+
+
+def test_repeat_chain_refuses_what_is_not_a_prefix_code():
+    for body in [Repeat(Choice((Literal("a"), Literal("ab"))), 0, 5),     # "a" is a prefix of "ab"
+                 Repeat(Repeat(Literal("a"), 0, 2), 0, 5),                # the element may be empty
+                 Repeat(Seq((Literal("a"), RuleRef("x"))), 0, 5)]:         # it calls a rule
+        assert F._repeat_chain(body) is None, body
+    assert F._repeat_chain(Repeat(Literal("a"), 0, 10**9)) is None         # past MAX_DFA_STATES
+
+
+def _nodes(e):
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        t = type(x)
+        stack.extend(x.items if t is Seq else x.alts if t is Choice else (x.expr,) if t is Repeat else ())

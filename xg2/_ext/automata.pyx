@@ -973,7 +973,7 @@ cdef class _Builder:
                 lst.append((cur_lo, cur_hi, num.d[cur_t]))
                 self._flat_edge(cur_lo, cur_hi, num.d[cur_t])
             push(&self.q_cnt, <int32_t>len(lst))
-            byte_edges.append(lst)
+            byte_edges.append(tuple(lst))
             lst = []
             for e in range(self.re_off.d[s], self.re_off.d[s + 1]):
                 t = self.re_tgt.d[e]
@@ -984,13 +984,13 @@ cdef class _Builder:
                     num.d[tb] = <int32_t>order.n
                     push(order, tb)
                 lst.append((self.re_r.d[e], num.d[tb]))
-            rule_edges.append(lst)
+            rule_edges.append(tuple(lst))
             i += 1
         # The same byte edges as flat little-endian tables (edges per node int32, lo and hi uint8,
         # target int32): the core's tables are these arrays, without a pass over the lists.
         flat = (_vec_bytes(&self.q_cnt, 4), _vec_bytes(&self.q_lo, 1), _vec_bytes(&self.q_hi, 1),
                 _vec_bytes(&self.q_tgt, 4))
-        return byte_edges, rule_edges, finals, flat
+        return tuple(byte_edges), tuple(rule_edges), finals, flat
 
     cdef int _flat_edge(self, int32_t lo, int32_t hi, int32_t tgt) except -1:
         push(&self.q_lo, lo)
@@ -1136,3 +1136,87 @@ def reach_back(const int32_t[::1] counts, const int32_t[::1] target, list call_e
     finally:
         free(pstart); free(pred); free(src); free(dst); free(stack)
     return out
+
+
+def repeat_chain(const int32_t[::1] counts, const unsigned char[::1] lo, const unsigned char[::1] hi,
+                 const int32_t[::1] target, int32_t final, int32_t low, int32_t high, long long max_states):
+    """The canonical minimal DFA of `e{low,high}` from the minimal DFA of `e` (its flat tables:
+    edges per node, byte ranges and targets in node order, start 0), where `e`'s strings form a
+    prefix code, so that its DFA has one final node `final` without edges and 0 is not final.
+
+    Copy c of e's automaton then hands over at its final node to the start of copy c + 1, and the
+    start of copy c is final when c >= low; the end of copy `high` is the last node. With a prefix
+    code every string splits into copies one way only, so no two of these nodes accept the same
+    language and the chain is minimal as it stands: no subset construction and no partition
+    refinement (they cost milliseconds for the few thousand nodes of an unrolled string bound).
+    Numbered breadth-first as `_Builder.minimal` numbers, so the result is identical to the general
+    builder's. Returns its `(byte_edges, rule_edges, finals, flat)`, or None past `max_states`."""
+    cdef int32_t k = counts.shape[0]
+    cdef int64_t n_states = <int64_t>(k - 1) * high + 1, i, total
+    if k < 2 or high < 1 or low < 0 or low > high or not 0 < final < k or counts[final] != 0:
+        raise ValueError("not the automaton of a non-empty prefix code")
+    if n_states > max_states:
+        return None
+    cdef int32_t end = <int32_t>(<int64_t>high * k)     # chain node (c, q) is c * k + q
+    cdef int32_t* num = <int32_t*>malloc((<int64_t>high * k + 1) * sizeof(int32_t))
+    cdef int32_t* order = <int32_t*>malloc(n_states * sizeof(int32_t))
+    cdef int32_t* start = <int32_t*>malloc((k + 1) * sizeof(int32_t))
+    cdef Vec q_cnt, q_lo, q_hi, q_tgt
+    q_cnt.d = q_lo.d = q_hi.d = q_tgt.d = NULL
+    q_cnt.n = q_lo.n = q_hi.n = q_tgt.n = q_cnt.cap = q_lo.cap = q_hi.cap = q_tgt.cap = 0
+    cdef int32_t head = 0, tail = 0, s, c, q, t, nxt, e
+    cdef list byte_edges = [], rule_edges = [], lst
+    cdef set finals = set()
+    if num == NULL or order == NULL or start == NULL:
+        free(num); free(order); free(start)
+        raise MemoryError()
+    try:
+        start[0] = 0
+        for q in range(k):
+            start[q + 1] = start[q] + counts[q]
+        if start[k] != target.shape[0] or lo.shape[0] != target.shape[0] or hi.shape[0] != target.shape[0]:
+            raise ValueError("counts and edges disagree")
+        for i in range(<int64_t>high * k + 1):
+            num[i] = -1
+        num[0] = 0
+        order[tail] = 0
+        tail += 1
+        while head < tail:
+            s = order[head]
+            if s == end:
+                finals.add(head)
+                push(&q_cnt, 0)
+                byte_edges.append(())
+                rule_edges.append(())
+                head += 1
+                continue
+            c = s // k
+            q = s % k
+            if q == 0 and c >= low:
+                finals.add(head)
+            lst = []
+            for e in range(start[q], start[q + 1]):
+                t = target[e]
+                if not 0 <= t < k:
+                    raise ValueError("an edge leads out of the automaton")
+                nxt = (end if c + 1 == high else (c + 1) * k) if t == final else c * k + t
+                if num[nxt] < 0:
+                    num[nxt] = tail
+                    order[tail] = nxt
+                    tail += 1
+                lst.append((lo[e], hi[e], num[nxt]))
+                push(&q_lo, lo[e])
+                push(&q_hi, hi[e])
+                push(&q_tgt, num[nxt])
+            push(&q_cnt, <int32_t>len(lst))
+            byte_edges.append(tuple(lst))
+            rule_edges.append(())
+            head += 1
+        total = head
+        if total != n_states:
+            raise ValueError("the automaton has unreachable nodes")
+        flat = (_vec_bytes(&q_cnt, 4), _vec_bytes(&q_lo, 1), _vec_bytes(&q_hi, 1), _vec_bytes(&q_tgt, 4))
+        return tuple(byte_edges), tuple(rule_edges), finals, flat
+    finally:
+        free(num); free(order); free(start)
+        free(q_cnt.d); free(q_lo.d); free(q_hi.d); free(q_tgt.d)

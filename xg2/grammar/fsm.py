@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .._ext.automata import minimal_dfa, reach_back, rule_dfa
+from .._ext.automata import minimal_dfa, reach_back, repeat_chain, rule_dfa
 from ..errors import GrammarLimitError
 from . import budget as deadline
 from .alternation import MIN_TRIE_LITERALS, factor_literals
@@ -561,6 +561,10 @@ def build_dfa(body: Expr, rule_index: dict[str, int], text: bool | None = None) 
         text = _holds_text(body)
     if text:
         return determinize(*build_nfa(body, rule_index))
+    if type(body) is Repeat and body.max is not None and body.max >= 2:
+        chain = _repeat_chain(body)
+        if chain is not None:
+            return chain
     res = rule_dfa(body, rule_index, _class_sequences, MAX_NFA_NODES, MAX_DFA_STATES, MAX_CLOSURE_WORK)
     if isinstance(res, tuple):
         return _from_minimal(res)
@@ -570,6 +574,28 @@ def build_dfa(body: Expr, rule_index: dict[str, int], text: bool | None = None) 
         raise GrammarLimitError(_TOO_LARGE)
     nfa, start, end = build_nfa(body, rule_index)
     return _epsilon_free(nfa, start, end, _Budget(res))
+
+
+def _repeat_chain(body: Repeat) -> RuleFSM | None:
+    """`e{m,n}` as n copies of e's memoised automaton chained end to start (automata.repeat_chain),
+    when e calls no rule and its strings form a prefix code (one final node, without edges); None
+    otherwise. An unrolled string bound is thousands of nodes that the subset construction and the
+    minimisation took milliseconds over, to arrive at this very chain."""
+    key, refs = _body_key(body.expr)
+    if refs or _has_text(key[0]):
+        return None
+    try:
+        elem = _memo_automaton(body.expr, key, refs)
+    except GrammarLimitError:
+        return None     # the general build names the limit the whole body runs into
+    if not elem.deterministic or len(elem.finals) != 1 or 0 in elem.finals:
+        return None
+    (final,) = elem.finals
+    if elem.byte_edges[final] or elem.n_nodes < 2:
+        return None
+    counts, lo, hi, target = byte_tables(elem)[:4]
+    res = repeat_chain(counts, lo, hi, target, final, body.min, body.max, MAX_DFA_STATES)
+    return None if res is None else _from_minimal(res)
 
 
 def _holds_text(body: Expr) -> bool:

@@ -17,6 +17,24 @@ from typing import Union
 MAX_CODEPOINT = 0x10FFFF
 
 
+def _cached_hash(self) -> int:
+    """A composite node's hash, computed once: IR is immutable, and a tuple's hash walks the whole
+    subtree every time, so a choice that deduplicates alternatives built bottom-up (a trie of
+    object keys, an enum) used to hash each subtree once per level above it."""
+    h = self.__dict__.get("_hash")
+    if h is None:
+        h = hash((type(self).__name__, *(getattr(self, f) for f in self.__dataclass_fields__)))
+        self.__dict__["_hash"] = h
+    return h
+
+
+def _state_without_hash(self) -> dict:
+    """Pickled state without the cached hash: string hashes differ between processes."""
+    state = dict(self.__dict__)
+    state.pop("_hash", None)
+    return state
+
+
 @dataclass(frozen=True)
 class Literal:
     """A fixed string; matched as its UTF-8 bytes (empty string is epsilon)."""
@@ -55,11 +73,15 @@ class CharClass:
 @dataclass(frozen=True)
 class Seq:
     items: tuple[Expr, ...]
+    __hash__ = _cached_hash
+    __getstate__ = _state_without_hash
 
 
 @dataclass(frozen=True)
 class Choice:
     alts: tuple[Expr, ...]
+    __hash__ = _cached_hash
+    __getstate__ = _state_without_hash
 
 
 @dataclass(frozen=True)
@@ -69,6 +91,8 @@ class Repeat:
     expr: Expr
     min: int
     max: int | None
+    __hash__ = _cached_hash
+    __getstate__ = _state_without_hash
 
 
 @dataclass(frozen=True)
