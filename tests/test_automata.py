@@ -468,3 +468,46 @@ def _nodes(e):
         yield x
         t = type(x)
         stack.extend(x.items if t is Seq else x.alts if t is Choice else (x.expr,) if t is Repeat else ())
+
+
+def _future(fsm, key, u):
+    """What the rule reads from node u on, written out under a breadth-first numbering from u: the
+    reference the node digests are checked against."""
+    num, order, out = {u: 0}, [u], []
+    i = 0
+    while i < len(order):
+        x = order[i]
+        i += 1
+        calls = sorted((key[r], v) for r, v in fsm.rule_edges[x])
+        for v in [v for *_, v in fsm.byte_edges[x]] + [v for _k, v in calls]:
+            if v not in num:
+                num[v] = len(order)
+                order.append(v)
+        out.append((x in fsm.finals, [(lo, hi, num[v]) for lo, hi, v in fsm.byte_edges[x]],
+                    [(k, num[v]) for k, v in calls]))
+    return repr(out)
+
+
+def test_node_digests_name_exactly_what_follows():
+    """Two nodes, of one automaton or of two, get one digest exactly when the rule reads the same
+    from them on (calls named by callee key): equal digests are what lets call sites under
+    different callers share a context."""
+    from xg2.grammar.hashing import node_digests
+
+    sources = ['root ::= "{" item ("," item)* "}"\nitem ::= [a-z]+ ":" ("x" | "y" item)',
+               'root ::= ("ab" | "cb" | "a" other)* "."\nother ::= "z"',
+               'root ::= "(" (root | [0-9]+) ")" [a-c]{0,5}',
+               'root ::= "q" ("x" | "y" root) "}" | "(" [0-9]+ ")" [a-c]{0,3}']
+    by_digest, by_future, nodes = {}, {}, 0
+    for source in sources:
+        ir = xg2.Grammar.from_ebnf(source).ir
+        index = {r.name: i for i, r in enumerate(ir.rules)}
+        key = [bytes([i]) * 16 for i in range(len(ir.rules))]
+        for rule in ir.rules:
+            fsm = F.rule_automaton(rule.body, index)
+            for u, d in enumerate(node_digests(fsm, key)):
+                nodes += 1
+                future = _future(fsm, key, u)
+                assert by_digest.setdefault(d, future) == future, (source, rule.name, u)
+                assert by_future.setdefault(future, d) == d, (source, rule.name, u)
+    assert len(by_future) < nodes - 5     # the sources share some futures (the ")" tails, "}" ...)

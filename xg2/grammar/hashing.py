@@ -27,7 +27,10 @@ import hashlib
 import threading
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import budget
+from .._ext.automata import node_digests as _c_node_digests
 from .fsm import RuleFSM, byte_tables, strongly_connected
 
 _MARK = b"\xff" * 16
@@ -157,58 +160,34 @@ def _cycle_digest(fsm: RuleFSM, key: list[bytes], start: int, members: set[int],
                           sorted((key[r], name(v)) for r, v in fsm.rule_edges[u])) for u in order]).encode())
 
 
-def _acyclic_digest(final: bool, byte_edges, rule_edges, key: list[bytes], dig: list[bytes]) -> bytes:
-    """A node outside cycles: its finality, its byte edges (two bytes of range and the target's
-    digest each) and its calls (callee key and resume digest, sorted), as fixed-width records
-    (keys and digests are 16 bytes). Records rather than a repr of tuples: this runs once per node
-    of every caller whose call sites are digested, and the repr cost 7 us a node."""
-    edges = b"".join([bytes((lo, hi)) + dig[v] for lo, hi, v in byte_edges])
-    if not rule_edges:
-        return _digest(b"\x01" if final else b"\x00", edges)
-    return _digest(b"\x01" if final else b"\x00", edges, *sorted([key[r] + dig[v] for r, v in rule_edges]))
-
-
-#: What _node_digests gives a node without edges, final or not.
-_END_DIGEST = _acyclic_digest(True, (), (), [], [])
-_DEAD_DIGEST = _acyclic_digest(False, (), (), [], [])
-
-
-def _node_components(fsm: RuleFSM) -> list[list[int]]:
-    """The automaton's strongly connected components, successors first: they depend on its shape
-    only, which a memoised automaton shares with its renumbered copies (a chain of thousands of
-    rules of one shape computes them once)."""
-    comps = _memo_get(fsm, _COMPONENTS)
-    if comps is None:
-        n = fsm.n_nodes
-        succ = [sorted({v for *_, v in fsm.byte_edges[u]} | {v for _, v in fsm.rule_edges[u]}) for u in range(n)]
-        comps = tuple(tuple(c) for c in strongly_connected(n, succ))
-        if fsm.keys_memo is not None:
-            with _MEMO_LOCK:
-                fsm.keys_memo[_COMPONENTS] = comps      # kept apart from the evicted entries
-    return comps
-
-
 def _node_digests(fsm: RuleFSM, key: list[bytes]) -> list[bytes]:
     """Per node: a digest of what the rule reads from that node on (the sub-automaton it reaches,
     calls named by callee key). Nodes outside cycles get a Merkle digest of their edges and their
-    targets' digests; a node on a cycle gets the serialisation of its cycle, numbered breadth-first
-    from it, with exits named by digest (quadratic in the cycle's size, which is small in practice)."""
-    n = fsm.n_nodes
-    dig: list[bytes] = [b""] * n
-    for comp in _node_components(fsm):
-        u = comp[0]
-        if len(comp) == 1 and all(v != u for *_, v in fsm.byte_edges[u]) and all(v != u for _, v in fsm.rule_edges[u]):
-            dig[u] = _acyclic_digest(u in fsm.finals, fsm.byte_edges[u], fsm.rule_edges[u], key, dig)
-            continue
+    targets' digests (in C: automata.node_digests); a node on a cycle gets the serialisation of
+    its cycle, numbered breadth-first from it, with exits named by digest (quadratic in the cycle's
+    size, which is small in practice)."""
+    def cycle(comp: list[int], dig: list[bytes]) -> None:
         members = set(comp)
         if len(comp) > MAX_CYCLE_WALKS:     # one walk for the whole cycle, members by node order
             whole = _cycle_digest(fsm, key, min(comp), members, dig, sorted(comp))
             for i, u in enumerate(sorted(comp)):
                 dig[u] = _digest(whole, i.to_bytes(4, "little"))
-            continue
+            return
         for start in comp:
             dig[start] = _cycle_digest(fsm, key, start, members, dig)
-    return dig
+
+    counts, lo, hi, target, final = byte_tables(fsm)[:5]
+    return _c_node_digests(counts, lo, hi, target, final, fsm.rule_edges, key, cycle)
+
+
+def _edgeless_digest(final: bool) -> bytes:
+    """What _node_digests gives a node without edges."""
+    return _c_node_digests(np.zeros(1, np.int32), np.zeros(0, np.uint8), np.zeros(0, np.uint8),
+                        np.zeros(0, np.int32), np.array([final], np.uint8), ((),), [], None)[0]
+
+
+_END_DIGEST = _edgeless_digest(True)
+_DEAD_DIGEST = _edgeless_digest(False)
 
 
 def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = None,
@@ -301,8 +280,6 @@ def _memo_key(fsm: RuleFSM, key: list[bytes], kind: bytes) -> tuple | None:
 #: Memoised automata are shared by every grammar, and grammars are compiled on many threads: the
 #: memo dicts are changed under this lock (a read is one dict lookup, atomic under the GIL).
 _MEMO_LOCK = threading.Lock()
-#: The memo entry of an automaton's components (shape only, never evicted).
-_COMPONENTS = ("components",)
 
 
 def _memo_get(fsm: RuleFSM, memo_key: tuple | None):
@@ -314,8 +291,7 @@ def _remember(fsm: RuleFSM, memo_key: tuple, value) -> None:
     memo = fsm.keys_memo
     with _MEMO_LOCK:
         if len(memo) >= MAX_KEYS_PER_AUTOMATON:
-            oldest = next(k for k in memo if k is not _COMPONENTS)
-            del memo[oldest]
+            del memo[next(iter(memo))]
         memo[memo_key] = value
 
 
