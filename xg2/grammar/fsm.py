@@ -309,7 +309,8 @@ def rule_automaton(body: Expr, rule_index: dict[str, int]) -> RuleFSM:
     remap = [rule_index[n] for n in refs]
     if fsm.keys_memo is None:
         fsm.keys_memo = {}
-    return RuleFSM(fsm.byte_edges, [sorted((remap[r], v) for r, v in edges) for edges in fsm.rule_edges],
+    return RuleFSM(fsm.byte_edges, tuple(tuple(sorted([(remap[r], v) for r, v in edges])) if edges else ()
+                                         for edges in fsm.rule_edges),
                    fsm.finals, fsm.deterministic, pure_nodes(fsm), trimmed(fsm), byte_tables(fsm),
                    remap, fsm.keys_memo)
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import budget
 from .._ext.automata import node_digests as _c_node_digests
+from . import budget
 from .fsm import RuleFSM, byte_tables, strongly_connected
 
 _MARK = b"\xff" * 16
