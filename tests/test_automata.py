@@ -511,3 +511,16 @@ def test_node_digests_name_exactly_what_follows():
                 assert by_digest.setdefault(d, future) == future, (source, rule.name, u)
                 assert by_future.setdefault(future, d) == d, (source, rule.name, u)
     assert len(by_future) < nodes - 5     # the sources share some futures (the ")" tails, "}" ...)
+
+
+def test_ir_nodes_hash_once_and_pickle_without_it():
+    """Composite nodes keep their hash; a pickle must not carry it (string hashes differ between
+    processes, and IR crosses processes with a compiled grammar's source)."""
+    import pickle
+
+    e = Choice((Seq((Literal("a"), CharClass(((48, 57),)))), Repeat(Literal("b"), 0, 3)))
+    same = Choice((Seq((Literal("a"), CharClass(((48, 57),)))), Repeat(Literal("b"), 0, 3)))
+    assert hash(e) == hash(same) and e == same and "_hash" in e.__dict__
+    back = pickle.loads(pickle.dumps(e))
+    assert "_hash" not in back.__dict__ and back == e and hash(back) == hash(e)
+    assert len({e, same, Choice((Literal("a"),))}) == 2
