@@ -18,12 +18,13 @@ MAX_CODEPOINT = 0x10FFFF
 
 
 def _cached_hash(self) -> int:
-    """A composite node's hash, computed once: IR is immutable, and a tuple's hash walks the whole
+    """A node's hash, computed once: IR is immutable, and a tuple's hash walks the whole
     subtree every time, so a choice that deduplicates alternatives built bottom-up (a trie of
     object keys, an enum) used to hash each subtree once per level above it."""
     h = self.__dict__.get("_hash")
     if h is None:
-        h = hash((type(self).__name__, *(getattr(self, f) for f in self.__dataclass_fields__)))
+        d = self.__dict__       # (which also holds memos such as _body_key's "_written")
+        h = hash((type(self).__name__, *[d[f] for f in self.__dataclass_fields__]))
         self.__dict__["_hash"] = h
     return h
 
@@ -48,6 +49,8 @@ class CharClass:
 
     ranges: tuple[tuple[int, int], ...]
     negated: bool = False
+    __hash__ = _cached_hash
+    __getstate__ = _state_without_hash
 
     def codepoint_ranges(self) -> tuple[tuple[int, int], ...]:
         """The ranges actually matched, normalised and with negation applied (no surrogates)."""

@@ -99,7 +99,9 @@ def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rul
         other, wide = _key_exits(tuple(sorted(ord(c) for c in children)))
         alts.append(Seq((other, rest)))
         alts.append(nonascii_rest if wide is None else Seq((wide, rest)))
-        expr = _choice(alts)
+        # distinct by construction (each begins with other characters): no deduplicating choice,
+        # which hashed every new alternative of every trie node
+        expr = Choice(tuple(alts))
         built[id(node)] = make_rule("key_part", expr) if depth % 50 == 49 else expr
     return Seq((Literal('"'), built[id(trie)]))
 
