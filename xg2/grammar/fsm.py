@@ -448,8 +448,10 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
     out: list[str] = []
     calls: list[str] = []
     stack = [e]
+    steps = 0
     while stack:
-        if len(stack) + len(out) > MAX_TREE_STEPS:   # a DAG much larger as a tree: written once per node
+        steps += 1
+        if steps > MAX_TREE_STEPS:   # a DAG much larger as a tree: written once per node
             text, written_calls = _written_dag(e)
             out, calls = [text], list(written_calls)
             break
@@ -458,7 +460,7 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
         if t is Literal:
             out.append(f"L{len(x.text)}:{x.text}")
         elif t is CharClass:
-            out.append(f"C{x.ranges!r}{x.negated:d}")
+            out.append(x.__dict__.get("_written") or _class_text(x))
         elif t is RuleRef:
             out.append("F")
             calls.append(x.name)
@@ -486,11 +488,19 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
     return (text.encode("utf-8", "surrogatepass"), tuple(local[n] for n in calls)), refs
 
 
+def _class_text(x: CharClass) -> str:
+    """A class as _body_key writes it, remembered by the class (front-ends share their classes,
+    and the repr of the ranges was a fifth of the writing)."""
+    text = f"C{x.ranges!r}{x.negated:d}"
+    x.__dict__["_written"] = text
+    return text
+
+
 def _leaf_text(x: Expr) -> str:
     if type(x) is Literal:
         return f"L{len(x.text)}:{x.text}"
     if type(x) is CharClass:
-        return f"C{x.ranges!r}{x.negated:d}"
+        return x.__dict__.get("_written") or _class_text(x)
     if type(x) is FreeText:
         return _text_key(x)
     return "F"
