@@ -271,6 +271,9 @@ cdef class EntryBuilder:
         node_text[s] gets the ASCII bytes that do not loop on s. From such a node, every token of a
         subtree that is well-formed UTF-8 and avoids those bytes is accepted without walking it."""
         cdef int b
+        cdef int32_t d = self._step(s, 0xC2)
+        if d < 0 or self._step(d, 0x80) != s:
+            return False    # U+0080 does not come back to s (a check of two steps, not the whole walk)
         if self._char_target(s) != s:
             return False
         self.node_text[s * 2] = self.node_text[s * 2 + 1] = 0
