@@ -1152,7 +1152,9 @@ def repeat_chain(const int32_t[::1] counts, const unsigned char[::1] lo, const u
     language and the chain is minimal as it stands: no subset construction and no partition
     refinement (they cost milliseconds for the few thousand nodes of an unrolled string bound).
     Numbered breadth-first as `_Builder.minimal` numbers, so the result is identical to the general
-    builder's. Returns its `(byte_edges, rule_edges, finals, flat)`, or None past `max_states`."""
+    builder's. Returns its `(None, rule_edges, finals, flat)`: the byte edges only as flat tables
+    (fsm.FlatEdges writes them out as tuples if something asks), since a tuple per edge was most
+    of the cost; or None past `max_states`."""
     cdef int32_t k = counts.shape[0]
     cdef int64_t n_states = <int64_t>(k - 1) * high + 1, i, total
     if k < 2 or high < 1 or low < 0 or low > high or not 0 < final < k or counts[final] != 0:
@@ -1166,8 +1168,7 @@ def repeat_chain(const int32_t[::1] counts, const unsigned char[::1] lo, const u
     cdef Vec q_cnt, q_lo, q_hi, q_tgt
     q_cnt.d = q_lo.d = q_hi.d = q_tgt.d = NULL
     q_cnt.n = q_lo.n = q_hi.n = q_tgt.n = q_cnt.cap = q_lo.cap = q_hi.cap = q_tgt.cap = 0
-    cdef int32_t head = 0, tail = 0, s, c, q, t, nxt, e
-    cdef list byte_edges = [], rule_edges = [], lst
+    cdef int32_t head = 0, tail = 0, s, c, q, t, nxt, e, n_out
     cdef set finals = set()
     if num == NULL or order == NULL or start == NULL:
         free(num); free(order); free(start)
@@ -1188,15 +1189,13 @@ def repeat_chain(const int32_t[::1] counts, const unsigned char[::1] lo, const u
             if s == end:
                 finals.add(head)
                 push(&q_cnt, 0)
-                byte_edges.append(())
-                rule_edges.append(())
                 head += 1
                 continue
             c = s // k
             q = s % k
             if q == 0 and c >= low:
                 finals.add(head)
-            lst = []
+            n_out = 0
             for e in range(start[q], start[q + 1]):
                 t = target[e]
                 if not 0 <= t < k:
@@ -1206,19 +1205,17 @@ def repeat_chain(const int32_t[::1] counts, const unsigned char[::1] lo, const u
                     num[nxt] = tail
                     order[tail] = nxt
                     tail += 1
-                lst.append((lo[e], hi[e], num[nxt]))
                 push(&q_lo, lo[e])
                 push(&q_hi, hi[e])
                 push(&q_tgt, num[nxt])
-            push(&q_cnt, <int32_t>len(lst))
-            byte_edges.append(tuple(lst))
-            rule_edges.append(())
+                n_out += 1
+            push(&q_cnt, n_out)
             head += 1
         total = head
         if total != n_states:
             raise ValueError("the automaton has unreachable nodes")
         flat = (_vec_bytes(&q_cnt, 4), _vec_bytes(&q_lo, 1), _vec_bytes(&q_hi, 1), _vec_bytes(&q_tgt, 4))
-        return tuple(byte_edges), tuple(rule_edges), finals, flat
+        return None, ((),) * total, finals, flat
     finally:
         free(num); free(order); free(start)
         free(q_cnt.d); free(q_lo.d); free(q_hi.d); free(q_tgt.d)

@@ -209,6 +209,53 @@ def build_nfa(body: Expr, rule_index: dict[str, int]) -> tuple[NFA, int, int]:
     return nfa, start, end
 
 
+class FlatEdges:
+    """An automaton's byte edges held as its flat tables (edges per node, lo, hi, target), written
+    out as the tuples of `RuleFSM.byte_edges` the first time something reads them. The chains of
+    `automata.repeat_chain` come this way: an unrolled string bound is thousands of edges that the
+    compile path itself reads through the flat tables only."""
+
+    __slots__ = ("_flat", "_n", "_tuples")
+
+    def __init__(self, counts, lo, hi, target) -> None:
+        self._flat = (counts, lo, hi, target)
+        self._n = len(counts)
+        self._tuples: tuple | None = None
+
+    def written(self) -> bool:
+        return self._tuples is not None
+
+    def tuples(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        if self._tuples is None:
+            import numpy as np
+
+            counts, lo, hi, target = self._flat
+            edges = list(zip(lo.tolist(), hi.tolist(), target.tolist()))
+            ends = np.cumsum(counts).tolist()
+            self._tuples = tuple(tuple(edges[a:b]) for a, b in zip([0, *ends[:-1]], ends))
+        return self._tuples
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, u):
+        return self.tuples()[u]
+
+    def __iter__(self):
+        return iter(self.tuples())
+
+    def __eq__(self, other) -> bool:
+        return self.tuples() == (other.tuples() if isinstance(other, FlatEdges) else other)
+
+    __hash__ = None     # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.tuples())
+
+    def __reduce__(self):
+        return (tuple, (self.tuples(),))     # pickled as the tuples it stands for
+
+
 @dataclass(slots=True)
 class RuleFSM:
     """A rule's automaton with nodes numbered canonically from 0 (the start node).
@@ -237,7 +284,7 @@ class RuleFSM:
     keys_memo: dict | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if type(self.byte_edges) is not tuple:
+        if type(self.byte_edges) is not tuple and type(self.byte_edges) is not FlatEdges:
             self.byte_edges = tuple(map(tuple, self.byte_edges))
         if type(self.rule_edges) is not tuple:
             self.rule_edges = tuple(map(tuple, self.rule_edges))
@@ -320,9 +367,10 @@ def _purity(fsm: RuleFSM, counts=None, target=None):
     call itself (both only in deterministic automata)."""
     import numpy as np
 
-    out = np.array(pure_nodes(fsm, counts, target), np.uint8)
+    out = np.frombuffer(bytes(pure_nodes(fsm, counts, target)), np.uint8).copy()    # bools as 0 / 1
     if fsm.deterministic:
-        out |= np.array([0 if e else 2 for e in fsm.rule_edges], np.uint8)
+        calls = np.fromiter(map(bool, fsm.rule_edges), bool, fsm.n_nodes)
+        out[~calls] |= 2
     return out
 
 
@@ -386,8 +434,11 @@ def fsm_nbytes(fsm: RuleFSM) -> int:
     """What an automaton holds as Python objects, estimated from its size: a node's tuple of edges
     and an edge's tuple of small ints cost about 70 and 100 bytes (measured with a deep getsizeof
     over the automata of a few hundred tool-calling grammars: within 15% of this)."""
-    edges = sum(map(len, fsm.byte_edges)) + sum(map(len, fsm.rule_edges))
-    return 400 + 70 * 2 * len(fsm.byte_edges) + 100 * edges + 60 * len(fsm.finals)
+    be = fsm.byte_edges
+    if type(be) is FlatEdges and not be.written():     # arrays: about 10 bytes an edge, 16 a node
+        return 400 + 10 * len(fsm.flat[1]) + 16 * fsm.n_nodes + 60 * len(fsm.finals)
+    edges = sum(map(len, be)) + sum(map(len, fsm.rule_edges))
+    return 400 + 70 * 2 * len(be) + 100 * edges + 60 * len(fsm.finals)
 
 
 #: Memoised rule automata, most recently used last, keyed by `_body_key` and the names called,
@@ -634,10 +685,11 @@ def _from_minimal(res: tuple) -> RuleFSM:
     """The RuleFSM of the C builder's result, its byte tables taken from the flat copy it made."""
     import numpy as np
 
-    byte_edges, rule_edges, finals, (counts, lo, hi, target) = res
-    fsm = RuleFSM(byte_edges, rule_edges, finals)
-    _set_tables(fsm, np.frombuffer(counts, np.int32), np.frombuffer(lo, np.uint8), np.frombuffer(hi, np.uint8),
-                np.frombuffer(target, np.int32))
+    byte_edges, rule_edges, finals, flat = res
+    counts, lo, hi, target = (np.frombuffer(flat[0], np.int32), np.frombuffer(flat[1], np.uint8),
+                              np.frombuffer(flat[2], np.uint8), np.frombuffer(flat[3], np.int32))
+    fsm = RuleFSM(FlatEdges(counts, lo, hi, target) if byte_edges is None else byte_edges, rule_edges, finals)
+    _set_tables(fsm, counts, lo, hi, target)
     return fsm
 
 
