@@ -172,6 +172,9 @@ def check_body(body, rng: random.Random) -> None:
     assert fast.deterministic and is_deterministic(fast), body
     assert fast.n_nodes <= ref.n_nodes, (body, fast.n_nodes, ref.n_nodes)
     assert same_language(fast, ref), body
+    # The flag the builder's automata carry (productive_rules and prune trust it) is the walk's.
+    if fast.trimmed is not None:
+        assert fast.trimmed == (len(_live(fast)) == fast.n_nodes), body
     # Minimal: every node can still reach a final node and no two nodes are equivalent.
     if fast.finals:
         assert len(_live(fast)) == fast.n_nodes, body

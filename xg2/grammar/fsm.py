@@ -688,7 +688,10 @@ def _from_minimal(res: tuple) -> RuleFSM:
     byte_edges, rule_edges, finals, flat = res
     counts, lo, hi, target = (np.frombuffer(flat[0], np.int32), np.frombuffer(flat[1], np.uint8),
                               np.frombuffer(flat[2], np.uint8), np.frombuffer(flat[3], np.int32))
-    fsm = RuleFSM(FlatEdges(counts, lo, hi, target) if byte_edges is None else byte_edges, rule_edges, finals)
+    # Trimmed by construction: the builder drops every node from which no final node is reachable
+    # (calls counted as symbols), and with a final node left the start is one of the living.
+    fsm = RuleFSM(FlatEdges(counts, lo, hi, target) if byte_edges is None else byte_edges, rule_edges, finals,
+                  trimmed=bool(finals))
     _set_tables(fsm, counts, lo, hi, target)
     return fsm
 
@@ -1007,7 +1010,9 @@ def nullable_rules(fsms: list[RuleFSM]) -> set[int]:
 
 def productive_rules(fsms: list[RuleFSM]) -> set[int]:
     """Rules whose language is non-empty (least fixpoint)."""
-    live: set[int] = set()
+    # A trimmed automaton that calls nothing reaches a final node from its start: no walk needed
+    # (the C builder's automata are trimmed, and most rules call nothing).
+    live: set[int] = {r for r, f in enumerate(fsms) if f.trimmed and f.finals and not any(f.rule_edges)}
     changed = True
     while changed:
         changed = False
