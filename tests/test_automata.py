@@ -527,3 +527,42 @@ def test_ir_nodes_hash_once_and_pickle_without_it():
     back = pickle.loads(pickle.dumps(e))
     assert "_hash" not in back.__dict__ and back == e and hash(back) == hash(e)
     assert len({e, same, Choice((Literal("a"),))}) == 2
+
+
+def _tree_text(e):
+    """_body_key's writing of `e` as a plain tree walk: the reference for the DAG writing."""
+    out, calls, stack = [], [], [e]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is Seq:
+            out.append(f"S{len(x.items)}")
+            stack.extend(reversed(x.items))
+        elif t is Choice:
+            out.append(f"A{len(x.alts)}")
+            stack.extend(reversed(x.alts))
+        elif t is Repeat:
+            out.append(f"R{x.min},{x.max}")
+            stack.append(x.expr)
+        else:
+            out.append(F._leaf_text(x))
+            if t is RuleRef:
+                calls.append(x.name)
+    return "\x00".join(out), tuple(calls)
+
+
+def test_the_dag_writing_is_the_tree_writing():
+    """A body past MAX_TREE_STEPS is written walking each shared node once (_written_dag); the key
+    must be the very text of the tree walk, shared nodes, remembered texts and all."""
+    rng = random.Random(11)
+    for _ in range(300):
+        b = random_body(rng)
+        shared = Seq((b, Choice((b, Literal("z"), Seq((b, RuleRef("r"))))), Repeat(b, 0, 2)))
+        assert F._written_dag(shared) == _tree_text(shared), b
+        if type(b) in (Seq, Choice, Repeat):
+            F._body_key(b)      # b now remembers its text: the DAG writing must use it as it is
+            assert F._written_dag(shared) == _tree_text(shared), b
+    ir = xg2.Grammar.from_json_schema({"type": "object", "properties": {f"key_{i}": {"type": "string"} for i in range(60)}},
+                                      strict_mode=False).ir
+    for rule in ir.rules:
+        assert F._written_dag(rule.body) == _tree_text(rule.body), rule.name

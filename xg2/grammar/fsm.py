@@ -570,36 +570,74 @@ def _has_text(key: bytes) -> bool:
 
 
 def _written_dag(e: Expr) -> tuple[str, tuple[str, ...]]:
-    """What _body_key writes for `e`, with each shared sub-expression written once (post-order, a
-    memo by identity): free text excluding strings is a DAG whose tree is hundreds of times larger."""
-    memo: dict[int, tuple[str, tuple[str, ...]]] = {}
+    """What _body_key writes for `e`, each sub-expression walked once: free text excluding strings
+    is a DAG whose tree is hundreds of times larger. Nodes with more than one parent (and those
+    that remember their text) are written once, children first, and each stretch between them as
+    a tree. Writing every node from its children's texts instead copied each text once per level
+    above it: 20 ms for the 4,000-node trie of an object's excluded keys."""
+    if type(e) not in _COMPOSITE:
+        return _written_region(e, {})
+    parents: dict[int, int] = {}
+    seen: set[int] = set()
+    order: list[Expr] = []          # composite nodes, children first
     stack: list[tuple[Expr, bool]] = [(e, False)]
     while stack:
         x, done = stack.pop()
-        kids = x.items if type(x) is Seq else x.alts if type(x) is Choice else (x.expr,)
-        if not done:
-            if id(x) in memo:
-                continue
-            known = x.__dict__.get("_written")
-            if known is not None:
-                memo[id(x)] = known
-                continue
-            stack.append((x, True))
-            stack.extend((k, False) for k in kids if type(k) in (Seq, Choice, Repeat))
+        if done:
+            order.append(x)
             continue
-        head = f"S{len(kids)}" if type(x) is Seq else f"A{len(kids)}" if type(x) is Choice else f"R{x.min},{x.max}"
-        parts, calls = [head], []
-        for k in kids:
-            if type(k) in (Seq, Choice, Repeat):
-                text, more = memo[id(k)]
-                parts.append(text)
-                calls.extend(more)
-            else:
-                parts.append(_leaf_text(k))
-                if type(k) is RuleRef:
-                    calls.append(k.name)
-        memo[id(x)] = ("\x00".join(parts), tuple(calls))
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x is not e and "_written" in x.__dict__:
+            order.append(x)
+            continue
+        stack.append((x, True))
+        for k in (x.items if type(x) is Seq else x.alts if type(x) is Choice else (x.expr,)):
+            if type(k) in _COMPOSITE:
+                parents[id(k)] = parents.get(id(k), 0) + 1
+                if id(k) not in seen:
+                    stack.append((k, False))
+    memo: dict[int, tuple[str, tuple[str, ...]]] = {}
+    for x in order:
+        known = x.__dict__.get("_written") if x is not e else None
+        if known is not None:
+            memo[id(x)] = known
+        elif x is e or parents[id(x)] > 1:
+            memo[id(x)] = _written_region(x, memo)
     return memo[id(e)]
+
+
+_COMPOSITE = (Seq, Choice, Repeat)
+
+
+def _written_region(x: Expr, memo: dict[int, tuple[str, tuple[str, ...]]]) -> tuple[str, tuple[str, ...]]:
+    """_body_key's writing of `x` as a tree, down to the nodes already written in `memo`."""
+    out: list[str] = []
+    calls: list[str] = []
+    stack = [x]
+    while stack:
+        y = stack.pop()
+        t = type(y)
+        if t is Seq or t is Choice or t is Repeat:
+            known = memo.get(id(y)) if y is not x else None
+            if known is not None:
+                out.append(known[0])
+                calls.extend(known[1])
+            elif t is Seq:
+                out.append(f"S{len(y.items)}")
+                stack.extend(reversed(y.items))
+            elif t is Choice:
+                out.append(f"A{len(y.alts)}")
+                stack.extend(reversed(y.alts))
+            else:
+                out.append(f"R{y.min},{y.max}")
+                stack.append(y.expr)
+        else:
+            out.append(_leaf_text(y))
+            if t is RuleRef:
+                calls.append(y.name)
+    return "\x00".join(out), tuple(calls)
 
 
 #: Longest text a body keeps of itself (see `_body_key`).
