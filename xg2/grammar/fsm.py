@@ -367,10 +367,9 @@ def _purity(fsm: RuleFSM, counts=None, target=None):
     call itself (both only in deterministic automata)."""
     import numpy as np
 
-    out = np.frombuffer(bytes(pure_nodes(fsm, counts, target)), np.uint8).copy()    # bools as 0 / 1
+    out = np.array(pure_nodes(fsm, counts, target), np.uint8)
     if fsm.deterministic:
-        calls = np.fromiter(map(bool, fsm.rule_edges), bool, fsm.n_nodes)
-        out[~calls] |= 2
+        out |= np.array([0 if e else 2 for e in fsm.rule_edges], np.uint8)
     return out
 
 

@@ -192,7 +192,7 @@ _DEAD_DIGEST = _edgeless_digest(False)
 
 def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = None,
                  follows: dict[int, int] | None = None, fixed: dict[int, bytes] | None = None,
-                 contexts: bool = True) -> GrammarKeys:
+                 contexts: bool = True, rules: GrammarKeys | None = None) -> GrammarKeys:
     """Keys of every rule.
 
     A call site is named by what the caller reads after the call (a digest of the rest of its
@@ -204,7 +204,9 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
     it resumes at, which costs nothing to compute. A rule with a declared follow in use
     (`follows`, see repetition.py) has it in its context key: its entries accept by it. `fixed`:
     rule keys given (a frame's stubs carry the keys of the modules linked in for them). `contexts=False`
-    leaves the context keys out (empty)."""
+    leaves the context keys out (empty); `rules`: the rule keys and numberings already computed
+    (by a call with `contexts=False` and the same `fixed`), so that only the contexts are (a
+    module is keyed under each context a frame calls it in)."""
     n = len(fsms)
     callees = [sorted({r for edges in f.rule_edges for r, _ in edges}) for f in fsms]
     canon: list[list[int] | None] = [None] * n
@@ -224,7 +226,10 @@ def grammar_keys(fsms: list[RuleFSM], root: int, *, root_ctx: bytes | None = Non
             _remember(fsm, memo_key, (None if canon[r] is None else tuple(canon[r]), part))
         return part
 
-    rule = _keys_in_order(n, callees, rule_part, fixed)
+    if rules is not None:
+        rule, canon = rules.rule, rules.canon
+    else:
+        rule = _keys_in_order(n, callees, rule_part, fixed)
     if not contexts:
         return GrammarKeys(rule, [], canon)
 

@@ -50,12 +50,23 @@ class Module:
     _tables: dict[str, np.ndarray] | None = None
     _nbytes: int | None = None
     _under: dict = field(default_factory=dict)      # root context -> keys (see keys_under)
+    _rules: GrammarKeys | None = None               # the rule keys alone (contexts empty)
+
+    @property
+    def rule_keys(self) -> GrammarKeys:
+        """Its rule keys and numberings, which do not depend on where it is called: computed once
+        for `keys` and every `keys_under`."""
+        if self._rules is None:
+            low = self.lowered
+            self._rules = grammar_keys(low.fsms, low.root, follows=low.follows, contexts=False)
+        return self._rules
 
     @property
     def keys(self) -> GrammarKeys:
         if self._keys is None:
             low = self.lowered
-            self._keys = grammar_keys(low.fsms, low.root, root_ctx=MODULE_CTX, follows=low.follows)
+            self._keys = grammar_keys(low.fsms, low.root, root_ctx=MODULE_CTX, follows=low.follows,
+                                      rules=self.rule_keys)
         return self._keys
 
     def keys_under(self, root_ctx: bytes) -> GrammarKeys:
@@ -64,7 +75,8 @@ class Module:
         keys = memo.get(root_ctx)
         if keys is None:
             low = self.lowered
-            keys = grammar_keys(low.fsms, low.root, root_ctx=root_ctx, follows=low.follows)
+            keys = grammar_keys(low.fsms, low.root, root_ctx=root_ctx, follows=low.follows,
+                                rules=self.rule_keys)
             if len(memo) >= MAX_CONTEXTS:
                 memo.pop(next(iter(memo)))
             memo[root_ctx] = keys
@@ -155,7 +167,7 @@ def _frame_keys(frame, stubs: dict[int, Module], impassable, gates: dict[int, by
     then keyed with the gate named by its literal: the text that dispatches to tool calls has the
     same keys, and so the same entries, whatever tools the gate leads to. The gates and all they
     call keep their own keys; the gates' entries stay out of the pool."""
-    root_keys = {s: m.keys.rule[m.lowered.root] for s, m in stubs.items()}
+    root_keys = {s: m.rule_keys.rule[m.lowered.root] for s, m in stubs.items()}
     shut = {g: horizon_key(b"gate\0" + lit) for g, lit in gates.items() if impassable is not None and impassable(lit)}
     own = grammar_keys(frame.fsms, frame.root, follows=frame.follows, fixed=root_keys, contexts=not shut)
     if not shut:
