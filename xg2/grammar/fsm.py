@@ -573,7 +573,7 @@ def _written_dag(e: Expr) -> tuple[str, tuple[str, ...]]:
     is a DAG whose tree is hundreds of times larger. Nodes with more than one parent (and those
     that remember their text) are written once, children first, and each stretch between them as
     a tree. Writing every node from its children's texts instead copied each text once per level
-    above it: 20 ms for the 4,000-node trie of an object's excluded keys."""
+    above it: 7 ms for the 4,000-node trie of an object's 91 excluded keys, 3.5 ms this way."""
     if type(e) not in _COMPOSITE:
         return _written_region(e, {})
     parents: dict[int, int] = {}
@@ -690,9 +690,9 @@ def _repeat_chain(body: Repeat) -> RuleFSM | None:
     if not elem.deterministic or len(elem.finals) != 1 or 0 in elem.finals:
         return None
     (final,) = elem.finals
-    if elem.byte_edges[final] or elem.n_nodes < 2:
-        return None
     counts, lo, hi, target = byte_tables(elem)[:4]
+    if counts[final] or elem.n_nodes < 2:
+        return None
     res = repeat_chain(counts, lo, hi, target, final, body.min, body.max, MAX_DFA_STATES)
     return None if res is None else _from_minimal(res)
 
