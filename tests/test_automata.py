@@ -544,10 +544,15 @@ def _tree_text(e):
         elif t is Repeat:
             out.append(f"R{x.min},{x.max}")
             stack.append(x.expr)
+        elif t is Literal:
+            out.append(f"L{len(x.text)}:{x.text}")
+        elif t is CharClass:
+            out.append(f"C{x.ranges!r}{x.negated:d}")
+        elif t is RuleRef:
+            out.append("F")
+            calls.append(x.name)
         else:
-            out.append(F._leaf_text(x))
-            if t is RuleRef:
-                calls.append(x.name)
+            out.append(F._text_key(x))
     return "\x00".join(out), tuple(calls)
 
 

@@ -495,44 +495,12 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
     Writing it out also costs less than the recursive hash of the dataclasses. A composite body
     remembers what it was written as (IR is immutable, and front-ends share sub-expressions
     between rules and schemas): a walk that meets it again copies the text."""
-    out: list[str] = []
-    calls: list[str] = []
-    stack = [e]
-    steps = 0
-    while stack:
-        steps += 1
-        if steps > MAX_TREE_STEPS:   # a DAG much larger as a tree: written once per node
-            text, written_calls = _written_dag(e)
-            out, calls = [text], list(written_calls)
-            break
-        x = stack.pop()
-        t = type(x)
-        if t is Literal:
-            out.append(f"L{len(x.text)}:{x.text}")
-        elif t is CharClass:
-            out.append(x.__dict__.get("_written") or _class_text(x))
-        elif t is RuleRef:
-            out.append("F")
-            calls.append(x.name)
-        elif t is FreeText:
-            out.append(_text_key(x))
-        else:
-            known = x.__dict__.get("_written")
-            if known is not None:
-                out.append(known[0])
-                calls.extend(known[1])
-            elif t is Seq:
-                out.append(f"S{len(x.items)}")
-                stack.extend(reversed(x.items))
-            elif t is Choice:
-                out.append(f"A{len(x.alts)}")
-                stack.extend(reversed(x.alts))
-            else:
-                out.append(f"R{x.min},{x.max}")
-                stack.append(x.expr)
-    text = "\x00".join(out)
-    if type(e) in (Seq, Choice, Repeat) and len(text) <= MAX_WRITTEN:
-        e.__dict__["_written"] = (text, tuple(calls))
+    written = _write_tree(e, None, MAX_TREE_STEPS)
+    if written is None:         # a DAG much larger as a tree: each node walked once
+        written = _written_dag(e)
+    text, calls = written
+    if type(e) in _COMPOSITE and len(text) <= MAX_WRITTEN:
+        e.__dict__["_written"] = written
     refs = tuple(sorted(set(calls)))
     local = {n: i for i, n in enumerate(refs)}
     return (text.encode("utf-8", "surrogatepass"), tuple(local[n] for n in calls)), refs
@@ -544,16 +512,6 @@ def _class_text(x: CharClass) -> str:
     text = f"C{x.ranges!r}{x.negated:d}"
     x.__dict__["_written"] = text
     return text
-
-
-def _leaf_text(x: Expr) -> str:
-    if type(x) is Literal:
-        return f"L{len(x.text)}:{x.text}"
-    if type(x) is CharClass:
-        return x.__dict__.get("_written") or _class_text(x)
-    if type(x) is FreeText:
-        return _text_key(x)
-    return "F"
 
 
 def _text_key(x: FreeText) -> str:
@@ -575,7 +533,7 @@ def _written_dag(e: Expr) -> tuple[str, tuple[str, ...]]:
     a tree. Writing every node from its children's texts instead copied each text once per level
     above it: 7 ms for the 4,000-node trie of an object's 91 excluded keys, 3.5 ms this way."""
     if type(e) not in _COMPOSITE:
-        return _written_region(e, {})
+        return _write_tree(e, None)
     parents: dict[int, int] = {}
     seen: set[int] = set()
     order: list[Expr] = []          # composite nodes, children first
@@ -603,23 +561,41 @@ def _written_dag(e: Expr) -> tuple[str, tuple[str, ...]]:
         if known is not None:
             memo[id(x)] = known
         elif x is e or parents[id(x)] > 1:
-            memo[id(x)] = _written_region(x, memo)
+            memo[id(x)] = _write_tree(x, memo)
     return memo[id(e)]
 
 
 _COMPOSITE = (Seq, Choice, Repeat)
 
 
-def _written_region(x: Expr, memo: dict[int, tuple[str, tuple[str, ...]]]) -> tuple[str, tuple[str, ...]]:
-    """_body_key's writing of `x` as a tree, down to the nodes already written in `memo`."""
+def _write_tree(x: Expr, memo: dict[int, tuple[str, tuple[str, ...]]] | None,
+                limit: int | None = None) -> tuple[str, tuple[str, ...]] | None:
+    """_body_key's writing of `x` as a tree walk: the text, and the names it calls in order. A
+    composite node below `x` that remembers its text (or is written in `memo`) is copied, not
+    walked. None when the walk passes `limit` steps."""
     out: list[str] = []
     calls: list[str] = []
     stack = [x]
+    steps = 0
     while stack:
+        steps += 1
+        if limit is not None and steps > limit:
+            return None
         y = stack.pop()
         t = type(y)
-        if t is Seq or t is Choice or t is Repeat:
-            known = memo.get(id(y)) if y is not x else None
+        if t is Literal:
+            out.append(f"L{len(y.text)}:{y.text}")
+        elif t is CharClass:
+            out.append(y.__dict__.get("_written") or _class_text(y))
+        elif t is RuleRef:
+            out.append("F")
+            calls.append(y.name)
+        elif t is FreeText:
+            out.append(_text_key(y))
+        else:
+            known = memo.get(id(y)) if memo is not None and y is not x else None
+            if known is None:
+                known = y.__dict__.get("_written")
             if known is not None:
                 out.append(known[0])
                 calls.extend(known[1])
@@ -632,10 +608,6 @@ def _written_region(x: Expr, memo: dict[int, tuple[str, tuple[str, ...]]]) -> tu
             else:
                 out.append(f"R{y.min},{y.max}")
                 stack.append(y.expr)
-        else:
-            out.append(_leaf_text(y))
-            if t is RuleRef:
-                calls.append(y.name)
     return "\x00".join(out), tuple(calls)
 
 
