@@ -386,7 +386,9 @@ def test_non_bytes_are_refused(json_info, value):
 def test_refusals_are_value_errors_and_xg2_errors():
     for cls in (DeserializeError, DeserializeVersionError, VocabularyMismatchError):
         assert issubclass(cls, ValueError) and issubclass(cls, xg2.XG2Error) and issubclass(cls, DeserializeError)
-    assert transport.DeserializeFormatError is DeserializeError
+    # and xgrammar's names for them, so an engine's except clauses written for xgrammar catch them
+    assert issubclass(DeserializeError, xg2.exception.DeserializeFormatError)
+    assert issubclass(DeserializeVersionError, xg2.exception.DeserializeVersionError)
 
 
 # -- payloads with a valid checksum ------------------------------------------------------------------

@@ -3,6 +3,7 @@
 The public API follows xgrammar's names and shapes, so an engine integration switches by import.
 """
 
+from . import exception  # noqa: F401 (xgrammar.exception's twin: xg2.exception)
 from .batch_matcher import BatchGrammarMatcher
 from .compiler import CompiledGrammar, GrammarCompiler
 from .errors import (
@@ -17,9 +18,15 @@ from .errors import (
     UsageError,
     XG2Error,
 )
+from .exception import (
+    DeserializeFormatError,
+    DeserializeVersionError,
+    InvalidJSONError,
+    InvalidStructuralTagError,
+)
 from .grammar.grammar import Grammar
 from .grammar.model_formats import get_model_structural_tag, register_model_structural_tag
-from .grammar.structural_tag import StructuralTag
+from .grammar.structural_tag import StructuralTag, StructuralTagItem
 from .kernels import (
     allocate_token_bitmask,
     apply_token_bitmask_inplace,
@@ -32,17 +39,22 @@ from .tokenizer import TokenizerInfo, VocabType
 __all__ = [
     "BatchGrammarMatcher",
     "CompiledGrammar",
+    "DeserializeFormatError",
+    "DeserializeVersionError",
     "Grammar",
     "GrammarCompiler",
     "GrammarError",
     "GrammarLimitError",
     "GrammarMatcher",
+    "InvalidJSONError",
+    "InvalidStructuralTagError",
     "ModelFormatError",
     "RegexError",
     "SchemaError",
     "SchemaWarning",
     "StructuralTag",
     "StructuralTagError",
+    "StructuralTagItem",
     "TokenizerError",
     "TokenizerInfo",
     "UsageError",

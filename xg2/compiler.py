@@ -522,13 +522,16 @@ class GrammarCompiler:
             self.module_source.fetch(missing)
 
     @_budgeted("a structural tag")
-    def compile_structural_tag(self, structural_tag: Any) -> CompiledGrammar:
-        """A structural tag (xgrammar's JSON: dict, JSON text or pydantic objects), compiled. With
-        the entry pool on, its JSON Schemas are modules lowered once per compiler and linked into
-        the tag's frame (linking.link_frame)."""
-        from .grammar.structural_tag import parse_structural_tag, to_json
+    def compile_structural_tag(self, *args: Any, **kwargs: Any) -> CompiledGrammar:
+        """A structural tag (xgrammar's JSON: dict, JSON text or pydantic objects), compiled; or
+        xgrammar's deprecated ``(tags, triggers)`` form (StructuralTagItem list, trigger list),
+        which vLLM's and SGLang's backends still send. With the entry pool on, its JSON Schemas are
+        modules lowered once per compiler and linked into the tag's frame (linking.link_frame)."""
+        from .grammar.structural_tag import structural_tag_arguments, to_json
 
-        tag = parse_structural_tag(structural_tag)
+        tag, info = structural_tag_arguments(args, kwargs)
+        if info is not None:
+            raise TypeError("compile_structural_tag takes no tokenizer_info: the compiler's is used")
         if self._pool is not None:
             compiled = self._compile_framed(tag)
             if compiled is not None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from .exception import InvalidJSONError, InvalidStructuralTagError
 
-class XG2Error(Exception):
-    """Base class of every error xg2 raises on purpose."""
+
+class XG2Error(RuntimeError):
+    """Base class of every error xg2 raises on purpose. A RuntimeError because xgrammar's errors
+    are: an engine's ``except RuntimeError`` around a compile catches ours too. Most are also
+    ValueErrors (bad input), as Python code expects of a refused argument."""
 
 
 class GrammarError(XG2Error, ValueError):
@@ -50,7 +54,7 @@ class SchemaError(XG2Error, ValueError):
         super().__init__(f"{message} (at {pointer or '/'})")
 
 
-class StructuralTagError(XG2Error, ValueError):
+class StructuralTagError(XG2Error, ValueError, InvalidStructuralTagError):
     """A structural tag is malformed; `pointer` is the JSON pointer (RFC 6901) of the element at
     fault within the tag."""
 
@@ -58,6 +62,14 @@ class StructuralTagError(XG2Error, ValueError):
         self.message = message
         self.pointer = pointer
         super().__init__(f"{message} (at {pointer or '/'})")
+
+
+class SchemaJSONError(SchemaError, InvalidJSONError):
+    """A schema given as text that is not JSON (xgrammar's InvalidJSONError)."""
+
+
+class StructuralTagJSONError(StructuralTagError, InvalidJSONError):
+    """A structural tag given as text that is not JSON (xgrammar's InvalidJSONError)."""
 
 
 class ModelFormatError(XG2Error, ValueError):

@@ -178,6 +178,16 @@ class GrammarMatcher:
     def reset(self) -> None:
         self._core.reset()
 
+    def fork(self) -> GrammarMatcher:
+        """An independent matcher in this one's state (accepted tokens, rollback history, stop
+        tokens and options), as xgrammar's fork: a speculative branch or a beam explores on from
+        here without disturbing this one. Costs a replay of the accepted bytes (memoised)."""
+        other = GrammarMatcher.__new__(GrammarMatcher)
+        other.__dict__.update(self.__dict__)
+        other._core = self._core.fork()
+        other._last_row = None
+        return other
+
     def find_jump_forward_string(self) -> str:
         """The longest text the grammar forces from here (cut to whole UTF-8 characters)."""
         start = self._core.n_sets

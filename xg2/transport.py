@@ -38,6 +38,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from . import exception
 from .errors import XG2Error
 
 FORMAT_VERSION = 2
@@ -53,16 +54,13 @@ _COMPRESS_FROM = 4096
 MAX_PAYLOAD_BYTES = 1 << 28     # what a compressed payload may grow to (a corrupted or hostile one stops here)
 
 
-class DeserializeError(XG2Error, ValueError):
+class DeserializeError(XG2Error, ValueError, exception.DeserializeFormatError):
     """Bytes that are not a blob this engine can load: malformed, truncated or corrupted (the
-    checksum does not match), or of another kind than asked for. (xgrammar's name for the
-    malformed case is DeserializeFormatError; that name is this class.)"""
+    checksum does not match), or of another kind than asked for (xgrammar's
+    DeserializeFormatError)."""
 
 
-DeserializeFormatError = DeserializeError
-
-
-class DeserializeVersionError(DeserializeError):
+class DeserializeVersionError(DeserializeError, exception.DeserializeVersionError):
     """A blob written by another format or engine version: its tables or keys may mean something
     else here, so it is refused rather than trusted."""
 

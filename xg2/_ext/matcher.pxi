@@ -26,6 +26,8 @@ cdef class MatcherCore:
     cdef uint8_t* pbyte
     cdef uint64_t* mcache             # final masks of recent costly states, direct-mapped by set id
     cdef int32_t mcache_id[MCACHE_SLOTS]
+    cdef uint8_t* hist                # hist[s - 1]: the byte that made state set s (for fork)
+    cdef int64_t cap_hist
     cdef readonly bint terminated
 
     def __cinit__(self):
@@ -41,6 +43,8 @@ cdef class MatcherCore:
         self.cid = NULL
         self.pbyte = NULL
         self.mcache = NULL
+        self.hist = NULL
+        self.cap_hist = 0
 
     def __init__(self, CompiledCore core, stop_ids):
         self.core = core
@@ -91,6 +95,7 @@ cdef class MatcherCore:
         free(self.cid)
         free(self.pbyte)
         free(self.mcache)
+        free(self.hist)
         if self.memo.pool != NULL:
             m_free(&self.memo)
 
@@ -108,16 +113,49 @@ cdef class MatcherCore:
         return bool(self.p.set_top[self.p.n_sets - 1])
 
     cdef int _feed(self, const uint8_t* data, int64_t n) noexcept nogil:
-        """Push bytes; on failure restore the state. 1 accepted, 0 rejected, -1 OOM."""
+        """Push bytes; on failure restore the state. 1 accepted, 0 rejected, -1 OOM. Each byte
+        is also kept in `hist` (one per state set: a rollback's pop trims it too), so that a
+        fork can replay the parse."""
         cdef int32_t base = self.p.n_sets
-        cdef int64_t i
+        cdef int64_t i, need = base - 1 + n, cap
+        cdef uint8_t* grown
         cdef int ok
+        if need > self.cap_hist:
+            cap = max(need, 2 * self.cap_hist, 256)
+            grown = <uint8_t*>realloc(self.hist, cap)
+            if grown == NULL:
+                return -1
+            self.hist, self.cap_hist = grown, cap
         for i in range(n):
             ok = p_push_byte(&self.p, self.g, data[i])
             if ok <= 0:
                 p_pop_to(&self.p, base)
                 return ok
+            self.hist[base - 1 + i] = data[i]
         return 1
+
+    def fork(self):
+        """An independent matcher in this one's state, rollback history included: a new parse
+        over the same compiled core, fed the bytes this one has accepted (a transition memo of
+        its own, so the two never share mutable state)."""
+        cdef MatcherCore m = MatcherCore(self.core, [self.stops[i] for i in range(self.n_stop)])
+        cdef int ok
+        with nogil:
+            ok = m._feed(self.hist, self.p.n_sets - 1) if self.p.n_sets > 1 else 1
+        if ok < 0:
+            raise MemoryError()
+        if ok == 0 or m.p.n_sets != self.p.n_sets:     # a replay of an accepted parse cannot fail
+            raise RuntimeError("fork: the replayed parse diverged")
+        if self.n_bound > m.cap_bound:
+            free(m.boundaries)
+            m.boundaries = <int32_t*>malloc(self.n_bound * sizeof(int32_t))
+            if m.boundaries == NULL:
+                raise MemoryError()
+            m.cap_bound = self.n_bound
+        memcpy(m.boundaries, self.boundaries, self.n_bound * sizeof(int32_t))
+        m.n_bound = self.n_bound
+        m.terminated = self.terminated
+        return m
 
     cdef int _push_boundary(self) except -1:
         if self.n_bound == self.cap_bound:

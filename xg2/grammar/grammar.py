@@ -54,14 +54,17 @@ class Grammar:
         return Grammar(regex_to_ir(regex_string))
 
     @staticmethod
-    def from_structural_tag(structural_tag: Any, tokenizer_info: Any = None) -> Grammar:
+    def from_structural_tag(*args: Any, **kwargs: Any) -> Grammar:
         """xgrammar's structural tag (a dict, JSON text or pydantic objects) as a grammar; see
-        :mod:`xg2.grammar.structural_tag` for the formats lowered. Token-level formats need
-        `tokenizer_info` (the grammar is then for that vocabulary only). Bad tags raise
+        :mod:`xg2.grammar.structural_tag` for the formats lowered. Also xgrammar's deprecated
+        ``(tags, triggers)`` form (a list of StructuralTagItem and a list of trigger strings),
+        which engines' backends still build. Token-level formats need `tokenizer_info` (second
+        argument or keyword; the grammar is then for that vocabulary only). Bad tags raise
         `StructuralTagError` with the JSON pointer of the element at fault."""
-        from .structural_tag import parse_structural_tag, structural_tag_to_ir
+        from .structural_tag import structural_tag_arguments, structural_tag_to_ir
 
-        return Grammar(structural_tag_to_ir(parse_structural_tag(structural_tag), tokenizer_info))
+        tag, tokenizer_info = structural_tag_arguments(args, kwargs)
+        return Grammar(structural_tag_to_ir(tag, tokenizer_info))
 
     @staticmethod
     def builtin_json_grammar() -> Grammar:

@@ -52,7 +52,7 @@ import math
 import warnings
 from typing import Any
 
-from ..errors import GrammarError, GrammarLimitError, SchemaError, SchemaWarning
+from ..errors import GrammarError, GrammarLimitError, SchemaError, SchemaJSONError, SchemaWarning
 from . import budget
 from .alternation import MAX_INLINE_CHARS, factor_literals
 from .formats import format_expr
@@ -1154,7 +1154,7 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
             # The decoder recurses; a document this deep is past MAX_SCHEMA_DEPTH many times over.
             raise GrammarLimitError("schema text nested too deeply to decode", pointer="") from None
         except ValueError as exc:
-            raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
+            raise SchemaJSONError(f"schema is not valid JSON: {exc}", "") from None
     # Before any walk of the whole document (embedded resources, references): those would pay for
     # a document nested far past what the converter accepts anyway.
     check_nesting(schema, MAX_SCHEMA_NESTING, "schema")

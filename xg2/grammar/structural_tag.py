@@ -19,7 +19,7 @@ from typing import Any, Literal, Union
 
 import msgspec
 
-from ..errors import GrammarError, GrammarLimitError, SchemaError, StructuralTagError
+from ..errors import GrammarError, GrammarLimitError, SchemaError, StructuralTagError, StructuralTagJSONError
 from .ir import Choice, Expr, GrammarIR, Repeat, Rule, RuleRef, Seq
 from .ir import Literal as Text
 from .nesting import check_nesting
@@ -157,6 +157,16 @@ class StructuralTag(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag
                     tag="structural_tag"):
     format: Format
 
+    @staticmethod
+    def from_json(json_str: Any) -> StructuralTag:
+        """xgrammar's constructor: a tag from JSON text or a dict, checked."""
+        return parse_structural_tag(json_str)
+
+    @staticmethod
+    def from_legacy_structural_tag(tags: Any, triggers: Any) -> StructuralTag:
+        """xgrammar's constructor for the deprecated (tags, triggers) form."""
+        return from_legacy_structural_tag(tags, triggers)
+
 
 def parse_structural_tag(tag: Any) -> StructuralTag:
     """A structural tag from a dict, a JSON text (str or bytes) or pydantic objects, checked."""
@@ -181,7 +191,7 @@ def parse_structural_tag(tag: Any) -> StructuralTag:
             message, where = str(e), "$"
         raise StructuralTagError(message, _pointer(where.rstrip("`"))) from None
     except msgspec.DecodeError as e:
-        raise StructuralTagError(f"not valid JSON: {e}") from None
+        raise StructuralTagJSONError(f"not valid JSON: {e}") from None
     except RecursionError:
         # JSON text is measured by the decoder itself, which gives up well past MAX_TAG_NESTING.
         raise GrammarLimitError(f"structural tag nested deeper than {MAX_TAG_NESTING} levels", pointer="") from None
@@ -198,6 +208,91 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+# ------------------------------------------------------------------ xgrammar's legacy (tags, triggers) form
+
+
+class StructuralTagItem(msgspec.Struct, kw_only=True, frozen=True):
+    """xgrammar's deprecated tag item (`begin`, a JSON Schema, `end`), still what vLLM's and SGLang's
+    xgrammar backends build for the ``{"structures": [...], "triggers": [...]}`` requests. The
+    schema may be JSON text, a dict or a pydantic model class."""
+
+    begin: str
+    schema: Any
+    end: str
+
+    @property
+    def schema_(self) -> Any:
+        """xgrammar's attribute name (its pydantic field is `schema_`, aliased `schema`)."""
+        return self.schema
+
+
+def from_legacy_structural_tag(tags: Any, triggers: Any) -> StructuralTag:
+    """The legacy form as the structural tag it stands for: free text in which each trigger opens a
+    dispatch to the tags whose `begin` starts with it (``triggered_tags``, none required, any
+    number). Pointers in errors name the legacy arguments (``/tags/1/schema``)."""
+    if not isinstance(tags, (list, tuple)) or not isinstance(triggers, (list, tuple)):
+        raise TypeError("the legacy structural tag form is (tags: list[StructuralTagItem], triggers: list[str])")
+    out = []
+    for i, item in enumerate(tags):
+        if isinstance(item, dict):
+            parts = (item.get("begin"), item.get("schema", item.get("schema_")), item.get("end"))
+        elif hasattr(item, "begin") and hasattr(item, "end"):
+            parts = (item.begin, getattr(item, "schema_", getattr(item, "schema", None)), item.end)
+        else:
+            raise StructuralTagError(f"expected a StructuralTagItem, got {type(item).__name__}", f"/tags/{i}")
+        begin, schema, end = parts
+        for name, value in (("begin", begin), ("end", end)):
+            if not isinstance(value, str):
+                raise StructuralTagError(f"`{name}` must be a string", f"/tags/{i}/{name}")
+        if isinstance(schema, (str, bytes, bytearray)):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise StructuralTagJSONError(f"the schema is not valid JSON: {e}", f"/tags/{i}/schema") from None
+        elif isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+            schema = schema.model_json_schema()
+        if not isinstance(schema, (dict, bool)):
+            raise StructuralTagError("the schema must be a JSON Schema (text, dict or pydantic model)",
+                                     f"/tags/{i}/schema")
+        out.append({"type": "tag", "begin": begin, "content": {"type": "json_schema", "json_schema": schema},
+                    "end": end})
+    for i, t in enumerate(triggers):
+        if not isinstance(t, str):
+            raise StructuralTagError("a trigger must be a string", f"/triggers/{i}")
+    return parse_structural_tag({"type": "structural_tag",
+                                 "format": {"type": "triggered_tags", "triggers": list(triggers), "tags": out}})
+
+
+def structural_tag_arguments(args: tuple, kwargs: dict) -> tuple[StructuralTag, Any]:
+    """xgrammar's two call forms, ``(structural_tag)`` and the deprecated ``(tags, triggers)``
+    (positional or by keyword), plus xg2's `tokenizer_info` for token-level formats: (the checked
+    tag, tokenizer_info or None)."""
+    kwargs = dict(kwargs)
+    info = kwargs.pop("tokenizer_info", None)
+    if "tags" in kwargs or "triggers" in kwargs or (len(args) >= 2 and isinstance(args[0], (list, tuple))):
+        tags = kwargs.pop("tags", args[0] if args else None)
+        triggers = kwargs.pop("triggers", args[1] if len(args) > 1 else None)
+        rest = args[2:]
+        if tags is None or triggers is None:
+            raise TypeError("the legacy structural tag form takes both `tags` and `triggers`")
+        tag = from_legacy_structural_tag(tags, triggers)
+    elif "structural_tag" in kwargs:
+        tag, rest = parse_structural_tag(kwargs.pop("structural_tag")), args
+    elif args:
+        if isinstance(args[0], (list, tuple)):
+            raise TypeError("a list of tags is the legacy form, which takes the triggers too")
+        tag, rest = parse_structural_tag(args[0]), args[1:]
+    else:
+        raise TypeError("expected a structural tag, or the legacy (tags, triggers)")
+    if rest:
+        if len(rest) > 1 or info is not None:
+            raise TypeError("too many arguments for a structural tag")
+        info = rest[0]
+    if kwargs:
+        raise TypeError(f"unexpected keyword argument {next(iter(kwargs))!r}")
+    return tag, info
 
 
 def _pointer(path: str) -> str:
