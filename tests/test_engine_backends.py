@@ -382,3 +382,145 @@ def test_legacy_structural_tag_forms_are_one_grammar(compilers):
     with pytest.raises(xg2.StructuralTagError) as e:
         c.compile_structural_tag([{"begin": 1, "schema": {}, "end": ""}], triggers)
     assert e.value.pointer == "/tags/0/begin"
+
+
+def _random_tree(rng: random.Random, n: int, path: list[int], vocab_size: int):
+    """A draft tree of `n` nodes as (first child, next sibling, tokens) int64 tensors: each node
+    hangs under an earlier one; a node at depth d drafts the d-th token of `path` most of the time
+    (so branches get accepted), else a random token."""
+    import torch
+
+    parent, depth = [-1], [0]
+    for i in range(1, n):
+        p = rng.randrange(i)
+        parent.append(p)
+        depth.append(depth[p] + 1)
+    nxt, sib = [-1] * n, [-1] * n
+    last_child: dict[int, int] = {}
+    for i in range(1, n):
+        p = parent[i]
+        if p in last_child:
+            sib[last_child[p]] = i
+        else:
+            nxt[p] = i
+        last_child[p] = i
+    tokens = [0] + [path[depth[i] - 1] if depth[i] - 1 < len(path) and rng.random() < 0.7
+                    else rng.randrange(vocab_size) for i in range(1, n)]
+    return (torch.tensor(nxt, dtype=torch.int64), torch.tensor(sib, dtype=torch.int64),
+            torch.tensor(tokens, dtype=torch.int64))
+
+
+def _walk_reference(matcher, nxt, sib, tokens, bitmask, node=0, parent=-1):
+    """The tree walk step by step with public calls (SGLang's order), on small trees only."""
+    t = int(tokens[node])
+    accepted = node == 0 or bool((int(bitmask[parent, t // 32]) >> (t % 32)) & 1)
+    if accepted:
+        if node != 0:
+            assert matcher.accept_token(t)
+        if not matcher.is_terminated():
+            matcher.fill_next_token_bitmask(bitmask, node)
+            if nxt[node] != -1:
+                _walk_reference(matcher, nxt, sib, tokens, bitmask, int(nxt[node]), node)
+        if node != 0:
+            matcher.rollback(1)
+    if sib[node] != -1:
+        _walk_reference(matcher, nxt, sib, tokens, bitmask, int(sib[node]), parent)
+
+
+@pytest.mark.parametrize("case", ["json_schema", "ebnf", "structural_tag"])
+def test_traverse_draft_tree_matches_step_by_step_and_xgrammar(compilers, hf_tokenizer, case):
+    """On random trees from random points of a valid output: xg2's traverse_draft_tree gives the
+    rows the step-by-step walk gives, and xgrammar's traverse_draft_tree the same rows (up to the
+    checked differences of Twin.fill); the matcher ends where it started."""
+    import torch
+
+    rng = random.Random(case)
+    twin = Twin(compilers, case, row=0, max_rollback=-1)
+    tokens = hf_tokenizer.encode(CASES[case][1], add_special_tokens=False)
+    vs = twin.vocab_size
+    for trial in range(12):
+        start = rng.randrange(len(tokens))
+        for m in twin.matchers:
+            m.reset()
+        twin.text = []
+        for t in tokens[:start]:
+            assert twin.accept(t)
+        nxt, sib, drafts = _random_tree(rng, rng.randrange(1, 17), tokens[start:], vs)
+        n = len(nxt)
+        # SGLang zeroes the rows first; xgrammar leaves the rows of nodes under a refused one as
+        # they were, xg2 zeroes every row it is given (a stale row would allow everything)
+        ours = torch.full((n, (vs + 31) // 32), -1, dtype=torch.int32)
+        theirs = torch.zeros_like(ours)
+        ref = torch.zeros_like(ours)
+        assert twin.matchers[1].traverse_draft_tree(nxt, sib, drafts, ours) is True
+        assert twin.matchers[0].traverse_draft_tree(nxt, sib, drafts, theirs) is True
+        _walk_reference(twin.matchers[1], nxt.tolist(), sib.tolist(), drafts, ref)
+        assert torch.equal(ours, ref), f"{case} trial {trial}: traverse_draft_tree differs from the walk"
+        twin.fill(_bitmasks(vs), 0)         # both matchers back where they started
+        parents = {int(c): p for p in range(n) for c in _children(nxt, sib, p)}
+        for node in range(n):               # row by row against xgrammar (parents come first)
+            a, b = (_bits(bm, node, vs) for bm in (theirs, ours))
+            if np.array_equal(a, b):
+                continue
+            if node and not (a.any() and b.any()):
+                # one engine visited the node, the other did not: the parent's bit for its token
+                # must differ, a difference already checked at the parent
+                t, p = int(drafts[node]), parents[node]
+                assert _bits(theirs, p, vs)[t] != _bits(ours, p, vs)[t], \
+                    f"{case} trial {trial}: node {node} visited by one engine only"
+                continue
+            _check_at(twin, parents, drafts, node)    # the differences Twin.fill allows, checked there
+
+
+def _children(nxt, sib, p: int):
+    c = int(nxt[p])
+    while c != -1:
+        yield c
+        c = int(sib[c])
+
+
+def _check_at(twin, parents: dict, drafts, node: int) -> None:
+    """Walk the twin to `node` (the tokens on its path) and compare the masks there with Twin.fill's
+    checks (it raises on a difference it cannot explain); then back."""
+    path, x = [], node
+    while x != 0:
+        path.append(int(drafts[x]))
+        x = parents[x]
+    for t in reversed(path):
+        assert twin.accept(t)
+    twin.fill(_bitmasks(twin.vocab_size), 0)
+    twin.rollback(len(path))
+
+
+def test_traverse_draft_tree_refusals_and_timeout(compilers):
+    import torch
+
+    g = compilers[1].compile_grammar(EBNF)
+    m = xg2.GrammarMatcher(g)
+    vs = compilers[1].tokenizer_info.vocab_size
+    bm = xg2.allocate_token_bitmask(4, vs)
+    i64 = {"dtype": torch.int64}
+    ok = (torch.tensor([1, 2, -1], **i64), torch.tensor([-1, -1, -1], **i64), torch.tensor([0, 5, 6], **i64))
+    for bad in [(ok[0], torch.tensor([-1, -1], **i64), ok[2]),                 # lengths
+                (ok[0], ok[1].to(torch.int32), ok[2]),                         # dtype
+                (torch.tensor([1, 5, -1], **i64), ok[1], ok[2]),               # index out of range
+                (torch.tensor([1, 2, 1], **i64), ok[1], ok[2])]:               # a cycle
+        with pytest.raises(xg2.UsageError):
+            m.traverse_draft_tree(*bad, bm)
+    with pytest.raises(xg2.UsageError):
+        m.traverse_draft_tree(*ok, xg2.allocate_token_bitmask(2, vs))         # too few rows
+    # a long chain with a tiny time budget stops early, the root row filled, the matcher unmoved
+    chain_tokens = [0] + [ord("a") for _ in range(199)]
+    chain = (torch.tensor(list(range(1, 200)) + [-1], **i64), torch.full((200,), -1, **i64),
+             torch.tensor(chain_tokens, **i64))
+    rows = xg2.allocate_token_bitmask(200, vs)
+    before = xg2.allocate_token_bitmask(1, vs)
+    m.fill_next_token_bitmask(before, 0)
+    assert m.traverse_draft_tree(*chain, rows, time_threshold=1e-7) is False
+    assert torch.equal(rows[0], before[0])
+    after = xg2.allocate_token_bitmask(1, vs)
+    m.fill_next_token_bitmask(after, 0)
+    assert torch.equal(before, after)
+    temps = torch.zeros(3, dtype=torch.float32)
+    assert m.traverse_draft_tree(*ok, bm, temperatures=temps) is True
+    assert temps.tolist() == [-1.0, -1.0, -1.0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +47,17 @@ def cpu_bitmask(bitmask: Any) -> tuple[int, tuple[int, ...]]:
             raise UsageError("bitmask must be contiguous")
         return bitmask.data_ptr(), tuple(bitmask.shape)
     raise TypeError("bitmask must be a numpy array or a torch tensor")
+
+
+def _tree_array(values: Any, name: str, dtypes: tuple) -> np.ndarray:
+    """A 1-D integer tensor or array of a draft tree, as a numpy array of one of `dtypes`."""
+    a = values.numpy() if is_torch_tensor(values) and values.device.type == "cpu" else values
+    if not isinstance(a, np.ndarray):
+        raise UsageError(f"{name} must be a 1-D CPU tensor or array")
+    if a.ndim != 1 or a.dtype.type not in dtypes:
+        raise UsageError(f"{name} must be 1-D of dtype {' or '.join(np.dtype(d).name for d in dtypes)}, "
+                         f"got {a.ndim}-D {a.dtype}")
+    return a
 
 
 def _row_address(bitmask: Any, index: int, n_words: int) -> tuple[int, int]:
@@ -187,6 +199,76 @@ class GrammarMatcher:
         other._core = self._core.fork()
         other._last_row = None
         return other
+
+    def traverse_draft_tree(self, retrieve_next_token: Any, retrieve_next_sibling: Any, draft_tokens: Any,
+                            token_bitmask: Any, time_threshold: float = -1.0,
+                            temperatures: Any = None) -> bool:
+        """Masks for every node of a speculative draft tree in one call (xgrammar's signature, the
+        order of SGLang's tree walk): node 0 is where the matcher stands; a node is visited when
+        its token is allowed by its parent's mask, and then its row of `token_bitmask` gets the
+        mask after its token. Every other row of the first len(tree) is zeroed: refused nodes,
+        nodes after a stop token, and nodes under a refused one (which xgrammar leaves as they
+        were: a stale row there would allow every token).
+        The tree is first-child / next-sibling arrays (int64, -1 for none). The matcher ends where
+        it started. False if `time_threshold` seconds (> 0) ran out before the walk ended.
+
+        Refused with UsageError: arrays of other lengths or dtypes, indices out of range, a node
+        reached twice (a cycle would never end), fewer bitmask rows than nodes.
+        `temperatures`, when given, is filled with -1 (xg2 grammars carry no temperature)."""
+        nxt = _tree_array(retrieve_next_token, "retrieve_next_token", (np.int64,))
+        sib = _tree_array(retrieve_next_sibling, "retrieve_next_sibling", (np.int64,))
+        drafts = _tree_array(draft_tokens, "draft_tokens", (np.int64, np.int32))
+        n = len(nxt)
+        if n == 0 or len(sib) != n or len(drafts) != n:
+            raise UsageError(f"the tree arrays must have one equal, non-zero length; got {len(nxt)}, "
+                             f"{len(sib)}, {len(drafts)}")
+        for name, a in (("retrieve_next_token", nxt), ("retrieve_next_sibling", sib)):
+            if ((a < -1) | (a >= n)).any():
+                raise UsageError(f"{name} holds an index outside [-1, {n})")
+        _, shape = cpu_bitmask(token_bitmask)
+        if len(shape) != 2 or shape[0] < n or shape[1] != self._n_words:
+            raise UsageError(f"token_bitmask must be ({n} or more, {self._n_words}), got {tuple(shape)}")
+        seen, todo = bytearray(n), [0]          # a tree: no node reached twice from the root
+        while todo:
+            x = todo.pop()
+            if seen[x]:
+                raise UsageError(f"the draft tree reaches node {x} twice")
+            seen[x] = 1
+            todo.extend(int(y) for y in (nxt[x], sib[x]) if y >= 0)
+        rows = token_bitmask if isinstance(token_bitmask, np.ndarray) else token_bitmask.numpy()
+        rows[:n] = 0
+        if temperatures is not None:
+            temperatures[:n] = -1.0
+        deadline = time.perf_counter() + time_threshold if time_threshold > 0 else None
+        core, pushed = self._core, 0
+        stack = [(0, -1, 0)]        # (node, parent, step): 0 visit, 1 roll back then sibling, 2 sibling
+        while stack:
+            node, parent, step = stack.pop()
+            if step == 0:
+                token = int(drafts[node])
+                if node != 0:
+                    if deadline is not None and time.perf_counter() > deadline:
+                        core.rollback(pushed)
+                        return False
+                    allowed = (0 <= token < self._vocab_size
+                               and (int(rows[parent, token >> 5]) >> (token & 31)) & 1)
+                    if not allowed or not core.accept_token(token):
+                        if sib[node] >= 0:
+                            stack.append((int(sib[node]), parent, 0))
+                        continue
+                    pushed += 1
+                stack.append((node, parent, 1 if node != 0 else 2))
+                if not core.terminated:
+                    self.fill_next_token_bitmask(token_bitmask, node)
+                    if nxt[node] >= 0:
+                        stack.append((int(nxt[node]), node, 0))
+            else:
+                if step == 1:
+                    core.rollback(1)
+                    pushed -= 1
+                if sib[node] >= 0:
+                    stack.append((int(sib[node]), parent, 0))
+        return True
 
     def find_jump_forward_string(self) -> str:
         """The longest text the grammar forces from here (cut to whole UTF-8 characters)."""
