@@ -34,6 +34,7 @@ from .kernels import (
     reset_token_bitmask,
 )
 from .matcher import GrammarMatcher
+from .serialization import get_serialization_version
 from .tokenizer import TokenizerInfo, VocabType
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "apply_token_bitmask_inplace",
     "get_bitmask_shape",
     "get_model_structural_tag",
+    "get_serialization_version",
     "register_model_structural_tag",
     "reset_token_bitmask",
 ]

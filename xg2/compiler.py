@@ -86,6 +86,22 @@ class CompiledGrammar:
 
         return transport.dump_grammar(self, all_pooled=all_entries)
 
+    def serialize_json(self) -> str:
+        """xgrammar's JSON form (see xg2.serialization), without the vocabulary, which
+        deserialize_json is given."""
+        from .serialization import compiled_grammar_to_json
+
+        return compiled_grammar_to_json(self)
+
+    @staticmethod
+    def deserialize_json(json_string: str, tokenizer_info: TokenizerInfo) -> CompiledGrammar:
+        """The compiled grammar of serialize_json(), for `tokenizer_info` (the one it was written
+        for, else DeserializeFormatError); it joins a compiler kept per vocabulary (use
+        GrammarCompiler.deserialize to join your own)."""
+        from .serialization import compiled_grammar_from_json
+
+        return compiled_grammar_from_json(json_string, tokenizer_info)
+
     @property
     def tokenizer_info(self) -> TokenizerInfo:
         return self._tokenizer_info

@@ -612,6 +612,20 @@ class TokenizerInfo:
             special_token_ids=meta.get("special_token_ids"),
         )
 
+    def serialize_json(self) -> str:
+        """xgrammar's JSON form (see xg2.serialization): the decoded vocabulary and metadata."""
+        from .serialization import tokenizer_info_to_json
+
+        return tokenizer_info_to_json(self)
+
+    @staticmethod
+    def deserialize_json(json_string: str) -> TokenizerInfo:
+        """The TokenizerInfo of serialize_json(); refusals are xg2.exception's Deserialize*Error
+        and InvalidJSONError."""
+        from .serialization import tokenizer_info_from_json
+
+        return tokenizer_info_from_json(json_string)
+
     def __repr__(self) -> str:
         return (
             f"TokenizerInfo(vocab_type={self._vocab_type.name}, vocab_size={self._vocab_size}, "

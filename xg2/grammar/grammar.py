@@ -70,6 +70,18 @@ class Grammar:
     def builtin_json_grammar() -> Grammar:
         return Grammar.from_ebnf(JSON_EBNF)
 
+    def serialize_json(self) -> str:
+        """xgrammar's JSON form (see xg2.serialization): the grammar's EBNF and root rule."""
+        from ..serialization import grammar_to_json
+
+        return grammar_to_json(self)
+
+    @staticmethod
+    def deserialize_json(json_string: str) -> Grammar:
+        from ..serialization import grammar_from_json
+
+        return grammar_from_json(json_string)
+
     def to_string(self) -> str:
         if self._text is None:
             self._text = print_ebnf(self._ir)
