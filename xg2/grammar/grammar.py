@@ -67,6 +67,38 @@ class Grammar:
         return Grammar(structural_tag_to_ir(tag, tokenizer_info))
 
     @staticmethod
+    def concat(*grammars: Grammar) -> Grammar:
+        """The language of each grammar in turn (xgrammar's Grammar.concat)."""
+        return Grammar._combined(grammars, "concat")
+
+    @staticmethod
+    def union(*grammars: Grammar) -> Grammar:
+        """The language of any of the grammars (xgrammar's Grammar.union)."""
+        return Grammar._combined(grammars, "union")
+
+    @staticmethod
+    def _combined(grammars: tuple, how: str) -> Grammar:
+        """A new root over the grammars' rules, each grammar's renamed under a prefix of its own."""
+        from ..errors import GrammarError
+        from .ir import Choice, Rule, Seq
+        from .optimize import embedded
+
+        if len(grammars) == 1 and isinstance(grammars[0], (list, tuple)):
+            grammars = tuple(grammars[0])       # xgrammar's C++ binding takes a list too
+        if not grammars:
+            raise GrammarError(f"Grammar.{how} needs at least one grammar")
+        rules: list[Rule] = []
+        roots = []
+        for i, g in enumerate(grammars):
+            if not isinstance(g, Grammar):
+                raise TypeError(f"Grammar.{how} takes Grammar objects, got {type(g).__name__}")
+            part, root = embedded(g.ir, f"{how}{i}_")
+            rules.extend(part)
+            roots.append(root)
+        body = roots[0] if len(roots) == 1 else (Seq if how == "concat" else Choice)(tuple(roots))
+        return Grammar(GrammarIR([Rule("root", body), *rules], "root"))
+
+    @staticmethod
     def builtin_json_grammar() -> Grammar:
         return Grammar.from_ebnf(JSON_EBNF)
 

@@ -185,6 +185,16 @@ def substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
     return map_leaves(e, lambda x: bodies.get(x.name, x) if isinstance(x, RuleRef) else x)
 
 
+def embedded(ir: GrammarIR, prefix: str) -> tuple[list[Rule], RuleRef]:
+    """The rules of `ir` renamed under `prefix` (bodies, lookaheads and follow sets alike), and a
+    reference to its root: one grammar placed inside another without name clashes."""
+    renamed = {r.name: RuleRef(prefix + r.name) for r in ir.rules}
+    rules = [Rule(prefix + r.name, substitute(r.body, renamed),
+                  None if r.lookahead is None else substitute(r.lookahead, renamed),
+                  None if r.follow is None else (prefix + r.follow[0], r.follow[1])) for r in ir.rules]
+    return rules, renamed[ir.root]
+
+
 def map_leaves(e: Expr, leaf: Callable[[Expr], Expr]) -> Expr:
     """`e` with every leaf (literal, class, rule reference) x replaced by leaf(x) (post-order, no
     recursion)."""

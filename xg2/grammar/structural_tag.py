@@ -665,16 +665,12 @@ class _Lowering:
 
     def _embed(self, ir: GrammarIR, kind: str) -> Expr:
         """The rules of a sub-grammar under a fresh prefix; a reference to its root."""
-        from .optimize import substitute
+        from .optimize import embedded
 
         self.n_embedded += 1
-        prefix = f"{kind}{self.n_embedded}_"
-        renamed = {r.name: RuleRef(prefix + r.name) for r in ir.rules}
-        for r in ir.rules:
-            self.rules.append(Rule(prefix + r.name, substitute(r.body, renamed),
-                                   None if r.lookahead is None else substitute(r.lookahead, renamed),
-                                   None if r.follow is None else (prefix + r.follow[0], r.follow[1])))
-        return renamed[ir.root]
+        rules, root = embedded(ir, f"{kind}{self.n_embedded}_")
+        self.rules.extend(rules)
+        return root
 
 
 def _dispatching(after: dict[str, Expr], excludes: Any, at: str, loop: bool, tokens: tuple[str, ...]) -> Expr:
