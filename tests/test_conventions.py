@@ -455,3 +455,25 @@ def test_grammar_combinations_refuse_what_is_not_a_grammar() -> None:
         xg2.Grammar.union(g, 'root ::= "b"')
     with pytest.raises(xg2.GrammarError):
         xg2.Grammar.concat()
+
+
+# ------------------------------------------------------------------------ the empty vocabulary
+
+def test_empty_vocabulary_matches_text_as_xgrammar() -> None:
+    """TokenizerInfo([]): no tokens, grammars matched as text (xgrammar's way to test a grammar);
+    bitmasks of zero words, and an empty batch, are sizes as in xgrammar."""
+    for shape in [(1, 0), (0, 5), (3, 0)]:
+        assert tuple(xg2.allocate_token_bitmask(*shape).shape) == tuple(xgr.allocate_token_bitmask(*shape).shape)
+    with pytest.raises(ValueError):
+        xg2.allocate_token_bitmask(1, -1)        # xgrammar reads -1 as 0; refused here
+    pair = []
+    for module in (xgr, xg2):
+        info = module.TokenizerInfo([])
+        assert (info.vocab_size, list(info.stop_token_ids)) == (0, [])
+        pair.append(module.GrammarCompiler(info).compile_grammar('root ::= "a" [0-9]* ("." [0-9]+)?'))
+    for text in ["", "a", "a12", "a1.5", "a.", "b", "a1.5.2"]:
+        ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
+        assert ours.accept_string(text) == ref.accept_string(text), text
+        assert ours.is_completed() == ref.is_completed(), text
+    ours = xg2.GrammarMatcher(pair[1])
+    assert ours.fill_next_token_bitmask(xg2.allocate_token_bitmask(1, 0)) is True   # nothing to write

@@ -50,8 +50,11 @@ def is_torch_tensor(x: Any) -> bool:
 
 
 def get_bitmask_shape(batch_size: int, vocab_size: int) -> tuple[int, int]:
-    if batch_size < 1 or vocab_size < 1:
-        raise ValueError("batch_size and vocab_size must be positive")
+    """(batch_size, int32 words for vocab_size bits). Zero is a size (an empty batch, or the empty
+    vocabulary of a TokenizerInfo([]) used to match text), as in xgrammar; a negative one is
+    refused, where xgrammar reads vocab_size -1 as 0."""
+    if batch_size < 0 or vocab_size < 0:
+        raise ValueError(f"batch_size and vocab_size must not be negative, got {batch_size} and {vocab_size}")
     return (batch_size, (vocab_size + 31) // 32)
 
 

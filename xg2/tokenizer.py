@@ -409,8 +409,6 @@ class TokenizerInfo:
         detect_stop_among: Iterable[int] | None,
     ) -> None:
         n = len(decoded)
-        if n == 0:
-            raise TokenizerError("the vocabulary is empty")
         size = _check_vocab_size(vocab_size, n)
         size = n if size is None else size
         _check_unused_ids(size, n, "vocab_size")
