@@ -3,7 +3,7 @@
 The public API follows xgrammar's names and shapes, so an engine integration switches by import.
 """
 
-from . import exception  # noqa: F401 (xgrammar.exception's twin: xg2.exception)
+from . import contrib, exception  # noqa: F401 (the twins of xgrammar.contrib and xgrammar.exception)
 from .batch_matcher import BatchGrammarMatcher
 from .compiler import CompiledGrammar, GrammarCompiler
 from .errors import (
