@@ -477,3 +477,19 @@ def test_empty_vocabulary_matches_text_as_xgrammar() -> None:
         assert ours.is_completed() == ref.is_completed(), text
     ours = xg2.GrammarMatcher(pair[1])
     assert ours.fill_next_token_bitmask(xg2.allocate_token_bitmask(1, 0)) is True   # nothing to write
+
+
+# ------------------------------------------------------------------------ structural tag repeat
+
+@pytest.mark.parametrize(("lo", "hi"), [(0, -1), (2, -1), (1, 3), (0, 0)])
+def test_structural_tag_repeat_bounds_agree(lo: int, hi: int) -> None:
+    """`repeat` with `max: -1` is unbounded in xgrammar; every string of up to 8 bytes over a, b is
+    judged alike."""
+    tag = {"type": "structural_tag", "format": {"type": "repeat", "min": lo, "max": hi,
+                                                "content": {"type": "const_string", "value": "ab"}}}
+    pair = [module.GrammarCompiler(module.TokenizerInfo([])).compile_structural_tag(tag) for module in (xgr, xg2)]
+    for n in range(9):
+        for text in map("".join, itertools.product("ab", repeat=n)):
+            ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
+            assert ours.accept_string(text) == ref.accept_string(text), text
+            assert ours.is_completed() == ref.is_completed(), text

@@ -318,8 +318,9 @@ def _check(fmt: Format, at: str) -> None:
         elif isinstance(f, (OptionalFormat, PlusFormat, StarFormat)):
             stack.append((f.content, at + "/content", depth + 1))
         elif isinstance(f, RepeatFormat):
-            if f.min < 0 or f.max < f.min:
-                raise StructuralTagError(f"'repeat' needs 0 <= min <= max, got min {f.min} and max {f.max}", at)
+            if f.min < 0 or (f.max != -1 and f.max < f.min):
+                raise StructuralTagError(f"'repeat' needs 0 <= min <= max (max -1: no bound), got min {f.min} "
+                                         f"and max {f.max}", at)
             stack.append((f.content, at + "/content", depth + 1))
         elif isinstance(f, TagFormat):
             _check_tag(f, at)
@@ -539,7 +540,7 @@ class _Lowering:
         if isinstance(f, (OptionalFormat, PlusFormat, StarFormat, RepeatFormat)):
             lo, hi = {OptionalFormat: (0, 1), PlusFormat: (1, None), StarFormat: (0, None)}.get(
                 type(f), (getattr(f, "min", 0), getattr(f, "max", 0)))
-            return Repeat(parts[0], lo, hi)
+            return Repeat(parts[0], lo, None if hi == -1 else hi)      # repeat's max -1: unbounded
         if isinstance(f, TokenFormat):
             return Text(self.token(f.token, at + "/token"))
         if isinstance(f, TagFormat):
