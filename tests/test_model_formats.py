@@ -198,6 +198,25 @@ def test_bad_requests_say_where(kwargs, pointer, words):
     assert exc.value.pointer == pointer and words in str(exc.value), exc.value
 
 
+def test_tools_read_as_xgrammar_reads_them(json_info):
+    """A tool without 'type' but with a 'function' is a function tool, and a function with
+    `strict: false` has unconstrained arguments, as xgrammar's get_model_structural_tag reads them;
+    its parameters come in xgrammar's positional order (force_reasoning fifth)."""
+    untyped = {"function": WEATHER["function"]}
+    assert xg2.get_model_structural_tag("qwen_3", [untyped]) == xg2.get_model_structural_tag("qwen_3", [WEATHER])
+    loose = {"type": "function", "function": {**WEATHER["function"], "strict": False}}
+    free = {"type": "function", "function": {"name": "get_weather"}}
+    assert xg2.get_model_structural_tag("qwen_3", [loose]) == xg2.get_model_structural_tag("qwen_3", [free])
+    compiler = xg2.GrammarCompiler(json_info)
+    call = '</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"town": [1]}}\n</tool_call>'
+    for tools, ok in (([loose], True), ([WEATHER], False)):
+        m = xg2.GrammarMatcher(compiler.compile_structural_tag(xg2.get_model_structural_tag("qwen_3", tools)))
+        assert m.accept_string(call) == ok
+    positional = xg2.get_model_structural_tag("qwen_3", [WEATHER], "auto", "disabled", True, False, True, None, False)
+    assert positional == xg2.get_model_structural_tag("qwen_3", [WEATHER], reasoning="disabled",
+                                                      parallel_tool_calls=False)
+
+
 def test_register_a_format(small_info):
     @xg2.register_model_structural_tag("bracket_calls")
     def bracket_calls(req):

@@ -84,9 +84,9 @@ def model_formats() -> list[str]:
 
 
 def get_model_structural_tag(model: str, tools: list | None = None, tool_choice: Any = "auto",
-                             reasoning: bool | Reasoning = "enabled", parallel_tool_calls: bool = True, *,
-                             force_reasoning: bool = False, any_order: bool = False, exclude_special_tokens: bool = True,
-                             max_whitespace_cnt: int | None = None) -> StructuralTag:
+                             reasoning: bool | Reasoning = "enabled", force_reasoning: bool = False,
+                             any_order: bool = False, exclude_special_tokens: bool = True,
+                             max_whitespace_cnt: int | None = None, parallel_tool_calls: bool = True) -> StructuralTag:
     """The structural tag of a model's output format for an OpenAI-style request.
 
     `tools`: function tools ``{"type": "function", "function": {"name", "parameters", ...}}`` and
@@ -97,7 +97,8 @@ def get_model_structural_tag(model: str, tools: list | None = None, tool_choice:
     `reasoning`: ``"enabled"`` (the output opens with a reasoning block; its opening tag may
     already be in the prompt), ``"auto"`` (a block or none) or ``"disabled"`` (none; booleans are
     read as enabled/disabled); models without reasoning ignore it. `parallel_tool_calls=False`
-    allows one call at most. `force_reasoning` is accepted for xgrammar's signature and changes
+    allows one call at most. The parameters are xgrammar's, in its order; `force_reasoning`
+    (deprecated there, its behaviour now part of each model's format) is accepted and changes
     nothing. Invalid requests raise ModelFormatError with the pointer of the bad argument."""
     del force_reasoning
     builder = _REGISTRY.get(model)
@@ -125,13 +126,17 @@ def _tools(tools: Any) -> tuple[Tool, ...]:
     for i, t in enumerate(tools):
         t = _plain(t)
         at = f"/tools/{i}"
+        if isinstance(t, dict) and "type" not in t and "function" in t:
+            t = {**t, "type": "function"}       # as xgrammar reads it: the 'function' says what it is
         if not isinstance(t, dict) or not isinstance(t.get("type"), str):
-            raise ModelFormatError("a tool is an object with a 'type'", at)
+            raise ModelFormatError("a tool is an object with a 'type' (or a 'function')", at)
         if t["type"] == "function":
             fn = t.get("function")
             if not isinstance(fn, dict):
                 raise ModelFormatError("a function tool needs a 'function' object", at + "/function")
             name, params, where = fn.get("name"), fn.get("parameters"), at + "/function"
+            if fn.get("strict") is False:
+                params = None       # OpenAI's non-strict function: its arguments are any JSON object
             builtin = None
         else:
             name, params, where, builtin = t.get("name", t["type"]), t.get("parameters"), at, t["type"]
