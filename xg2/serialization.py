@@ -17,6 +17,7 @@ import base64
 import binascii
 import json
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from .exception import InvalidJSONError
@@ -128,23 +129,22 @@ def grammar_from_json(text: Any) -> Grammar:
 
 # -- CompiledGrammar -------------------------------------------------------------------------------
 
-_compilers: dict[str, GrammarCompiler] = {}
+#: Reading compilers by vocabulary, while something holds them (weak: a module-level compiler
+#: would keep its caches and its background thread for the life of the process).
+_compilers: weakref.WeakValueDictionary[str, GrammarCompiler] = weakref.WeakValueDictionary()
 _compilers_lock = threading.Lock()
-#: Vocabularies whose reading compiler is kept (each holds its caches and entry pool).
-MAX_READING_COMPILERS = 4
 
 
 def _compiler_for(info: TokenizerInfo) -> GrammarCompiler:
-    """A compiler per vocabulary for deserialize_json, which xgrammar gives a TokenizerInfo only:
-    the grammars it reads share that compiler's entry pool, as those one compiler reads do."""
+    """A compiler for deserialize_json, which xgrammar gives a TokenizerInfo only: grammars read
+    while an earlier reading compiler of the vocabulary is alive share its entry pool."""
     from .compiler import GrammarCompiler
 
     with _compilers_lock:
         compiler = _compilers.get(info.fingerprint)
         if compiler is None:
-            if len(_compilers) >= MAX_READING_COMPILERS:
-                _compilers.pop(next(iter(_compilers)))
-            compiler = _compilers[info.fingerprint] = GrammarCompiler(info)
+            compiler = GrammarCompiler(info, cache_enabled=False)
+            _compilers[info.fingerprint] = compiler
         return compiler
 
 
@@ -160,7 +160,8 @@ def compiled_grammar_to_json(compiled: CompiledGrammar) -> str:
 
 def compiled_grammar_from_json(text: Any, tokenizer_info: TokenizerInfo,
                                compiler: GrammarCompiler | None = None) -> CompiledGrammar:
-    """`compiler`: the one to join (its entry pool and caches); by default one kept per vocabulary.
+    """`compiler`: the one to join (its entry pool and caches); by default a reading compiler of
+    the vocabulary (see _compiler_for).
     A grammar written for another vocabulary is refused (DeserializeFormatError)."""
     kind = "compiled_grammar"
     obj = _load(text, kind)
