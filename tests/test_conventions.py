@@ -493,3 +493,33 @@ def test_structural_tag_repeat_bounds_agree(lo: int, hi: int) -> None:
             ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
             assert ours.accept_string(text) == ref.accept_string(text), text
             assert ours.is_completed() == ref.is_completed(), text
+
+
+# ------------------------------------------------------------------------ EBNF's Regex macro
+
+REGEX_MACROS = ['root ::= Regex("[a-z]+")', 'root ::= "x" Regex("[0-9]{2}") "y"', 'root ::= Regex("[a-c]+", flags="i")',
+                'root ::= Regex("a.b", flags="s")', 'root ::= Regex("(?i)ab") "c"', 'root ::= Regex("(a|bc)*")+ "."']
+
+
+@pytest.mark.parametrize("src", REGEX_MACROS)
+def test_ebnf_regex_macro_agrees(src: str) -> None:
+    """xgrammar's `Regex("pattern", flags=...)` inside EBNF: every string of up to 4 characters over
+    a small alphabet (letters in both cases, digits, '.', newline) is judged alike. ('.' without
+    flag 's' is left out of the alphabet's newline cases: xgrammar's '.' takes a newline, xg2's
+    follows Python and ECMAScript.)"""
+    pair = [module.GrammarCompiler(module.TokenizerInfo([])).compile_grammar(src) for module in (xgr, xg2)]
+    for n in range(5):
+        for text in map("".join, itertools.product("abcAB0x.\n", repeat=n)):
+            ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
+            assert ours.accept_string(text) == ref.accept_string(text), f"{src}: {text!r}"
+            assert ours.is_completed() == ref.is_completed(), f"{src}: {text!r}"
+
+
+@pytest.mark.parametrize("src", ['root ::= Regex("a", "b")', "root ::= Regex()", 'root ::= Regex("a", foo="i")',
+                                 'root ::= Regex("a", flags="m")', 'root ::= "a" flags="b"',
+                                 'root ::= Regex("ab?",)'])
+def test_ebnf_regex_macro_refusals_agree(src: str) -> None:
+    with pytest.raises(RuntimeError):
+        xgr.Grammar.from_ebnf(src)
+    with pytest.raises(xg2.GrammarError):
+        xg2.Grammar.from_ebnf(src)

@@ -222,6 +222,24 @@ def test_search_through_matcher(compiler):
         assert (m.accept_string(text) and m.is_completed()) == ok, text
 
 
+@pytest.mark.parametrize("pattern,texts", [
+    ("(?i)abc", ["abc", "ABC", "aBc", "abd", "AB"]),
+    ("(?i)[a-c]+x", ["AbCX", "abcx", "dx", "X"]),
+    ("(?i)[^a]", ["a", "A", "b", "B"]),
+    ("(?i)[^a-z]", ["Q", "q", "1", "ſ", "K"]),
+    ("(?s)a.b", ["a\nb", "axb", "a\u2028b"]),
+    ("(?is)k.", ["K\n", "\u212a\n", "kx", "x\n"]),
+    ("(?i)straße", ["STRAßE", "straße", "STRASSE", "Straẞe"]),
+    ("(?i)ǅ|σ", ["ǆ", "Ǆ", "ǅ", "Σ", "ς", "s"]),
+])
+def test_leading_flags_match_python(full, pattern, texts):
+    """A leading (?i) / (?s) / (?is) group sets the flag for the whole pattern, with Python's
+    meaning (Unicode case folding, '.' taking line terminators): compared with re.fullmatch."""
+    accepts = full(pattern)
+    for t in texts:
+        assert accepts(t) == (re.fullmatch(pattern, t) is not None), f"{pattern!r} on {t!r}"
+
+
 # ----------------------------------------------------------------------------------------------
 # errors
 
@@ -236,7 +254,8 @@ def test_search_through_matcher(compiler):
     ("(?<!a)b", 1, "lookbehind"),
     (r"a\bc", 2, "word boundar"),
     (r"a\B", 2, "word boundar"),
-    ("(?i)abc", 1, "inline flags"),
+    ("(?m)abc", 1, "inline flags"),
+    ("a(?i)b", 2, "inline flags"),
     ("a(?i:b)", 2, "inline flags"),
     ("a*+", 3, "possessive"),
     ("(?>ab)", 1, "atomic"),

@@ -70,8 +70,8 @@ MAX_GRAMMAR_BYTES = 4 * 1024 * 1024
 MAX_NESTING_DEPTH = 1000
 """Deepest parenthesis nesting accepted (``(`` and ``(=`` both count)."""
 
-# xgrammar macros; we do not support them but give a precise error instead of "undefined rule".
-_XGRAMMAR_MACROS = frozenset({"TagDispatch", "Token", "ExcludeToken", "TokenTagDispatch", "Regex"})
+# xgrammar macros not supported (yet): a precise error instead of "undefined rule".
+_XGRAMMAR_MACROS = frozenset({"Token", "ExcludeToken", "TokenTagDispatch", "Substring"})
 
 # ---------------------------------------------------------------------------------------------
 # Lexer
@@ -358,13 +358,13 @@ def _tokenize(src: _Source) -> list[_Token]:
             shown = repr(c) if c.isprintable() else f"U+{ord(c):04X}"
             raise src.error(f"unexpected character {shown}", pos)
     append(_Token(_EOF, n))
-    # '=' names an argument of TagDispatch or FreeText and means nothing anywhere else.
-    depth = 0           # parentheses open inside a TagDispatch(...) or FreeText(...)
+    # '=' names an argument of TagDispatch, FreeText or Regex and means nothing anywhere else.
+    depth = 0           # parentheses open inside a TagDispatch(...), FreeText(...) or Regex(...)
     for i, tok in enumerate(toks):
         if depth:
             depth += (tok.kind in (_LPAREN, _LOOKAHEAD)) - (tok.kind == _RPAREN)
         elif tok.kind == _LPAREN and i and toks[i - 1].kind == _NAME \
-                and toks[i - 1].value in ("TagDispatch", "FreeText"):
+                and toks[i - 1].value in ("TagDispatch", "FreeText", "Regex"):
             depth = 1
         elif tok.kind == _EQUALS:
             raise src.error("unexpected character '='", tok.off)
@@ -569,6 +569,40 @@ class _Parser:
         sub = _Source(text)
         return _Parser(sub, _tokenize(sub), self.rule_names | {"tag_dispatch"}).parse_rule().body
 
+    def _regex(self) -> Expr:
+        """xgrammar's `Regex("pattern")` / `Regex("pattern", flags="is")` macro, self.i at its
+        name: the pattern's expression in place (regex.regex_to_expr; '.' stops at line ends
+        unless flag 's' is given, 'i' ignores case)."""
+        from ..errors import RegexError
+        from .regex import regex_to_expr
+
+        src, toks = self.src, self.toks
+        start = toks[self.i].off
+        self.i += 2
+        pattern = toks[self.i]
+        if pattern.kind != _STRING:
+            raise src.error("Regex expects exactly one string argument", pattern.off)
+        self.i += 1
+        flags = ""
+        while toks[self.i].kind == _COMMA:
+            name = toks[self.i + 1]
+            if name.kind != _NAME or toks[self.i + 2].kind != _EQUALS:
+                raise src.error("Regex expects exactly one string argument", name.off)
+            if name.value != "flags":
+                raise src.error(f"Regex does not support the named argument {name.value}", name.off)
+            value = toks[self.i + 3]
+            if value.kind != _STRING:
+                raise src.error("flags takes a string such as \"i\" or \"is\"", value.off)
+            flags = str(value.value)
+            self.i += 4
+        if toks[self.i].kind != _RPAREN:
+            raise src.error(f"expected ')' after Regex's arguments, got {toks[self.i].kind}", toks[self.i].off)
+        self.i += 1
+        try:
+            return regex_to_expr(str(pattern.value), flags=flags)
+        except RegexError as e:
+            raise src.error(f"in Regex: {e.message} (column {e.column} of the pattern)", start) from None
+
     def _free_text(self) -> Expr:
         """`FreeText(ends=("s", ...), excludes=("s", ...))`, self.i at its name: the IR leaf of
         text.text_until, written so that the printed form of TagDispatch and of structural tags'
@@ -638,6 +672,10 @@ class _Parser:
                 ref = str(tok.value)
                 if ref == "TagDispatch" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:
                     top.items.append(self._tag_dispatch())
+                    top.quantifiable = True
+                    continue
+                if ref == "Regex" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:
+                    top.items.append(self._regex())
                     top.quantifiable = True
                     continue
                 if ref == "FreeText" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:

@@ -329,10 +329,11 @@ def _open_group(p: str, i: int) -> int:
     raise _err("unsupported group syntax after '(?'", i)
 
 
-def _parse(p: str) -> list[tuple[bool, Expr, bool]]:
-    """The top-level alternatives as (anchored at start, expression, anchored at end)."""
+def _parse(p: str, start: int = 0, dot: Expr = _DOT) -> list[tuple[bool, Expr, bool]]:
+    """The top-level alternatives as (anchored at start, expression, anchored at end), from index
+    `start` (past leading flags); `dot` is what '.' matches."""
     stack = [_Frame(-1)]
-    i = 0
+    i = start
     n = len(p)
     while i < n:
         c = p[i]
@@ -393,7 +394,7 @@ def _parse(p: str) -> list[tuple[bool, Expr, bool]]:
         if c == "[":
             atom, i = _class(p, i)
         elif c == ".":
-            atom, i = _DOT, i + 1
+            atom, i = dot, i + 1
         elif c == "\\":
             cp, shorthand, i = _escape(p, i, in_class=False)
             if shorthand is not None:
@@ -455,20 +456,36 @@ def _quantifier(p: str, i: int) -> tuple[int, int | None, int] | None:
 # Public API
 # ---------------------------------------------------------------------------------------------
 
+#: Leading flags a pattern may set for the whole of it: `(?i)`, `(?s)`, `(?is)`.
+_LEADING_FLAGS_RE = re.compile(r"\(\?([is]+)\)")
+
+
 @functools.lru_cache(maxsize=512)
-def regex_to_expr(pattern: str, *, search: bool = False) -> Expr:
+def regex_to_expr(pattern: str, *, search: bool = False, flags: str = "") -> Expr:
     """The IR expression for `pattern` over decoded code points.
 
     ``search=False``: the expression accepts exactly the strings the regex fully matches.
     ``search=True``: JSON Schema ``pattern`` semantics, the strings in which the regex matches
     somewhere; each top-level alternative not anchored by ``^`` (``$``) may be preceded (followed)
-    by any code points. Results are cached: schemas repeat the same patterns.
+    by any code points. `flags` (and a leading ``(?i)``, ``(?s)`` or ``(?is)`` group, the only
+    place inline flags are read): ``i`` ignores case (Unicode simple case folding, as Python's
+    re.IGNORECASE), ``s`` lets '.' match line terminators too. Results are cached: schemas repeat
+    the same patterns.
     """
     if not isinstance(pattern, str):
         raise TypeError("pattern must be a str")
     if len(pattern.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
         raise GrammarLimitError(f"regex longer than {MAX_GRAMMAR_BYTES} bytes")
-    alts = _parse(pattern)
+    start = 0
+    lead = _LEADING_FLAGS_RE.match(pattern)
+    if lead is not None:
+        flags, start = flags + lead.group(1), lead.end()
+    bad = set(flags) - set("is")
+    if bad:
+        raise RegexError(f"regex flag {min(bad)!r} is not supported (only 'i' and 's' are)", 1, 1)
+    alts = _parse(pattern, start, ANY_CHAR if "s" in flags else _DOT)
+    if "i" in flags:
+        alts = [(a, _ignoring_case(e), z) for a, e, z in alts]
     if not search:
         return _choice([e for _, e, _ in alts])
     anywhere = Repeat(ANY_CHAR, 0, None)
@@ -479,6 +496,56 @@ def regex_to_expr(pattern: str, *, search: bool = False) -> Expr:
                     for a, e, z in alts])
 
 
-def regex_to_ir(pattern: str, *, search: bool = False, root: str = "root") -> GrammarIR:
-    """`pattern` as a grammar of one rule (see :func:`regex_to_expr` for `search`)."""
-    return GrammarIR([Rule(root, regex_to_expr(pattern, search=search))], root)
+def regex_to_ir(pattern: str, *, search: bool = False, root: str = "root", flags: str = "") -> GrammarIR:
+    """`pattern` as a grammar of one rule (see :func:`regex_to_expr` for `search` and `flags`)."""
+    return GrammarIR([Rule(root, regex_to_expr(pattern, search=search, flags=flags))], root)
+
+
+@functools.lru_cache(maxsize=1)
+def _case_variants() -> dict[int, tuple[int, ...]]:
+    """Code point -> the other code points it matches ignoring case: the classes of Unicode simple
+    case folding (one code point to one), built once from str.lower/upper/casefold."""
+    groups: dict[int, set[int]] = {}
+    for cp in range(0x20000):          # every cased letter lies in the first two planes
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        ch = chr(cp)
+        for other in (ch.lower(), ch.upper(), ch.casefold()):
+            if len(other) == 1 and other != ch:
+                key = ord(other.casefold()) if len(other.casefold()) == 1 else ord(other)
+                groups.setdefault(key, {key}).update((cp, ord(other)))
+    out: dict[int, tuple[int, ...]] = {}
+    for members in groups.values():
+        for cp in members:
+            out[cp] = tuple(sorted(members - {cp}))
+    return out
+
+
+def _fold_ranges(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """`ranges` with the case variants of their code points, sorted and merged."""
+    variants = _case_variants()
+    points = sorted(list(ranges) + [(v, v) for cp in variants if any(lo <= cp <= hi for lo, hi in ranges)
+                                    for v in variants[cp]])
+    merged: list[list[int]] = []
+    for lo, hi in points:
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in merged)
+
+
+def _ignoring_case(e: Expr) -> Expr:
+    """`e` with every character matching its case variants too (a negated class excludes them)."""
+    from .optimize import map_leaves
+
+    def leaf(x: Expr) -> Expr:
+        if isinstance(x, CharClass):
+            return CharClass(_fold_ranges(x.codepoint_ranges() if not x.negated else x.ranges), x.negated)
+        if isinstance(x, Literal) and x.text:
+            parts = [CharClass(_fold_ranges(((ord(c), ord(c)),))) if _case_variants().get(ord(c)) else Literal(c)
+                     for c in x.text]
+            return parts[0] if len(parts) == 1 else Seq(tuple(parts))
+        return x
+
+    return map_leaves(e, leaf)
