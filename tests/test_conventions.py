@@ -523,3 +523,33 @@ def test_ebnf_regex_macro_refusals_agree(src: str) -> None:
         xgr.Grammar.from_ebnf(src)
     with pytest.raises(xg2.GrammarError):
         xg2.Grammar.from_ebnf(src)
+
+
+# ------------------------------------------------------------------------ signatures engines call
+
+def test_temperatures_and_static_batch_calls_agree(capsys: pytest.CaptureFixture) -> None:
+    """`default_temperature` and `temperature`, `BatchGrammarMatcher.batch_fill_temperature`, the
+    batch calls xgrammar makes static, `print_converted_ebnf`, apply's `backend`: as in xgrammar."""
+    outs = []
+    for module in (xgr, xg2):
+        info = module.TokenizerInfo(ENCODED, module.VocabType.RAW, vocab_size=VOCAB_SIZE, stop_token_ids=[STOP])
+        compiled = module.GrammarCompiler(info).compile_grammar(GRAMMAR)
+        warm, plain = module.GrammarMatcher(compiled, default_temperature=0.5), module.GrammarMatcher(compiled)
+        temps = torch.full((4,), 9.0)
+        module.BatchGrammarMatcher.batch_fill_temperature([warm, plain], temps, [3, 1])
+        accepted = module.BatchGrammarMatcher.batch_accept_string([warm, plain], ["ab", "x"])
+        module.BatchGrammarMatcher.batch_rollback([warm], 1)
+        accepted += module.BatchGrammarMatcher.batch_accept_token([warm], [ENCODED.index(b"ab")])
+        module.Grammar.from_regex("a+", print_converted_ebnf=True)
+        module.Grammar.from_json_schema({"type": "integer"}, print_converted_ebnf=True)
+        printed = capsys.readouterr().out
+        logits = torch.zeros(1, VOCAB_SIZE)
+        module.apply_token_bitmask_inplace(logits, torch.zeros(1, N_WORDS, dtype=torch.int32), backend="torch_native")
+        outs.append((warm.temperature, plain.temperature, temps.tolist(), accepted, torch.isinf(logits).all().item()))
+    assert outs[0] == outs[1]
+    # (xgrammar prints the converted EBNF from C++, out of capsys' sight; xg2 prints it from Python)
+    assert "root ::=" in printed
+    with pytest.raises(ValueError):
+        xg2.GrammarMatcher(compiled, default_temperature=-1.0)
+    with pytest.raises(xg2.UsageError):
+        xg2.apply_token_bitmask_inplace(torch.zeros(1, 32), torch.zeros(1, 1, dtype=torch.int32), backend="gpu")

@@ -81,26 +81,49 @@ class BatchGrammarMatcher:
         for job in jobs:
             job.result()
 
-    def batch_accept_token(self, matchers: Sequence[GrammarMatcher], tokens: Sequence[int],
+    @staticmethod
+    def batch_accept_token(matchers: Sequence[GrammarMatcher], tokens: Sequence[int],
                            debug_print: bool = False) -> list[bool]:
         """Whether each matcher accepted its token (a refused token leaves its matcher as it was)."""
         if len(tokens) != len(matchers):
             raise UsageError(f"{len(tokens)} tokens for {len(matchers)} matchers: they must be as many")
         return [m.accept_token(t) for m, t in zip(matchers, tokens)]
 
-    def batch_accept_string(self, matchers: Sequence[GrammarMatcher], strings: Sequence[str | bytes],
+    @staticmethod
+    def batch_accept_string(matchers: Sequence[GrammarMatcher], strings: Sequence[str | bytes],
                             debug_print: bool = False) -> list[bool]:
         if len(strings) != len(matchers):
             raise UsageError(f"{len(strings)} strings for {len(matchers)} matchers: they must be as many")
         return [m.accept_string(s) for m, s in zip(matchers, strings)]
 
-    def batch_rollback(self, matchers: Sequence[GrammarMatcher], num_tokens: int | Sequence[int] = 1) -> None:
+    @staticmethod
+    def batch_rollback(matchers: Sequence[GrammarMatcher], num_tokens: int | Sequence[int] = 1) -> None:
         """Roll each matcher back by its count (one count for all when an int)."""
         counts = [num_tokens] * len(matchers) if isinstance(num_tokens, (int, np.integer)) else list(num_tokens)
         if len(counts) != len(matchers):
             raise UsageError(f"{len(counts)} counts for {len(matchers)} matchers: they must be as many")
         for m, k in zip(matchers, counts):
             m.rollback(k)
+
+    @staticmethod
+    def batch_fill_temperature(matchers: Sequence[GrammarMatcher], temperatures: Any,
+                               indices: Sequence[int] | None = None) -> None:
+        """Each matcher's `temperature` into `temperatures[indices[k]]` (1-D float32 on the CPU),
+        -1 where it has none (xgrammar's convention)."""
+        matchers = list(matchers)
+        if indices is not None and len(indices) != len(matchers):
+            raise UsageError(f"{len(indices)} indices for {len(matchers)} matchers: they must be as many")
+        rows = list(range(len(matchers))) if indices is None else [_int_arg(i, "index") for i in indices]
+        dtype = str(getattr(temperatures, "dtype", ""))
+        if dtype not in ("torch.float32", "float32") or len(getattr(temperatures, "shape", ())) != 1 \
+                or getattr(getattr(temperatures, "device", None), "type", "cpu") != "cpu":
+            raise UsageError("temperatures must be a 1-D float32 CPU tensor or array")
+        for r in rows:
+            if not 0 <= r < temperatures.shape[0]:
+                raise UsageError(f"temperature index {r} out of range for {temperatures.shape[0]} entries")
+        for m, r in zip(matchers, rows):
+            t = m.temperature
+            temperatures[r] = -1.0 if t is None else t
 
     def __del__(self) -> None:
         if self._pool is not None:

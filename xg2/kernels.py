@@ -169,15 +169,23 @@ def _mask_on_cpu(logits: Any, bitmask: Any, vocab_size: int, rows: list[int] | N
     return True
 
 
+#: xgrammar's kernel names: xg2 has one path per device (see the module docstring).
+APPLY_BACKENDS = ("auto", "cpu", "cuda", "triton", "torch_compile", "torch_native")
+
+
 def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, vocab_size: int | None = None,
-                                indices: Sequence[int] | Any | None = None) -> None:
+                                indices: Sequence[int] | Any | None = None, backend: str = "auto") -> None:
     """Set the logits of disallowed tokens to -inf, in place, with xgrammar's semantics.
 
     `logits` is (batch, V) or (V,), float32, float16 or bfloat16; `bitmask` is int32 (batch, W) or
     (W,). For each row i (every row, or each i in `indices`), logits[i, :vocab_size] is masked by
     bitmask[i]: the bitmask rows line up with the logits rows, and a free request's row is simply not
     listed. Columns at or past `vocab_size` (default min(V, 32 * W)) are left as they are.
+    `backend`: xgrammar's kernel choice, accepted for its signature; the tensors' device picks the
+    path here (a name other than xgrammar's is a UsageError).
     """
+    if backend not in APPLY_BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(APPLY_BACKENDS)}, got {backend!r}")
     logits_2d, bitmask_2d, vs, rows = _check_and_shape(logits, bitmask, vocab_size, indices)
     if vs == 0 or rows == []:
         return

@@ -86,7 +86,8 @@ class GrammarMatcher:
 
     def __init__(self, compiled_grammar: CompiledGrammar, *,
                  override_stop_tokens: int | Sequence[int] | None = None,
-                 terminate_without_stop_token: bool = False, max_rollback_tokens: int = -1):
+                 terminate_without_stop_token: bool = False, max_rollback_tokens: int = -1,
+                 default_temperature: float | None = None):
         if not isinstance(compiled_grammar, CompiledGrammar):
             raise TypeError("compiled_grammar must be an xg2.CompiledGrammar")
         self._vocab_size = compiled_grammar.tokenizer_info.vocab_size
@@ -103,6 +104,10 @@ class GrammarMatcher:
         self._last_row: tuple | None = None     # (tensor, index, data_ptr, shape, strides, address, width)
         self._terminate_without_stop = terminate_without_stop_token
         self._max_rollback = max_rollback_tokens
+        if default_temperature is not None and not (isinstance(default_temperature, (int, float))
+                                                    and 0 <= default_temperature < float("inf")):
+            raise ValueError("default_temperature must be a finite non-negative number or None")
+        self._default_temperature = None if default_temperature is None else float(default_temperature)
 
     @property
     def compiled_grammar(self) -> CompiledGrammar:
@@ -115,6 +120,13 @@ class GrammarMatcher:
     @property
     def max_rollback_tokens(self) -> int:
         return self._max_rollback
+
+    @property
+    def temperature(self) -> float | None:
+        """The sampling temperature for the next token (xgrammar's): the matcher's
+        `default_temperature`, since no xg2 grammar sets a temperature on its rules (EBNF's
+        `[temperature=...]` rule option is refused when the grammar is read)."""
+        return self._default_temperature
 
     def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
         """Advance by one token; False and no change if the grammar does not allow it here.

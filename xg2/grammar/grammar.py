@@ -29,29 +29,37 @@ class Grammar:
     @staticmethod
     def from_json_schema(schema: Any, *, any_whitespace: bool = True, indent: int | None = None,
                          separators: tuple[str, str] | None = None, strict_mode: bool = True,
-                         max_whitespace_cnt: int | None = None, any_order: bool = False,
-                         lenient: bool = False) -> Grammar:
+                         max_whitespace_cnt: int | None = None, print_converted_ebnf: bool = False,
+                         any_order: bool = False, lenient: bool = False) -> Grammar:
         """A JSON Schema (dict, JSON text, or a pydantic model class) as a grammar. Option meanings
         follow xgrammar's `compile_json_schema`; `any_order` lets object members come in any order;
-        `lenient` turns keywords that cannot be enforced into `SchemaWarning`s instead of errors."""
+        `lenient` turns keywords that cannot be enforced into `SchemaWarning`s instead of errors;
+        `print_converted_ebnf` prints the grammar's EBNF (xgrammar's debugging aid)."""
         from .json_schema import json_schema_to_ir
 
         if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
             schema = schema.model_json_schema()
-        return Grammar(json_schema_to_ir(schema, any_whitespace=any_whitespace, indent=indent,
-                                         separators=separators, strict_mode=strict_mode,
-                                         max_whitespace_cnt=max_whitespace_cnt, any_order=any_order,
-                                         lenient=lenient))
+        grammar = Grammar(json_schema_to_ir(schema, any_whitespace=any_whitespace, indent=indent,
+                                            separators=separators, strict_mode=strict_mode,
+                                            max_whitespace_cnt=max_whitespace_cnt, any_order=any_order,
+                                            lenient=lenient))
+        if print_converted_ebnf:
+            print(grammar)
+        return grammar
 
     @staticmethod
-    def from_regex(regex_string: str) -> Grammar:
+    def from_regex(regex_string: str, *, print_converted_ebnf: bool = False) -> Grammar:
         """A grammar whose language is the strings `regex_string` fully matches (xgrammar's
-        semantics); the supported dialect and its errors are described in :mod:`xg2.grammar.regex`."""
+        semantics); the supported dialect and its errors are described in :mod:`xg2.grammar.regex`.
+        `print_converted_ebnf` prints the grammar's EBNF."""
         from .regex import regex_to_ir
 
         if not isinstance(regex_string, str):
             raise TypeError("regex_string must be a str")
-        return Grammar(regex_to_ir(regex_string))
+        grammar = Grammar(regex_to_ir(regex_string))
+        if print_converted_ebnf:
+            print(grammar)
+        return grammar
 
     @staticmethod
     def from_structural_tag(*args: Any, **kwargs: Any) -> Grammar:
