@@ -217,6 +217,38 @@ def test_tools_read_as_xgrammar_reads_them(json_info):
                                                       parallel_tool_calls=False)
 
 
+def test_typed_tool_params_read_as_their_dicts():
+    """xg2.openai_tool_call_schema's structs (xgrammar's names) give the tag their JSON gives."""
+    import msgspec
+
+    from xg2.openai_tool_call_schema import (
+        AllowedToolChoiceParam,
+        AllowedToolRef,
+        AllowedToolsParam,
+        BuiltinToolChoiceParam,
+        BuiltinToolParam,
+        FunctionToolParam,
+        NamedToolChoiceFunction,
+        NamedToolChoiceParam,
+    )
+
+    weather = msgspec.convert(WEATHER, FunctionToolParam)
+    browser = msgspec.convert(BROWSER, BuiltinToolParam)
+    assert weather.model_dump() == WEATHER and browser.model_dump() == BROWSER
+    choices = [
+        (NamedToolChoiceParam(function=NamedToolChoiceFunction(name="get_weather")),
+         {"type": "function", "function": {"name": "get_weather"}}),
+        (BuiltinToolChoiceParam(type="web_search_preview"), {"type": "web_search_preview"}),
+        (AllowedToolChoiceParam(allowed_tools=AllowedToolsParam(mode="required", tools=[
+            AllowedToolRef(type="function", function=NamedToolChoiceFunction(name="get_weather"))])),
+         {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+             {"type": "function", "function": {"name": "get_weather"}}]}}),
+    ]
+    for typed, plain in choices:
+        assert xg2.get_model_structural_tag("harmony", [weather, browser], typed) == \
+            xg2.get_model_structural_tag("harmony", [WEATHER, BROWSER], plain)
+
+
 def test_register_a_format(small_info):
     @xg2.register_model_structural_tag("bracket_calls")
     def bracket_calls(req):

@@ -199,6 +199,8 @@ def _find(ref: Any, tools: tuple[Tool, ...], at: str) -> Tool:
 
 
 def _plain(x: Any) -> Any:
+    """A tool or tool choice as plain JSON data: pydantic models and xg2.openai_tool_call_schema's
+    structs alike have model_dump."""
     return x.model_dump(exclude_none=True) if hasattr(x, "model_dump") else x
 
 
