@@ -523,4 +523,8 @@ def test_traverse_draft_tree_refusals_and_timeout(compilers):
     assert torch.equal(before, after)
     temps = torch.zeros(3, dtype=torch.float32)
     assert m.traverse_draft_tree(*ok, bm, temperatures=temps) is True
-    assert temps.tolist() == [-1.0, -1.0, -1.0]
+    assert temps.tolist() == [-1.0, -1.0, -1.0]         # no temperature anywhere
+    warm = xg2.GrammarMatcher(g, default_temperature=0.5)
+    assert warm.traverse_draft_tree(*ok, bm, temperatures=temps) is True
+    visited = [bool(bm[i].any()) for i in range(3)]
+    assert temps.tolist() == [0.5 if v else -1.0 for v in visited] and visited[0]

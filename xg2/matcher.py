@@ -226,7 +226,8 @@ class GrammarMatcher:
 
         Refused with UsageError: arrays of other lengths or dtypes, indices out of range, a node
         reached twice (a cycle would never end), fewer bitmask rows than nodes.
-        `temperatures`, when given, is filled with -1 (xg2 grammars carry no temperature)."""
+        `temperatures`, when given, gets each visited node's temperature (the matcher's
+        `temperature`; xg2 grammars set none of their own) and -1 elsewhere or without one."""
         nxt = _tree_array(retrieve_next_token, "retrieve_next_token", (np.int64,))
         sib = _tree_array(retrieve_next_sibling, "retrieve_next_sibling", (np.int64,))
         drafts = _tree_array(draft_tokens, "draft_tokens", (np.int64, np.int32))
@@ -272,6 +273,8 @@ class GrammarMatcher:
                 stack.append((node, parent, 1 if node != 0 else 2))
                 if not core.terminated:
                     self.fill_next_token_bitmask(token_bitmask, node)
+                    if temperatures is not None and self._default_temperature is not None:
+                        temperatures[node] = self._default_temperature
                     if nxt[node] >= 0:
                         stack.append((int(nxt[node]), node, 0))
             else:
