@@ -96,8 +96,8 @@ class CompiledGrammar:
     @staticmethod
     def deserialize_json(json_string: str, tokenizer_info: TokenizerInfo) -> CompiledGrammar:
         """The compiled grammar of serialize_json(), for `tokenizer_info` (the one it was written
-        for, else DeserializeFormatError); it joins a compiler kept per vocabulary (use
-        GrammarCompiler.deserialize to join your own)."""
+        for, else DeserializeFormatError); it joins a reading compiler of the vocabulary (see
+        xg2.serialization; GrammarCompiler.deserialize joins your own)."""
         from .serialization import compiled_grammar_from_json
 
         return compiled_grammar_from_json(json_string, tokenizer_info)
