@@ -263,8 +263,34 @@ def _precompute_costliest(core: CompiledCore, t0: float, budget_ms: float, top_k
     core.precompute_costliest(t0 + budget_ms / 1e3, -1 if top_k is None else top_k, background)
 
 
+def _named_key(named: Any) -> tuple | None:
+    """The named grammars of a Lark compile as cache-key text: per name, ("lark", text) or, for a
+    Grammar, ("ebnf", normalised text, root). Values of other types are left to the front-end to
+    refuse (None: not cached)."""
+    if named is None:
+        return ()
+    if not isinstance(named, dict):
+        return None
+    out = []
+    for name, value in named.items():
+        if isinstance(value, str):
+            out.append((str(name), "lark", value))
+        elif isinstance(value, Grammar):
+            out.append((str(name), "ebnf", str(value), value.ir.root))
+        else:
+            return None
+    return tuple(sorted(out))
+
+
 def _source_of(key: tuple) -> tuple[str, str] | None:
     """The source a compile cache key names, as (kind, text) for a serialized grammar."""
+    if key[0] == "lark":
+        named = {n: {"lark": v[0]} if kind == "lark" else {"ebnf": v[0], "root_rule_name": v[1]}
+                 for n, kind, *v in key[2]}
+        try:
+            return ("lark", msgspec.json.encode({"grammar": key[1], "named_grammars": named}).decode())
+        except UnicodeEncodeError:      # a lone surrogate (in a comment): no source to carry
+            return None
     if key[0] == "ebnf":
         return ("ebnf", msgspec.json.encode({"grammar": key[1], "root_rule_name": key[2]}).decode())
     if key[0] == "regex":
@@ -292,6 +318,10 @@ def _grammar_from_source(source: tuple[str, str], tokenizer_info: TokenizerInfo)
     spec = msgspec.json.decode(text)
     if kind == "ebnf":
         return Grammar.from_ebnf(spec["grammar"], root_rule_name=spec["root_rule_name"])
+    if kind == "lark":
+        named = {n: v["lark"] if "lark" in v else Grammar.from_ebnf(v["ebnf"], root_rule_name=v["root_rule_name"])
+                 for n, v in spec["named_grammars"].items()}
+        return Grammar.from_lark(spec["grammar"], tokenizer_info=tokenizer_info, named_grammars=named)
     if kind == "json_schema":
         options = spec["options"]
         if options.get("separators") is not None:
@@ -385,6 +415,21 @@ class GrammarCompiler:
         if not isinstance(regex, str):
             raise TypeError("regex_string must be a str")
         return self._compile_source(("regex", regex), lambda: Grammar.from_regex(regex))
+
+    @_budgeted("a Lark grammar")
+    def compile_lark(self, lark_string: str, *,
+                     named_grammars: dict[str, Grammar | str] | None = None) -> CompiledGrammar:
+        """A grammar in xgrammar's Lark dialect (see Grammar.from_lark; special tokens are
+        resolved in this compiler's vocabulary), compiled and cached by its text and the named
+        grammars' (Lark text, or a Grammar's normalised EBNF and root)."""
+        if not isinstance(lark_string, str):
+            raise TypeError("lark_string must be a str")
+        info = self.tokenizer_info      # for special tokens, as xgrammar's compile_lark
+        named_key = _named_key(named_grammars)
+        if named_key is None:   # not a dict of texts and Grammars: the front-end says what is wrong
+            return self._compile(Grammar.from_lark(lark_string, tokenizer_info=info, named_grammars=named_grammars))
+        return self._compile_source(("lark", lark_string, named_key), lambda: Grammar.from_lark(
+            lark_string, tokenizer_info=info, named_grammars=named_grammars))
 
     @_budgeted("a JSON Schema")
     def compile_json_schema(self, schema: Any, *, any_whitespace: bool = True, indent: int | None = None,

@@ -62,6 +62,18 @@ class Grammar:
         return grammar
 
     @staticmethod
+    def from_lark(lark_string: str, *, tokenizer_info: Any = None,
+                  named_grammars: dict[str, Grammar | str] | None = None) -> Grammar:
+        """A grammar in xgrammar's Lark dialect (its root is the `start` rule); `named_grammars`
+        gives the grammars `@name` references embed (xg2 Grammars or Lark texts, keys without the
+        `@`). The dialect, and what is refused and why, is described in :mod:`xg2.grammar.lark`.
+        `tokenizer_info` resolves special tokens (`<|name|>`, `<[ids]>`; the grammar is then
+        for that vocabulary only)."""
+        from .lark import lark_to_ir
+
+        return Grammar(lark_to_ir(lark_string, tokenizer_info, named_grammars))
+
+    @staticmethod
     def from_structural_tag(*args: Any, **kwargs: Any) -> Grammar:
         """xgrammar's structural tag (a dict, JSON text or pydantic objects) as a grammar; see
         :mod:`xg2.grammar.structural_tag` for the formats lowered. Also xgrammar's deprecated

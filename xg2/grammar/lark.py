@@ -1,0 +1,465 @@
+"""Lark front-end: the dialect of the Lark grammar language xgrammar 0.2.8 reads, lowered to the IR.
+
+A grammar is a sequence of items, one per line::
+
+    start: value (";" value)*       # a rule (lowercase name); `start` is the root
+    value: INT | NAME               # rules reference rules and terminals, in any order
+    NAME: /[a-z]+/i                 # a terminal (uppercase name): one indivisible lexeme
+    %import common.INT              # a terminal of the built-in common library
+    %ignore WS                      # text allowed after every lexeme of a rule
+    %grammar_options {"allow_initial_skip": true}
+
+An alternative may continue on the next line when that line starts with ``|``; ``#`` and ``//``
+start comments. Expressions: sequences, ``|``, ``( )``, ``[ ]`` (optional), the postfix operators
+``?`` ``*`` ``+`` ``~ n`` ``~ n..m`` ``{n}`` ``{n,}`` ``{,m}`` ``{n,m}``, string literals with JSON
+escapes and an optional ``i`` (ASCII case-insensitive) flag, ranges ``"a".."z"``, regexes
+``/.../`` with the flags ``s`` (dot matches newline), ``i`` and ``u`` (accepted, no effect), rule
+and terminal references, ``%json {schema}`` (a JSON value of the schema, through the JSON Schema
+front-end), ``%lark { grammar }`` (a grammar of its own nested in place) and ``@name`` (a grammar
+of `named_grammars`: an xg2 Grammar or Lark text). The ``?`` and ``!`` rule prefixes and
+``-> alias`` are accepted and ignored: they only shape parse trees.
+
+How xgrammar reads it, and so how it is lowered here:
+
+* Regexes follow xgrammar's regex converter where it differs from xg2's own (ECMAScript) reading:
+  ``.`` is any character but ``\\n`` (any character with ``s``), ``\\s`` is ``[\\t-\\r \\xa0]``
+  (``[\\t-\\r ]`` with the ``i`` flag, for which xgrammar uses another regex engine). The ``i``
+  flag folds ASCII letters only, as xgrammar does.
+* ``%ignore`` content (every declaration merged) may follow each lexeme of a rule: a string
+  literal other than ``""``, a range, a regex, a terminal reference, ``%json``, ``%lark`` and
+  ``@name``. It is never inserted inside a terminal, nor before the first lexeme unless the
+  option ``allow_initial_skip`` is set; nested and named grammars have their own.
+* ``%grammar_options`` declarations are merged by xgrammar so that an option once set to true
+  stays true; the same holds here.
+
+Refused with a :class:`~xg2.errors.GrammarError` naming the construct, as xgrammar refuses them:
+priorities (``name.2``), templates, ``%declare`` / ``%override`` / ``%extend``, imports from other
+libraries than ``common``. Refused here although xgrammar supports them, because xg2 cannot build
+them honestly: rule attributes (``[lazy]``, ``[temperature=...]``, ``[suffix=...]``: the lazy
+tool-call dispatch and per-rule sampling temperature have no counterpart in xg2; structural tags
+express the dispatch), and special tokens (``<|...|>``, ``<[...]>``, exact token ids) other than
+the vocabulary's special tokens: xg2's matcher reads text, and names only special tokens by a
+character of their own (TokenizerInfo.named_special_tokens), so an ordinary token, a negated set
+or the wildcard ``<[*]>`` cannot be required by id. Special tokens need `tokenizer_info` (for
+`GrammarCompiler.compile_lark`, the compiler's).
+
+Every error is a GrammarError (GrammarLimitError for resource limits) with the 1-based line and
+column (in code points) of the offending text. The expression parser and the lowering run on
+explicit stacks; parenthesis nesting is capped at MAX_NESTING_DEPTH, and ``%lark`` blocks and
+``@name`` references inside one another at :data:`MAX_LARK_NESTING`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from xg2.errors import GrammarError, GrammarLimitError
+from xg2.grammar import budget
+from xg2.grammar.ebnf import MAX_GRAMMAR_BYTES
+from xg2.grammar.ir import (
+    EPSILON,
+    Choice,
+    Expr,
+    GrammarIR,
+    Literal,
+    Repeat,
+    Rule,
+    RuleRef,
+    Seq,
+)
+from xg2.grammar.lark_syntax import (  # the reading of the text, one layer down
+    _ALT,
+    _EPS,
+    _JSONV,
+    _LARK,
+    _LEX,
+    _NAMED,
+    _REF,
+    _REP,
+    _SEQ,
+    _SPECIALV,
+    _TOKEN_RANGE_RE,
+    COMMON_TERMINALS,
+    MAX_LARK_NESTING,
+    _GrammarAST,
+    _Lexer,
+    _Parser,
+    _Source,
+)
+from xg2.grammar.optimize import embedded
+from xg2.grammar.regex import regex_to_expr
+
+__all__ = ["COMMON_TERMINALS", "MAX_LARK_NESTING", "lark_to_ir"]
+
+_NAMED_GRAMMAR_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+# ---------------------------------------------------------------------------------------------
+# Lowering
+# ---------------------------------------------------------------------------------------------
+
+def _seq(parts: list[Expr]) -> Expr:
+    flat: list[Expr] = []
+    for p in parts:
+        if isinstance(p, Seq):
+            flat.extend(p.items)
+        elif p != EPSILON:
+            flat.append(p)
+    if not flat:
+        return EPSILON
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def _alt(parts: list[Expr]) -> Expr:
+    flat: list[Expr] = []
+    for p in parts:
+        flat.extend(p.alts if isinstance(p, Choice) else (p,))
+    flat = list(dict.fromkeys(flat))
+    return flat[0] if len(flat) == 1 else Choice(tuple(flat))
+
+
+def _repeat(e: Expr, lo: int, hi: int | None) -> Expr:
+    if hi == 0 or e == EPSILON:
+        return EPSILON
+    if (lo, hi) == (1, 1):
+        return e
+    return Repeat(e, lo, hi)
+
+
+class _Context:
+    """What one call of lark_to_ir shares between the grammar and those nested in it: the rule
+    namespace, the named grammars (each lowered once) and the %json schemas (each once)."""
+
+    def __init__(self, named: dict[str, Any], tokenizer_info: Any):
+        self.used: set[str] = set()
+        self.rules: list[Rule] = []
+        self.named = named
+        self.named_refs: dict[str, RuleRef] = {}
+        self.named_stack: list[str] = []
+        self.json_refs: dict[str, RuleRef] = {}
+        self.tokenizer_info = tokenizer_info
+
+    def fresh(self, base: str) -> str:
+        name = base
+        k = 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+    def embed(self, ir: GrammarIR, base: str) -> RuleRef:
+        """The rules of `ir` added under a prefix no rule name starts with yet."""
+        k = 0
+        while True:
+            prefix = f"{base}{k}_"
+            if not any(n.startswith(prefix) for n in self.used):
+                break
+            k += 1
+        rules, root = embedded(ir, prefix)
+        for r in rules:
+            self.used.add(r.name)
+        self.rules.extend(rules)
+        return root
+
+
+class _Lowering:
+    """One grammar (the top-level one, a %lark block or a named grammar) into the shared context."""
+
+    def __init__(self, ctx: _Context, src: _Source, ast: _GrammarAST, depth: int, top: bool):
+        self.ctx = ctx
+        self.src = src
+        self.ast = ast
+        self.depth = depth
+        self.top = top
+        self.names: dict[str, str] = {}
+        self.ignore: RuleRef | None = None
+
+    def run(self) -> RuleRef:
+        ast, ctx, src = self.ast, self.ctx, self.src
+        start = ast.defs.get("start")
+        if start is None:
+            where = "" if self.top else " in the nested Lark grammar"
+            raise src.error(f"no start rule found{where}", ast.off)
+        if start.terminal:
+            raise src.error("start must be a rule", start.off)
+        self.names["start"] = ctx.fresh("root")
+        for name in ast.defs:
+            if name != "start":
+                self.names[name] = ctx.fresh(name)
+        self._check_terminals()
+        if ast.ignores:
+            name = ctx.fresh("lark_ignore")
+            self.ignore = RuleRef(name)
+            item = _alt([self.lower(node, terminal="%ignore") for node in ast.ignores])
+            ctx.rules.append(Rule(name, _repeat(item, 0, None)))
+        for d in ast.defs.values():
+            budget.check("lowering the grammar")
+            if d.common is not None:
+                body = regex_to_expr(COMMON_TERMINALS[d.common])
+            elif d.terminal:
+                body = self.lower(d.body, terminal=d.name)
+            else:
+                body = self.lower(d.body, terminal=None)
+                if d is start and ast.initial_skip and self.ignore is not None:
+                    body = _seq([self.ignore, body])
+            ctx.rules.append(Rule(self.names[d.name], body))
+        return RuleRef(self.names["start"])
+
+    def _check_terminals(self) -> None:
+        """Terminals reference only terminals, and none refers to itself (iterative DFS)."""
+        defs = self.ast.defs
+        refs: dict[str, list[tuple[str, int]]] = {}
+        for d in defs.values():
+            if not d.terminal or d.body is None:
+                continue
+            out = []
+            stack = [d.body]
+            while stack:
+                node = stack.pop()
+                tag = node[0]
+                if tag == _REF:
+                    target = defs.get(node[2])
+                    if target is None:
+                        raise self.src.error(f"unknown name '{node[2]}'", node[1])
+                    if not target.terminal:
+                        raise self.src.error(f"terminal '{d.name}' cannot reference rule '{node[2]}'", node[1])
+                    out.append((node[2], node[1]))
+                elif tag in (_SEQ, _ALT):
+                    stack.extend(node[1])
+                elif tag == _REP:
+                    stack.append(node[2])
+            refs[d.name] = out
+        state: dict[str, int] = {}     # 1: on the DFS path, 2: done
+        for root, first in refs.items():
+            if root in state:
+                continue
+            state[root] = 1
+            path = [(root, iter(first))]
+            while path:
+                name, it = path[-1]
+                nxt = next(it, None)
+                if nxt is None:
+                    state[name] = 2
+                    path.pop()
+                    continue
+                target, off = nxt
+                if state.get(target) == 1:
+                    raise self.src.error(f"circular reference in terminal '{target}'", off)
+                if target not in state and target in refs:
+                    state[target] = 1
+                    path.append((target, iter(refs[target])))
+
+    def lower(self, node: Any, terminal: str | None) -> Expr:
+        """An expression node to IR, post-order on an explicit stack. In a rule (`terminal` None)
+        each lexeme is followed by the ignored content; in a terminal (or %ignore) nothing is
+        inserted and only terminals may be referenced."""
+        out: list[Expr] = []
+        work: list[tuple[Any, bool]] = [(node, False)]
+        while work:
+            n, done = work.pop()
+            tag = n[0]
+            if tag in (_SEQ, _ALT):
+                if not done:
+                    work.append((n, True))
+                    work.extend((c, False) for c in reversed(n[1]))
+                    continue
+                k = len(n[1])
+                parts = out[-k:]
+                del out[-k:]
+                out.append(_seq(parts) if tag == _SEQ else _alt(parts))
+            elif tag == _REP:
+                if not done:
+                    work.append((n, True))
+                    work.append((n[2], False))
+                    continue
+                out.append(_repeat(out.pop(), n[3], n[4]))
+            elif tag == _EPS:
+                out.append(EPSILON)
+            else:
+                out.append(self._leaf(n, terminal))
+        assert len(out) == 1
+        return out[0]
+
+    def _leaf(self, n: Any, terminal: str | None) -> Expr:
+        tag, off = n[0], n[1]
+        src = self.src
+        if tag == _LEX:
+            return self._lexeme(n[2], terminal)
+        if tag == _REF:
+            name = n[2]
+            d = self.ast.defs.get(name)
+            if d is None:
+                raise src.error(f"unknown name '{name}'", off)
+            ref = RuleRef(self.names[name])
+            if terminal is not None and not d.terminal:
+                raise src.error(f"terminal cannot reference rule '{name}'", off)
+            return self._lexeme(ref, terminal) if d.terminal else ref
+        what = {_JSONV: "%json", _LARK: "nested %lark", _NAMED: "named grammars",
+                _SPECIALV: "special tokens"}[tag]
+        if terminal is not None:
+            raise src.error(f"{what} cannot be used in terminals", off)
+        if tag == _JSONV:
+            return self._lexeme(self._json(n[2], off), terminal)
+        if tag == _LARK:
+            try:
+                root = _Lowering(self.ctx, src, n[2], self.depth + 1, False).run()
+            except GrammarError as e:
+                raise type(e)(f"in a %lark block: {e.message}", e.line, e.column) from None
+            return self._lexeme(root, terminal)
+        if tag == _NAMED:
+            return self._lexeme(self._named(n[2], off), terminal)
+        return self._lexeme(self._special(n[2], off), terminal)
+
+    def _special(self, text: str, off: int) -> Expr:
+        """`<|name|>` (the tokens whose text it is) or `<[ids]>`: each token must be one of the
+        vocabulary's special tokens, which xg2's grammars name by a character of their own
+        (TokenizerInfo.named_special_tokens); an ordinary token cannot be required by id."""
+        src = self.src
+        info = self.ctx.tokenizer_info
+        ids: list[int] | None = None
+        if text.startswith("<["):
+            body = text[2:-2].strip() if text.endswith("]>") else None
+            negated = body is not None and body.startswith("^")
+            if negated:
+                body = body[1:].strip()
+            if body == "*":
+                if negated:
+                    raise src.error("the negated wildcard <[^*]> matches no token", off)
+                raise src.error(f"special tokens such as the wildcard {text} are not supported by xg2: it "
+                                "matches ordinary tokens by id, while xg2's matcher reads text", off)
+            found: set[int] = set()
+            for part in (body or "").split(","):
+                m = _TOKEN_RANGE_RE.fullmatch(part)
+                if m is None:
+                    raise src.error(f"malformed token set {text}", off)
+                lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+                if hi < lo:
+                    raise src.error(f"token range {lo}-{hi} in {text} is empty", off)
+                if hi - lo > 1_000_000:
+                    raise src.limit(f"token range {lo}-{hi} in {text} spans more than 1000000 ids", off)
+                found.update(range(lo, hi + 1))
+            if negated:
+                raise src.error(f"special tokens such as the negated set {text} are not supported by xg2: "
+                                "it matches ordinary tokens by id, while xg2's matcher reads text", off)
+            ids = sorted(found)
+        if info is None:
+            raise src.error(f"special tokens such as {text} need tokenizer_info in xg2 (a grammar for one "
+                            "vocabulary)", off)
+        named = info.named_special_tokens
+        if ids is None:
+            want = text.encode("utf-8", "surrogatepass")
+            ids = [i for i, b in enumerate(info.decoded_vocab) if b == want]
+            if not ids:
+                raise src.error(f"unknown special token {text}", off)
+        chars = []
+        for i in ids:
+            ch = named.get(i)
+            if ch is None:
+                raise src.error(f"special tokens such as {text} are supported by xg2 only for the vocabulary's "
+                                f"special tokens, and token {i} is not one: an ordinary token cannot be "
+                                "required by id, as xg2's matcher reads text", off)
+            chars.append(Literal(ch))
+        return _alt(chars)
+
+    def _lexeme(self, e: Expr, terminal: str | None) -> Expr:
+        if terminal is None and self.ignore is not None:
+            return Seq((e, self.ignore))
+        return e
+
+    def _json(self, value: Any, off: int) -> RuleRef:
+        from xg2.errors import SchemaError
+
+        from .json_schema import json_schema_to_ir
+
+        if not isinstance(value, (dict, bool)):
+            raise self.src.error(f"the schema of %json must be a JSON object or boolean, not {json.dumps(value)}",
+                                 off)
+        key = json.dumps(value, sort_keys=True)
+        ref = self.ctx.json_refs.get(key)
+        if ref is None:
+            try:
+                ir = json_schema_to_ir(value)
+            except GrammarLimitError as e:
+                raise self.src.limit(f"%json schema: {e}", off) from None
+            except (SchemaError, GrammarError) as e:
+                raise self.src.error(f"%json schema: {e}", off) from None
+            ref = self.ctx.json_refs[key] = self.ctx.embed(ir, "lark_json")
+        return ref
+
+    def _named(self, name: str, off: int) -> RuleRef:
+        from .grammar import Grammar
+
+        ctx, src = self.ctx, self.src
+        ref = ctx.named_refs.get(name)
+        if ref is not None:
+            return ref
+        if name not in ctx.named:
+            raise src.error(f"unknown named grammar '@{name}'", off)
+        if name in ctx.named_stack:
+            chain = " -> ".join(f"@{n}" for n in [*ctx.named_stack[ctx.named_stack.index(name):], name])
+            raise src.error(f"circular named grammar reference: {chain}", off)
+        value = ctx.named[name]
+        if isinstance(value, Grammar):
+            ref = ctx.embed(value.ir, f"{name}_")
+        else:
+            if self.depth + 1 > MAX_LARK_NESTING:
+                raise src.limit(f"named grammars nested deeper than {MAX_LARK_NESTING} levels", off)
+            ctx.named_stack.append(name)
+            try:
+                inner = _Source(value)
+                ast = _parse(inner, self.depth + 1)
+                ref = _Lowering(ctx, inner, ast, self.depth + 1, False).run()
+            except GrammarError as e:
+                where = f" (line {e.line}, column {e.column} of its text)" if e.line is not None else ""
+                raise type(e)(f"in named grammar '@{name}': {e.message}{where}", *src.pos(off)) from None
+            finally:
+                ctx.named_stack.pop()
+        ctx.named_refs[name] = ref
+        return ref
+
+
+def _parse(src: _Source, depth: int) -> _GrammarAST:
+    text = src.text
+    if len(text) > MAX_GRAMMAR_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+        raise GrammarLimitError(f"grammar text exceeds the limit of {MAX_GRAMMAR_BYTES} bytes")
+    return _Parser(src, _Lexer(src).tokens()).parse_grammar(depth)
+
+
+def _checked_named(named_grammars: Mapping[str, Any] | None) -> dict[str, Any]:
+    from .grammar import Grammar
+
+    if named_grammars is None:
+        return {}
+    if not isinstance(named_grammars, Mapping):
+        raise TypeError("named_grammars must be a dict of names to Grammar objects or Lark strings")
+    out = {}
+    for name, value in named_grammars.items():
+        if not isinstance(name, str) or not _NAMED_GRAMMAR_KEY.match(name):
+            raise GrammarError(f"invalid named grammar name {name!r}: names may contain only letters, digits, "
+                               "underscores and hyphens")
+        if not isinstance(value, (Grammar, str)):
+            raise TypeError("named grammar values must be xg2.Grammar objects or Lark strings")
+        out[name] = value
+    return out
+
+
+def lark_to_ir(lark_string: str, tokenizer_info: Any = None,
+               named_grammars: Mapping[str, Any] | None = None) -> GrammarIR:
+    """The grammar of a Lark text (xgrammar's dialect, see the module notes). `named_grammars`
+    maps the names `@name` references use (without the `@`) to xg2 Grammars or Lark texts.
+    `tokenizer_info` resolves special tokens (`<|name|>`, `<[ids]>`), which must be special
+    tokens of that vocabulary; the grammar is then for that vocabulary only. The root rule is
+    `root`, the `start` rule."""
+    if not isinstance(lark_string, str):
+        raise TypeError(f"lark_string must be a str, not {type(lark_string).__name__}")
+    ctx = _Context(_checked_named(named_grammars), tokenizer_info)
+    src = _Source(lark_string)
+    ast = _parse(src, 0)
+    root = _Lowering(ctx, src, ast, 0, True).run()
+    assert root.name == "root"
+    rules = sorted(ctx.rules, key=lambda r: r.name != "root")
+    return GrammarIR(rules, "root")
+
