@@ -67,34 +67,90 @@ ONE_OF_OVERLAP = ("oneOf whose branches may overlap (exactly-one cannot be enfor
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 
 NEVER = CharClass(())  # the empty language
-#: A string value with nothing constraining it, written raw (see `_Converter.raw_value`).
+#: A string value with nothing constraining it, written raw (see `_Converter.raw_string`).
 RAW_TEXT = CharClass(((0, 0x10FFFF),), negated=True)
 
 
 @dataclass(frozen=True)
 class XMLStyle:
-    """How a model's XML tool-call format writes one top-level argument: `open` (its parts are
-    joined by optional whitespace; `{name}` is the argument's name, `{kind}` one of `kinds`, for a
-    raw text value or a JSON one), the value, then `close`. String-only values are raw text, every
-    other value is JSON; `pad`: a constrained raw value may sit between one newline each side, as
-    the model's template writes it and its parser strips."""
+    """How a model's XML tool-call format writes its arguments.
+
+    A member is `open` (its parts joined by optional whitespace; `{name}` is the member's name,
+    spelled through `escapes`, `{kind}` the marker `kinds` gives the value's JSON type), the value,
+    then `close` (which may repeat `{name}`). String values are raw text, others JSON; in a
+    `recursive` style objects and arrays below the arguments are written as elements too, an
+    array's items between `item_open` and `item_close`. Raw text never holds `stop` (the start of
+    `close` unless said otherwise): the model's parser reads a value up to it. `pad`: a constrained
+    raw value may sit between one newline each side, as the template writes it and the parser
+    strips; `json_pad`: whitespace may surround a JSON value. `names`: the (decoded) names of members
+    the schema does not list, or None when the style cannot write them (a closing tag that repeats
+    a name is beyond a context-free grammar)."""
 
     open: tuple[str, ...]
     close: str
-    kinds: tuple[str, str] = ("", "")
+    kinds: tuple[tuple[str, str], ...] = ()
     pad: bool = False
+    recursive: bool = False
+    item_open: tuple[str, ...] = ()
+    item_close: str = ""
+    stop: str = ""
+    json_pad: bool = True
+    escapes: tuple[tuple[str, str], ...] = ()
+    names: Expr | None = None
+
+    def kind(self, t: str) -> str:
+        """The marker written for a value of JSON type `t` ("" in a style without markers)."""
+        return dict(self.kinds).get(t, "")
+
+    def markers(self) -> tuple[str, ...]:
+        """The markers in the order of TYPES (one "" in a style without them)."""
+        return tuple(dict.fromkeys(self.kind(t) for t in TYPES))
+
+    def spell(self, name: str) -> str:
+        for ch, entity in self.escapes:
+            name = name.replace(ch, entity)
+        return name
+
+    def until(self) -> str:
+        return self.stop or self.close
 
 
-XML_STYLES = {
-    "qwen_xml": XMLStyle(("<parameter={name}>",), "</parameter>", pad=True),
-    "minimax_xml": XMLStyle(('<parameter name="{name}">',), "</parameter>"),
-    "glm_xml": XMLStyle(("<arg_key>{name}</arg_key>", "<arg_value>"), "</arg_value>"),
-    "deepseek_xml": XMLStyle(('<\uff5cDSML\uff5cparameter name="{name}" string="{kind}">',), "</\uff5cDSML\uff5cparameter>",
-                             ("true", "false")),
-}
 #: Argument names when the schema does not list them.
 XML_NAME = Seq((CharClass(((0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))),
                 Repeat(CharClass(((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))), 0, None)))
+_DSML = "\uff5cDSML\uff5c"
+_MINIMAX_NS = "]<]minimax[>["
+#: Entity spellings of the characters an XML attribute value cannot hold as they are ("&" first).
+_ATTR_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"))
+XML_STYLES = {
+    "qwen_xml": XMLStyle(("<parameter={name}>",), "</parameter>", pad=True, names=XML_NAME),
+    "minimax_xml": XMLStyle(('<parameter name="{name}">',), "</parameter>", names=XML_NAME),
+    "glm_xml": XMLStyle(("<arg_key>{name}</arg_key>", "<arg_value>"), "</arg_value>", names=XML_NAME),
+    # DeepSeek V3.2/V4 DSML: string="true" marks a raw string, "false" a JSON value.
+    "deepseek_xml": XMLStyle((f'<{_DSML}parameter name="{{name}}" string="{{kind}}">',), f"</{_DSML}parameter>",
+                             tuple((t, "true" if t == "string" else "false") for t in TYPES), names=XML_NAME),
+    # DeepSeek V4.1: the same tags with a space after the DSML marker (SGLang's DeepSeekV41Detector).
+    "deepseek_v4_1_xml": XMLStyle((f'<{_DSML} parameter name="{{name}}" string="{{kind}}">',),
+                                  f"</{_DSML} parameter>",
+                                  tuple((t, "true" if t == "string" else "false") for t in TYPES), names=XML_NAME),
+    # Kimi K3: the type attribute names the value's JSON type, integers as "number" (as SGLang's
+    # structural tag and the model's template write it); attribute values escape & and ".
+    "kimi_k3_xml": XMLStyle(('<|open|>argument key="{name}" type="{kind}"<|sep|>',), "<|close|>argument<|sep|>",
+                            tuple((t, "number" if t == "integer" else t) for t in TYPES),
+                            escapes=(_ATTR_ESCAPES[0], _ATTR_ESCAPES[3]), names=XML_NAME),
+    # Cohere (cmd5 nested XML): every value is a <cofl:value> element, typed raw (a string), json (a
+    # scalar), dict (named child elements) or list (unnamed ones); names are entity-escaped.
+    "cohere_xml": XMLStyle(('<cofl:value name="{name}" type="{kind}">',), "</cofl:value>",
+                           (("null", "json"), ("boolean", "json"), ("object", "dict"), ("array", "list"),
+                            ("string", "raw"), ("number", "json"), ("integer", "json")),
+                           recursive=True, item_open=('<cofl:value type="{kind}">',), item_close="</cofl:value>",
+                           escapes=_ATTR_ESCAPES, names=Repeat(CharClass(((0, 0),), negated=True), 1, None)),
+    # MiniMax M3: each member is an element named after it, every tag behind the namespace marker;
+    # objects nest, array items are <item> elements, JSON scalars are written bare.
+    "minimax_m3_xml": XMLStyle((_MINIMAX_NS + "<{name}>",), _MINIMAX_NS + "</{name}>", recursive=True,
+                               item_open=(_MINIMAX_NS + "<item>",), item_close=_MINIMAX_NS + "</item>",
+                               stop=_MINIMAX_NS, json_pad=False),
+}
 EMPTY = Literal("")
 HEX = CharClass(((0x30, 0x39), (0x41, 0x46), (0x61, 0x66)))
 SHORT_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}

@@ -110,6 +110,7 @@ class ObjectLowering:
     """The object half of the converter; see the module notes."""
 
     def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        """An object written as JSON (XML-style arguments are the converter's `xml_obj`)."""
         props = schema.get("properties", {})
         if not isinstance(props, dict):
             raise SchemaError("properties must be an object", _ptr(ptr, "properties"))
@@ -122,9 +123,6 @@ class ObjectLowering:
         # closes the object to these; a named key's own schema is what JSON Schema gives it)
         named = [*required, *(k for group in schema.get(PRESENCE, ("", ()))[1] for k in group)]
         names = list(props) + [r for r in dict.fromkeys(named) if r not in props]
-        if self.xml and d == 0 and not names and (addl is True or addl == {}) and not any(
-                k in schema for k in ("patternProperties", "propertyNames", "minProperties", "maxProperties")):
-            return self.any_value(d)    # free-form arguments: any names, any values
         entries: list[tuple[str, Expr, bool]] = []  # (key, member rule, required)
         claims = self.claimed_by_patterns(schema, names, ptr)
         allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
@@ -140,11 +138,8 @@ class ObjectLowering:
             if allowed is not None and not allowed.accepts(k):
                 own = False     # propertyNames rules the key out, listed or not
             req = k in required
-            if self.xml and d == 0:
-                member = self.add_rule(f"m_{k}", self.xml_member(k, own, p))
-            else:
-                value = self.lower(own, p, d + 1)
-                member = None if value is None else self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
+            value = self.lower(own, p, d + 1)
+            member = None if value is None else self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
             if member is None:
                 if req:
                     return None
@@ -156,9 +151,6 @@ class ObjectLowering:
             if extra is _CANNOT:
                 return None
             addl_value = None
-        elif self.xml and d == 0 and addl is not False:
-            addl_value = self.unsupported("additionalProperties", addl_ptr, "additional arguments beside the listed "
-                                          "properties in an XML style")
         else:
             addl_value = self.lower(addl, addl_ptr, d + 1)
         if addl_value is not None:

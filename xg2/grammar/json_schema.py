@@ -80,7 +80,6 @@ from .json_common import (
     RAW_TEXT,
     TYPES,
     UNSUPPORTED,
-    XML_NAME,
     XML_STYLES,
     _canon_str,
     _opt,
@@ -92,7 +91,7 @@ from .nesting import check_nesting
 from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
 from .optimize import map_leaves
 from .regex import ANY_CHAR, regex_to_expr
-from .regular import intersect
+from .regular import intersect, to_rules
 from .schema_merge import both as _both
 from .schema_merge import embedded_resource as _embedded_resource
 from .schema_merge import merge_items as _merge_items
@@ -132,6 +131,7 @@ class _Converter(ObjectLowering):
         self.names: set[str] = set()
         self.next_suffix: dict[str, int] = {}
         self.cache: dict[Any, str] = {}
+        self.empty_keys: set[Any] = set()
         self.level = 0
         self.where = ""     # the schema being lowered, for an error that has no better pointer
         self.embedded = _embedded_resource(root)
@@ -141,8 +141,13 @@ class _Converter(ObjectLowering):
         """The part of the depth that changes how a value is spelled (rules are shared across the rest)."""
         return d if self.depth_layout else int(d == 0) if self.xml else 0
 
+    def xml_at(self, d: int) -> bool:
+        """Whether a container at depth d is written as XML elements: the arguments (depth 0) in
+        every XML style, and every object and array in a recursive one."""
+        return self.xml is not None and (d == 0 or self.xml.recursive)
+
     def open(self, ch: str, d: int) -> Expr:
-        if self.xml and d == 0:     # the arguments of an XML style: members between whitespace
+        if self.xml_at(d):     # XML elements (members, items) between whitespace
             return self.ws
         if self.any_ws:
             return Seq((Literal(ch), self.ws))
@@ -151,7 +156,7 @@ class _Converter(ObjectLowering):
         return Literal(ch)
 
     def close(self, ch: str, d: int) -> Expr:
-        if self.xml and d == 0:
+        if self.xml_at(d):
             return self.ws
         if self.any_ws:
             return Seq((self.ws, Literal(ch)))
@@ -160,14 +165,14 @@ class _Converter(ObjectLowering):
         return Literal(ch)
 
     def empty(self, pair: str, d: int) -> Expr:
-        if self.xml and d == 0:
+        if self.xml_at(d):
             return self.ws
         if self.any_ws:
             return Seq((Literal(pair[0]), self.ws, Literal(pair[1])))
         return Literal(pair)
 
     def sep(self, d: int) -> Expr:
-        if self.xml and d == 0:
+        if self.xml_at(d):
             return self.ws
         if self.any_ws:
             return Seq((self.ws, Literal(self.item_sep.strip(" \t\n\r")), self.ws))
@@ -231,6 +236,17 @@ class _Converter(ObjectLowering):
             body = NEVER
         rule.body = body
         return RuleRef(name)
+
+    def cached_or_none(self, key: Any, hint: str, build) -> Expr | None:
+        """`cached`, but None rather than a rule that matches nothing when the language built is
+        empty (a reference made while the rule is being built stays a reference)."""
+        def note():
+            body = build()
+            if body is None:
+                self.empty_keys.add(key)
+            return body
+        ref = self.cached(key, hint, note)
+        return None if key in self.empty_keys else ref
 
     # generic values ---------------------------------------------------------------------------
     def string(self, lo: int = 0, hi: int | None = None) -> Expr:
@@ -298,70 +314,291 @@ class _Converter(ObjectLowering):
         return self.cached(("quoted", body), "string_value", lambda: Seq((Literal('"'), body, Literal('"'))))
 
     # XML argument styles ------------------------------------------------------------------------
-    def opening(self, name: Expr, raw: bool) -> Expr:
+    # A member (or, in a recursive style, an array item) is an opening tag, a body and the rest of
+    # its closing tag. The opening tag may carry a marker of the value's JSON type (XMLStyle.kinds),
+    # so a member is one alternative per marker, each with the part of the schema the marker
+    # covers: its strings written raw, everything else JSON, or elements again in a recursive style.
+    # A body ends with the style's `stop` string (the start of the closing tag, which raw text
+    # cannot hold); the rest of the closing tag follows it.
+
+    def opening(self, name: Expr | None, marker: str) -> Expr:
+        """The opening of a member called `name` (None: of an array item) whose value has `marker`."""
         parts: list[Expr] = []
-        for i, piece in enumerate(self.xml.open):
+        for i, piece in enumerate(self.xml.open if name is not None else self.xml.item_open):
             if i:
                 parts.append(self.ws)
-            before, _, after = piece.replace("{kind}", self.xml.kinds[not raw]).partition("{name}")
-            parts += [Literal(before), name, Literal(after)] if _ else [Literal(before)]
+            before, has_name, after = piece.replace("{kind}", marker).partition("{name}")
+            parts += [Literal(before), name, Literal(after)] if has_name else [Literal(before)]
         return _seq(*parts)
 
-    def xml_member(self, name: str, schema: Any, ptr: str) -> Expr | None:
-        """One listed argument: raw text when the schema allows only strings, else JSON."""
-        raw = self.raw_value(schema, ptr)
-        if raw is not False:
-            return None if raw is None else Seq((self.opening(Literal(name), True), raw))
-        value = self.lower(schema, ptr, 1)
-        if value is None:
-            return None
-        return Seq((self.opening(Literal(name), False), self.ws, value, self.ws, Literal(self.xml.close)))
+    def closing_rest(self, name: str | None) -> str:
+        """What follows a body (which ends with `stop`) to close a member called `name`, or with
+        None an array item."""
+        close = self.xml.item_close if name is None else self.xml.close.replace("{name}", self.xml.spell(name))
+        return close[len(self.xml.until()):]
 
-    def xml_any_arguments(self) -> Expr:
-        """Arguments the schema does not describe: any names, raw or (where the style marks the
-        kind) JSON values."""
-        from .text import text_until
+    def xml_element(self, name: str | Expr | None, schema: Any, ptr: str, d: int) -> Expr | None:
+        """A member called `name` (a listed name, or an expression for the names of the others)
+        or, with None, an array item, whose value at depth d meets `schema`."""
+        if isinstance(name, str):
+            label: Expr | None = Literal(self.xml.spell(name))
+            rest = self.closing_rest(name)
+        else:
+            label = name
+            if name is not None and "{name}" in self.xml.close:
+                raise SchemaError("a name the schema does not list cannot be closed in this XML style", ptr)
+            rest = self.closing_rest(None) if name is None else self.xml.close[len(self.xml.until()):]
+        alts = []
+        for marker in self.xml.markers():
+            body = self.xml_body(schema, ptr, d, marker)
+            if body is not None:
+                alts.append(_seq(self.opening(label, marker), body, Literal(rest)))
+        return _choice(alts)
 
-        raw = Seq((self.opening(XML_NAME, True), text_until((self.xml.close,))))
-        json_value = Seq((self.opening(XML_NAME, False), self.ws, self.any_value(1), self.ws, Literal(self.xml.close)))
-        member = raw if self.xml.kinds[0] == self.xml.kinds[1] else Choice((raw, json_value))
-        return Seq((Repeat(Seq((self.ws, member)), 0, None), self.ws))
+    def xml_body(self, schema: Any, ptr: str, d: int, marker: str) -> Expr | None:
+        """The body of a value at depth d meeting `schema` and of a JSON type the style marks with
+        `marker`, up to and with `stop` (None: no such value). Bodies of unconstrained values and of
+        references are rules of their own, which is also what ends recursion."""
+        if isinstance(schema, dict) and not any(k in HANDLED or k in UNSUPPORTED for k in schema):
+            schema = True   # annotations and unknown keywords only
+        if schema is True:
+            if self.xml.names is None:
+                raise SchemaError("a value its schema leaves unconstrained may be elements with any names, "
+                                  "which this XML style cannot close (its closing tags repeat the name)", ptr)
+            return self.cached_or_none(("xml_any", marker), "xml_any", lambda: self.xml_typed_body(True, ptr, d, marker))
+        if isinstance(schema, dict) and "$ref" in schema and not set(schema) - ANNOTATIONS - {"$ref"}:
+            target, where = self.resolve(schema["$ref"], _ptr(ptr, "$ref"))
+            return self.cached_or_none(("xml_ref", where, marker), "xml_" + (where.split("/")[-1] or "root"),
+                                       lambda: self.xml_body(target, where, d, marker))
+        return self.xml_typed_body(schema, ptr, d, marker)
 
-    def raw_value(self, schema: Any, ptr: str) -> Expr | None | bool:
-        """A string-only argument's raw value and the closing tag (None: no string is valid);
-        False when the schema allows other values."""
-        for _ in range(MAX_SCHEMA_DEPTH):
-            if not isinstance(schema, dict) or "$ref" not in schema:
-                break
-            schema = self.inline_ref(schema, ptr)
-        if not isinstance(schema, dict):
-            return False
-        values, _where = _listed_values(schema, ptr)
-        if values is not None:
-            if not all(isinstance(v, str) for v in values):
-                return False
-            checker = self.checker()
-            value = _choice([Literal(v) for v in values if checker.valid(v, schema, ptr)])
-        elif self.types(schema, ptr) == ["string"] and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "not")):
-            value = self.string_value(schema, ptr, raw=True)
-            if value is RAW_TEXT:
+    def xml_typed_body(self, schema: Any, ptr: str, d: int, marker: str) -> Expr | None:
+        types = [t for t in TYPES if self.xml.kind(t) == marker]
+        alts: list[Expr | None] = []
+        free_text = False
+        if "string" in types:
+            raw = self.raw_string(self.restrict(schema, ["string"], ptr), ptr)
+            if raw is RAW_TEXT:
                 from .text import text_until
 
-                return text_until((self.xml.close,))
-        else:
-            return False
-        if value is None:
+                alts.append(text_until((self.xml.until(),)))
+                free_text = True
+            elif raw is not None:
+                pad = Repeat(Literal("\n"), 0, 1) if self.xml.pad else EMPTY
+                alts.append(_seq(pad, raw, pad, Literal(self.xml.until())))
+        others = [t for t in types if t != "string"]
+        # A parser reads a value up to the closing tag: free text there already holds every other
+        # value a flat style can write (a recursive one nests elements, which free text cannot).
+        if others and not (free_text and not self.xml.recursive):
+            part = self.restrict(schema, others, ptr)
+            value = None if part is None else self.lower(part, ptr, d)
+            if value is not None:
+                # containers of a recursive style are elements between whitespace already
+                padded = self.xml.json_pad and not (self.xml.recursive and set(others) <= {"object", "array"})
+                alts.append(_seq(self.ws, value, self.ws, Literal(self.xml.until())) if padded
+                            else _seq(value, Literal(self.xml.until())))
+        return _choice(alts)
+
+    def restrict(self, schema: Any, types: list[str], ptr: str) -> dict | None:
+        """`schema` and the values of `types` (None: nothing)."""
+        if schema is True:
+            return {"type": list(types)}
+        if schema is False:
             return None
-        if values is None:
-            # A constrained raw value must not run over its closing tag (nor take the next
-            # arguments with it): its characters exclude "<", as only literal text spells one.
-            value = map_leaves(value, _without_lt)
-        pad = Repeat(Literal("\n"), 0, 1) if self.xml.pad else EMPTY
-        return _seq(pad, value, pad, Literal(self.xml.close))
+        if not isinstance(schema, dict):
+            raise SchemaError("a schema must be an object or a boolean", ptr)
+        return self.merge(schema, {"type": list(types)}, ptr)
+
+    def raw_string(self, schema: Any, ptr: str) -> Expr | None:
+        """The strings `schema` allows as raw text: RAW_TEXT when nothing constrains them, else their
+        language (None: no string). A constrained value holds no "<", so that it cannot run into
+        the closing tag (nor take the next arguments with it); listed values are kept exactly."""
+        if schema is None or schema is False:
+            return None
+        if schema is True:
+            return RAW_TEXT
+        if not isinstance(schema, dict):
+            raise SchemaError("a schema must be an object or a boolean", ptr)
+        self.enter(ptr)
+        try:
+            values, _where = _listed_values(schema, ptr)
+            if values is not None:
+                checker = self.checker()
+                return _choice([Literal(v) for v in values if isinstance(v, str) and checker.valid(v, schema, ptr)])
+            if "$ref" in schema:
+                return self.raw_string(self.inline_ref(schema, ptr), ptr)
+            if "allOf" in schema:
+                return self.raw_string(self.merge_all_of(schema, ptr), ptr)
+            if "string" not in self.types(schema, ptr):
+                return None
+            if "not" in schema:
+                positive = self.negate(schema, ptr)
+                if positive is not _CANNOT:
+                    return self.raw_string(positive, ptr)
+            for k in schema:
+                if k in UNSUPPORTED and not _inert(k, schema):
+                    self.unsupported(k, _ptr(ptr, k))
+            for kw in ("anyOf", "oneOf"):
+                if kw in schema:
+                    subs = schema[kw]
+                    if not isinstance(subs, list) or not subs:
+                        raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
+                    rest = {k: v for k, v in schema.items() if k != kw}
+                    if kw == "oneOf" and not self.one_of_disjoint(subs, ptr, rest):
+                        self.unsupported("oneOf", _ptr(ptr, kw), ONE_OF_OVERLAP)
+                    alts = []
+                    for i, sub in enumerate(subs):
+                        p = _ptr(ptr, kw, i)
+                        if sub is not False:
+                            alts.append(self.raw_string(self.merge(rest, {} if sub is True else sub, p), p))
+                    return RAW_TEXT if RAW_TEXT in alts else _choice(alts)
+            value = self.string_value(schema, ptr, raw=True)
+            return value if value is None or value is RAW_TEXT else map_leaves(value, _without_lt)
+        finally:
+            self.level -= 1
+
+    def xml_obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        """An object written as XML members: the listed ones in order (or any order), then those
+        the schema does not list (additionalProperties, patternProperties, propertyNames), whose
+        names are the style's names other than the listed ones."""
+        props = schema.get("properties", {})
+        if not isinstance(props, dict):
+            raise SchemaError("properties must be an object", _ptr(ptr, "properties"))
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise SchemaError("required must be an array of strings", _ptr(ptr, "required"))
+        addl = schema.get("additionalProperties", self.open_by_default(schema))
+        addl_ptr = _ptr(ptr, "additionalProperties")
+        named = [*required, *(k for group in schema.get(PRESENCE, ("", ()))[1] for k in group)]
+        names = list(props) + [r for r in dict.fromkeys(named) if r not in props]
+        if self.xml.names is None:
+            # No other names can be written. An object the schema leaves open takes its listed
+            # members only (as xgrammar does); asking for other members is an error.
+            for kw in ("patternProperties", "propertyNames", "additionalProperties"):
+                if kw in schema and schema[kw] is not False:
+                    raise SchemaError(f"{kw}: members the schema does not list cannot be written in this XML "
+                                      "style (its closing tags repeat the name)", _ptr(ptr, kw))
+            addl = False
+        entries: list[tuple[str, Expr, bool]] = []
+        claims = self.claimed_by_patterns(schema, names, ptr)
+        allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
+        for k in names:
+            if k in props:
+                p = _ptr(ptr, "properties", k)
+                own = props[k]
+            else:
+                p = addl_ptr
+                own = schema.get("additionalProperties", True) if k not in claims else True
+            for extra_schema in claims.get(k, ()):
+                own = _both(own, extra_schema)
+            if allowed is not None and not allowed.accepts(k):
+                own = False
+            member = self.add_rule(f"m_{k}", self.xml_element(k, own, p, d + 1))
+            if member is None:
+                if k in required:
+                    return None
+                continue
+            entries.append((k, member, k in required))
+        extra = self.xml_others(schema, names, addl, ptr, d, allowed)
+        if extra is _CANNOT:
+            return None
+        lo = self.bound(schema, "minProperties", ptr, 0)
+        hi = self.bound(schema, "maxProperties", ptr, None)
+        if hi is not None and lo > hi or sum(req for _k, _m, req in entries) > (hi if hi is not None else lo + len(entries)):
+            return None
+        deps = self.dependencies(schema, [k for k, _m, _r in entries], ptr)
+        if deps is None:
+            return None
+        presence = None
+        if PRESENCE in schema:
+            mode, sets = schema[PRESENCE]
+            index = {k: i for i, (k, _m, _r) in enumerate(entries)}
+            presence = (mode, [{index[k] for k in group} for group in sets if all(k in index for k in group)])
+        return self.members(entries, extra, lo, hi, d, ptr, deps, presence)
+
+    def xml_others(self, schema: dict, names: list[str], addl: Any, ptr: str, d: int, allowed: Any):
+        """One member whose name the schema does not list: the names split into regions by the
+        patterns that match them, each region's value under its patterns' schemas (or
+        additionalProperties); None when there is none, _CANNOT when propertyNames rules out a
+        required name."""
+        from .json_object import _key_dfa
+
+        if allowed is not None and any(not allowed.accepts(k) for k in schema.get("required", [])):
+            return _CANNOT
+        pats = self.pattern_languages(schema, ptr)
+        if addl is False and not pats or self.xml.names is None:
+            return None
+        base = _key_dfa(self.xml.names)
+        if names:
+            base = intersect(base, _key_dfa(Choice(tuple(Literal(k) for k in names))).complement())
+        if allowed is not None:
+            base = intersect(base, allowed)
+        members: list[Expr | None] = []
+        for picked in range(1 << len(pats)):
+            region = base
+            schemas = []
+            for i, (dfa, sub, _where) in enumerate(pats):
+                region = intersect(region, dfa if picked >> i & 1 else dfa.complement())
+                if picked >> i & 1:
+                    schemas.append(sub)
+            if region.is_empty():
+                continue
+            value_schema = addl if not schemas else schemas[0]
+            for sub in schemas[1:]:
+                value_schema = _both(value_schema, sub)
+            if value_schema is False:
+                continue
+            key = self.cached(("xml_names", region), "name", lambda r=region: to_rules(r, self.spell_class, self.new_name,
+                                                                                        self.rules))
+            members.append(self.xml_element(key, value_schema, ptr if schemas else _ptr(ptr, "additionalProperties"),
+                                            d + 1))
+        return self.add_rule("m_other", _choice(members))
+
+    def spell_class(self, cc: CharClass) -> Expr:
+        """Name characters as the style writes them (some as entities)."""
+        out: list[Expr] = []
+        ranges = list(cc.ranges)
+        for ch, entity in self.xml.escapes:
+            c = ord(ch)
+            if any(lo <= c <= hi for lo, hi in ranges):
+                out.append(Literal(entity))
+                ranges = [(a, b) for lo, hi in ranges for a, b in ((lo, min(hi, c - 1)), (max(lo, c + 1), hi)) if a <= b]
+        if not out:
+            return cc
+        if ranges:
+            out.insert(0, CharClass(tuple(ranges)))
+        return _choice(out)
+
+    def xml_const(self, v: dict | list, d: int, ptr: str) -> Expr | None:
+        """A listed object or array of a recursive style, as the elements it is written as."""
+        pairs = list(v.items()) if isinstance(v, dict) else [(None, x) for x in v]
+        if not pairs:
+            return self.empty("{}", d)
+        parts: list[Expr | None] = [self.open("{", d)]
+        for i, (k, x) in enumerate(pairs):
+            if i:
+                parts.append(self.sep(d))
+            t = _json_type(x)
+            if t == "string":
+                pad = Repeat(Literal("\n"), 0, 1) if self.xml.pad else EMPTY
+                body = _seq(pad, Literal(x), pad, Literal(self.xml.until()))
+            elif t in ("object", "array"):
+                body = _seq(self.xml_const(x, d + 1, ptr), Literal(self.xml.until()))
+            elif self.xml.json_pad:
+                body = _seq(self.ws, self.const(x, d + 1, ptr), self.ws, Literal(self.xml.until()))
+            else:
+                body = _seq(self.const(x, d + 1, ptr), Literal(self.xml.until()))
+            label = None if k is None else Literal(self.xml.spell(k))
+            parts.append(_seq(self.opening(label, self.xml.kind(t)), body, Literal(self.closing_rest(k))))
+        parts.append(self.close("}", d))
+        return _seq(*parts)
 
     def any_value(self, d: int) -> Expr | None:
-        if self.xml and d == 0:
-            return self.cached(("xml_any",), "xml_arguments", self.xml_any_arguments)
+        if self.xml_at(d):
+            if d:   # every value of a recursive style is lowered through its element (xml_body)
+                raise SchemaError("internal: an unconstrained value inside XML elements", self.where)
+            # free-form arguments: any names, any values
+            return self.cached(("xml_arguments",), "xml_arguments", lambda: self.xml_obj({}, "", 0))
 
         def build():
             alts: list[Expr | None] = [Literal("null"), Literal("true"), Literal("false"),
@@ -377,6 +614,8 @@ class _Converter(ObjectLowering):
     def const(self, v: Any, d: int, ptr: str) -> Expr | None:
         self.enter(ptr)
         try:
+            if isinstance(v, (dict, list)) and self.xml_at(d):
+                return self.xml_const(v, d, ptr)
             if isinstance(v, dict):
                 if not v:
                     return self.empty("{}", d)
@@ -406,6 +645,11 @@ class _Converter(ObjectLowering):
             return Literal(json.dumps(v, ensure_ascii=False))
         finally:
             self.level -= 1
+
+    def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        if self.xml_at(d):
+            return self.xml_obj(schema, ptr, d)
+        return super().obj(schema, ptr, d)
 
     # schema lowering --------------------------------------------------------------------------
     def checker(self) -> Validator:
@@ -991,11 +1235,20 @@ class _Converter(ObjectLowering):
             raise SchemaError("prefixItems must be an array", prefix_ptr)
         lo = self.bound(schema, "minItems", ptr, 0)
         hi = self.bound(schema, "maxItems", ptr, None)
+        if self.xml_at(d):
+            # items are elements; a style that cannot write unconstrained values leaves an array
+            # that says nothing of its items empty (as xgrammar does)
+            if self.xml.names is None and rest is True and "items" not in schema and "additionalItems" not in schema:
+                rest = False
+            item = self.xml_element
+        else:
+            def item(_name, s, p, depth):
+                return self.lower(s, p, depth)
         elems: list[Expr | None] = []
         for i, s in enumerate(prefix):
-            e = self.lower(s, _ptr(prefix_ptr, i), d + 1)
+            e = item(None, s, _ptr(prefix_ptr, i), d + 1)
             elems.append(self.add_rule("item", e))
-        r = self.add_rule("item", self.lower(rest, rest_ptr, d + 1))
+        r = self.add_rule("item", item(None, rest, rest_ptr, d + 1))
         # the longest allowed array: stop at the first unsatisfiable position
         cap = hi
         for i, e in enumerate(elems):
@@ -1061,6 +1314,20 @@ def _without_lt(e: Expr) -> Expr:
     if e.negated:
         return CharClass((*e.ranges, (0x3C, 0x3C)), negated=True)
     return CharClass(tuple((lo, hi) for a, b in e.ranges for lo, hi in ((a, min(b, 0x3B)), (max(a, 0x3D), b)) if lo <= hi))
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
 
 
 def _listed_values(schema: dict, ptr: str) -> tuple[list | None, str]:
@@ -1146,7 +1413,8 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
                       lenient: bool = False, style: str = "json") -> GrammarIR:
     """Lower a JSON Schema (a dict, a bool, or its JSON text) to grammar IR; see the module notes.
     `style` other than json: the top-level object written as a model's XML tool-call arguments
-    (XML_STYLES)."""
+    (XML_STYLES), and in the recursive styles (cohere_xml, minimax_m3_xml) every object and array
+    within it too."""
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)

@@ -22,6 +22,7 @@ import msgspec
 from ..errors import GrammarError, GrammarLimitError, SchemaError, StructuralTagError, StructuralTagJSONError
 from .ir import Choice, Expr, GrammarIR, Repeat, Rule, RuleRef, Seq
 from .ir import Literal as Text
+from .json_common import XML_STYLES
 from .nesting import check_nesting
 
 #: Formats nested in formats (a tag's content, a sequence's elements, ...) before the tag is refused.
@@ -422,7 +423,7 @@ _LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, Seq
 _FREE = (AnyTextFormat, AnyTokensFormat)
 #: A stub's body until linking replaces its calls: one surrogate no text holds (never read).
 STUB_BODY = Text("\udfff")
-_STYLES = ("json", "qwen_xml", "minimax_xml", "glm_xml", "deepseek_xml")
+_STYLES = ("json", *XML_STYLES)
 
 
 def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None, stubs: dict | None = None,
