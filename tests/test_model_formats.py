@@ -3,8 +3,9 @@ calls written as the model's chat template writes them, for real tool sets (BFCL
 calls with their ground-truth arguments, tools from the registry), are accepted token by token on
 the model's vocabulary, and the same calls broken (wrong tool name, bad arguments, text inside a
 call, a second call when parallel calls are off) are rejected; masks equal the reference checker;
-random walks' calls parse and validate against the tool's schema. An independent corpus written
-from the chat templates (tests/data/model_outputs.json) is checked the same way."""
+random walks' calls, read as the model's parser reads them, validate against the tool's schema.
+An independent corpus written from the chat templates (tests/data/model_outputs.json) is checked
+the same way; xgrammar's per-model functions (xg2.builtin_structural_tag) give each name's tag."""
 
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ import xg2
 BFCL = SHARED / "data" / "bfcl"
 REGISTRY = SHARED / "data" / "tools" / "registry.jsonl"
 CORPUS = Path(__file__).parent / "data" / "model_outputs.json"
-MODELS = ["llama", "qwen_3", "qwen_3_coder", "deepseek_r1", "deepseek_v3_1", "kimi", "harmony"]
+MODELS = ["llama", "qwen_3", "qwen_3_coder", "deepseek_r1", "deepseek_v3_1", "kimi", "harmony", "glm_4_7", "minimax",
+          "qwen_3_5", "deepseek_v3_2", "exaone"]
 DS = {k: f"<\uff5c{k.replace(' ', chr(0x2581))}\uff5c>" for k in
       ("tool calls begin", "tool calls end", "tool call begin", "tool call end", "tool sep")}
+DSML = "\uff5cDSML\uff5c"
 
 
 # --- real tool sets ------------------------------------------------------------------------------
@@ -77,6 +80,11 @@ def _json(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _raw(value) -> str:
+    """An XML-style argument as the templates write it: a string as it is, anything else as JSON."""
+    return value if isinstance(value, str) else _json(value)
+
+
 def render(model: str, calls: list[tuple[str, dict]], reasoning: str = "The user asks for this; I will call the tool.",
            text: str = "") -> str:
     """The model's output: reasoning (if any), text, then the calls as its chat template writes them."""
@@ -87,16 +95,32 @@ def render(model: str, calls: list[tuple[str, dict]], reasoning: str = "The user
     think = ""
     if reasoning and model in ("qwen_3", "qwen_3_coder"):
         think = f"<think>\n{reasoning}\n</think>\n\n"
+    elif reasoning and model in ("glm_4_7", "deepseek_v3_2"):
+        think = f"{reasoning}</think>"              # the prompt ends with <think>; no newlines around
     elif reasoning and model != "llama":
-        think = f"{reasoning}\n</think>\n\n"      # DeepSeek / Kimi: the prompt opens the block
+        think = f"{reasoning}\n</think>\n\n"      # DeepSeek / Kimi / ...: the prompt opens the block
     if model == "llama":
         body = "; ".join(_json({"name": n, "parameters": a}) for n, a in calls)
     elif model == "qwen_3":
         body = "\n".join(f"<tool_call>\n{_json({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls)
-    elif model == "qwen_3_coder":
+    elif model in ("qwen_3_coder", "qwen_3_5"):
         body = "\n".join("<tool_call>\n<function=" + n + ">\n" + "".join(
-            f"<parameter={k}>\n{v if isinstance(v, str) else _json(v)}\n</parameter>\n" for k, v in a.items())
+            f"<parameter={k}>\n{_raw(v)}\n</parameter>\n" for k, v in a.items())
             + "</function>\n</tool_call>" for n, a in calls)
+    elif model == "glm_4_7":
+        body = "".join(f"<tool_call>{n}" + "".join(f"<arg_key>{k}</arg_key><arg_value>{_raw(v)}</arg_value>"
+                                                   for k, v in a.items()) + "</tool_call>" for n, a in calls)
+    elif model == "minimax":
+        body = "\n<minimax:tool_call>\n" + "".join(
+            f'<invoke name="{n}">\n' + "".join(f'<parameter name="{k}">{_raw(v)}</parameter>\n' for k, v in a.items())
+            + "</invoke>\n" for n, a in calls) + "</minimax:tool_call>"
+    elif model == "deepseek_v3_2":
+        body = f"\n\n<{DSML}function_calls>\n" + "\n".join(
+            f'<{DSML}invoke name="{n}">\n' + "\n".join(
+                f'<{DSML}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">{_raw(v)}</{DSML}parameter>'
+                for k, v in a.items()) + f"\n</{DSML}invoke>" for n, a in calls) + f"\n</{DSML}function_calls>"
+    elif model == "exaone":
+        body = "\n".join(f"<tool_call>{_json({'name': n, 'arguments': a})}</tool_call>" for n, a in calls)
     elif model == "deepseek_r1":
         body = DS["tool calls begin"] + "\n".join(
             f"{DS['tool call begin']}function{DS['tool sep']}{n}\n```json\n{_json(a)}\n```{DS['tool call end']}"
@@ -249,6 +273,63 @@ def test_typed_tool_params_read_as_their_dicts():
             xg2.get_model_structural_tag("harmony", [WEATHER, BROWSER], plain)
 
 
+CHOICES = ["auto", "required", "none", {"type": "function", "function": {"name": "search"}},
+           {"type": "web_search_preview"},
+           {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+               {"type": "function", "function": {"name": "get_weather"}}, {"type": "web_search_preview"}]}}]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_per_model_functions_give_the_model_tag(model):
+    """xgrammar's per-model functions (xg2.builtin_structural_tag.get_<model>_structural_tag, its
+    names and parameters), given a request normalize_tool_choice normalised, give the tag
+    get_model_structural_tag gives for the model's name."""
+    from xg2 import builtin_structural_tag as bst
+
+    fn = getattr(bst, f"get_{model}_structural_tag")
+    xgrammar = pytest.importorskip("xgrammar")
+    import inspect
+
+    theirs = inspect.signature(getattr(xgrammar.builtin_structural_tag, f"get_{model}_structural_tag")).parameters
+    ours = inspect.signature(fn).parameters
+    assert [(p.name, p.kind, p.default) for p in ours.values()] == \
+        [(p.name, p.kind, p.default) for p in theirs.values()]
+    tools = [WEATHER, SEARCH, BROWSER]
+    for choice in CHOICES:
+        for options in ({}, {"reasoning": "disabled", "parallel_tool_calls": False},
+                        {"reasoning": "auto", "any_order": True, "max_whitespace_cnt": 2, "exclude_special_tokens": False}):
+            functions, builtins, simple = xg2.normalize_tool_choice(tools, choice)
+            expected = xg2.get_model_structural_tag(model, tools, choice, **options)
+            assert fn(functions, builtins, simple, **options, unused=1) == expected, (choice, options)
+            plain = [t.model_dump() for t in functions], [t.model_dump() for t in builtins]
+            assert fn(*plain, tool_choice=simple, **options) == expected
+    assert bst.get_model_structural_tag is xg2.get_model_structural_tag
+    assert bst.get_builtin_structural_tag(model, tools) == xg2.get_model_structural_tag(model, tools)
+
+
+def test_normalize_tool_choice_as_xgrammar():
+    """normalize_tool_choice splits the tools left by the tool choice into function and builtin
+    tools and simplifies the choice as xgrammar's does; the per-model functions refuse what a
+    simplified choice cannot mean."""
+    xgrammar = pytest.importorskip("xgrammar")
+    tools = [WEATHER, SEARCH, BROWSER]
+    for choice in CHOICES:
+        ours = xg2.normalize_tool_choice(tools, choice)
+        theirs = xgrammar.normalize_tool_choice(tools, choice)
+        assert [[t.model_dump() for t in ours[i]] for i in (0, 1)] == \
+            [[t.model_dump(exclude_none=True) for t in theirs[i]] for i in (0, 1)], choice
+        assert ours[2] == theirs[2], choice
+    from xg2.builtin_structural_tag import get_qwen_3_structural_tag
+    for kwargs, pointer in [({"tools": [WEATHER, SEARCH], "tool_choice": "forced"}, "/tool_choice"),
+                            ({"tool_choice": "required"}, "/tool_choice"),
+                            ({"tools": [WEATHER], "tool_choice": "none"}, "/tool_choice"),
+                            ({"tools": [WEATHER], "reasoning": "maybe"}, "/reasoning"),
+                            ({"builtin_tools": {"a": 1}}, "/builtin_tools")]:
+        with pytest.raises(xg2.ModelFormatError) as exc:
+            get_qwen_3_structural_tag(**kwargs)
+        assert exc.value.pointer == pointer, (kwargs, exc.value)
+
+
 def test_register_a_format(small_info):
     @xg2.register_model_structural_tag("bracket_calls")
     def bracket_calls(req):
@@ -355,7 +436,8 @@ def _broken(model: str, tools: list[dict], calls: list[tuple[str, dict]]) -> lis
         out.append(("no call with tool_choice none", good, {"tool_choice": "none"}))
     opener = {"qwen_3": "<tool_call>\n", "qwen_3_coder": f"<function={name}>\n", "llama": '{"name": ',
               "deepseek_r1": DS["tool sep"], "deepseek_v3_1": DS["tool sep"], "kimi": "<|tool_call_argument_begin|>",
-              "harmony": "json<|message|>"}[model]
+              "harmony": "json<|message|>", "glm_4_7": "<tool_call>", "minimax": f'<invoke name="{name}">',
+              "qwen_3_5": f"<function={name}>\n", "deepseek_v3_2": f'invoke name="{name}">', "exaone": "<tool_call>"}[model]
     cut = good.rindex(opener) + len(opener) if model == "harmony" else good.index(opener) + len(opener)
     out.append(("text inside a call", good[:cut] + "Sure, " + good[cut:], {}))
     out.append(("an unclosed call", good[:-len("<|call|>") - 3] if model == "harmony" else good[:-3], {}))
@@ -400,46 +482,121 @@ def test_masks_equal_the_reference(formats, model):
 
 # --- random walks ---------------------------------------------------------------------------------
 
-TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+def _typed(value: str, schema) -> object:
+    """An XML-style argument's text as the model's parser reads it: raw for a string-typed argument,
+    else JSON when it parses (the parsers fall back to the text when it does not)."""
+    if isinstance(schema, dict) and schema.get("type") == "string":
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
-def test_random_walk_calls_parse_and_validate(formats, deepseek_info):
-    """Seeded walks through allowed tokens with registry tools, a call required: every call that
-    closes is read by a Qwen-style parser and its arguments validate against the tool's schema."""
+def read_calls(model: str, text: str, schemas: dict) -> list[tuple[str, dict]]:
+    """The closed calls in an output, read as the model's tool-call parser reads them (vLLM's and
+    SGLang's: hermes for qwen_3 and exaone, qwen3_coder for qwen_3_5, glm47, minimax_m2,
+    deepseekv32)."""
+    def props(name):
+        return schemas.get(name, {}).get("properties", {}) if isinstance(schemas.get(name), dict) else {}
+
+    calls = []
+    if model in ("qwen_3", "exaone"):
+        for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL):
+            call = json.loads(body)
+            assert set(call) == {"name", "arguments"}, text
+            calls.append((call["name"], call["arguments"]))
+    elif model == "qwen_3_5":
+        for body in re.findall(r"<tool_call>\n<function=(.*?)</function>\n</tool_call>", text, re.DOTALL):
+            name, _, params = body.partition(">")
+            args = {}
+            for key, value in re.findall(r"<parameter=(.*?)>(.*?)</parameter>", params, re.DOTALL):
+                args[key] = _typed(value.removeprefix("\n").removesuffix("\n"), props(name).get(key))
+            calls.append((name, args))
+    elif model == "glm_4_7":
+        for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL):
+            name, _, rest = body.partition("<arg_key>")
+            pairs = re.findall(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", "<arg_key>" + rest, re.DOTALL)
+            name = name.strip()     # vLLM's glm47 parser strips it (the style lets whitespace follow it)
+            calls.append((name, {k.strip(): _typed(v, props(name).get(k.strip())) for k, v in pairs}))
+    elif model in ("minimax", "deepseek_v3_2"):
+        tag = "" if model == "minimax" else DSML
+        for name, body in re.findall(rf'<{tag}invoke name="([^"]+)">(.*?)</{tag}invoke>', text, re.DOTALL):
+            args = {}
+            for key, kind, value in re.findall(rf'<{tag}parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)'
+                                               rf"</{tag}parameter>", body, re.DOTALL):
+                if model == "minimax":
+                    args[key] = _typed(value.strip(), props(name).get(key))
+                else:
+                    args[key] = value if kind == "true" else json.loads(value)
+            calls.append((name, args))
+    else:
+        raise AssertionError(model)
+    return calls
+
+
+#: An XML style's (value opening, value closing, call closing) tags: a walk is steered now and then
+#: to the closing tag of the value it is in, or else of the call (random tokens seldom spell them,
+#: and raw text runs until its closing tag).
+CLOSERS = {"qwen_3": None, "exaone": None, "qwen_3_5": ("<parameter=", "</parameter>", "</tool_call>"),
+           "glm_4_7": ("<arg_value>", "</arg_value>", "</tool_call>"),
+           "minimax": ('<parameter name="', "</parameter>", "</invoke>"),
+           "deepseek_v3_2": (f'<{DSML}parameter name="', f"</{DSML}parameter>", f"</{DSML}invoke>")}
+
+
+@pytest.mark.parametrize("model", list(CLOSERS))
+def test_random_walk_calls_parse_and_validate(formats, deepseek_info, model):
+    """Seeded walks through allowed tokens with registry tools, one call required: every call that
+    closes is read as the model's parser reads it and its arguments validate against the tool's
+    schema. Runs of whitespace are capped (max_whitespace_cnt) so that the walks move on."""
     jsonschema = pytest.importorskip("jsonschema")
     registry = [json.loads(line) for line in REGISTRY.open(encoding="utf-8")]
-    rng = random.Random(11)
+    rng = random.Random(f"walk-{model}")
     vocab = deepseek_info.decoded_vocab
     structural = np.zeros(deepseek_info.vocab_size, dtype=bool)
     structural[[i for i, b in enumerate(vocab) if b and set(b) & set(b'"]},\n<>/') and len(b) <= 3]] = True
     structural[deepseek_info.stop_token_ids] = False
+    opening, *closers = [c.encode() for c in CLOSERS[model] or ("", "", "")]
+    pieces = {c: [i for i, b in enumerate(vocab) if b and b in c] for c in closers}
     bitmask = xg2.allocate_token_bitmask(1, deepseek_info.vocab_size)
     closed = 0
     for walk in range(8):
-        tools = [{"type": "function", "function": {k: v for k, v in t["function"].items() if k != "description"}}
-                 for t in rng.sample(registry, 3)]
+        while True:     # an XML style writes only object arguments; draw again where a schema is not one
+            tools = [{"type": "function", "function": {k: v for k, v in t["function"].items() if k != "description"}}
+                     for t in rng.sample(registry, 3)]
+            try:
+                compiled = formats.compiled(model, tools, reasoning="disabled", tool_choice="required",
+                                            parallel_tool_calls=False, max_whitespace_cnt=3)
+                break
+            except (xg2.SchemaError, xg2.StructuralTagError):
+                assert model not in ("qwen_3", "exaone")
         schemas = {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools}
-        matcher = xg2.GrammarMatcher(formats.compiled("qwen_3", tools, reasoning="disabled", tool_choice="required"))
+        matcher = xg2.GrammarMatcher(compiled)
         out = b""
-        for _ in range(400):
+        for _ in range(600):
             matcher.fill_next_token_bitmask(bitmask)
             mask = unpack(bitmask, deepseek_info.vocab_size)
             mask[deepseek_info.stop_token_ids] = False
-            pick = np.nonzero(mask & structural)[0] if rng.random() < 0.6 else []
+            pick = []
+            if opening:     # the next piece of a closing tag begun, or now and then its start
+                c = closers[0] if out.rfind(opening) > out.rfind(closers[0]) else closers[1]
+                k = next(k for k in range(min(len(out), len(c) - 1), -1, -1) if out.endswith(c[:k]))
+                value = out[out.rfind(opening):].partition(b">")[2] if c == closers[0] else b""
+                if (k or rng.random() < 0.2) and value.lstrip()[:1] not in (b"[", b"{", b'"'):   # not in JSON
+                    pick = [i for i in pieces[c] if mask[i] and c[k:].startswith(vocab[i])]
+            if not len(pick) and rng.random() < 0.6:
+                pick = np.nonzero(mask & structural)[0]
             if not len(pick):
                 pick = np.nonzero(mask)[0]
             if not len(pick):
-                break
+                break       # the call is closed: only the end of the turn may follow
             t = int(pick[rng.randrange(len(pick))])
             assert matcher.accept_token(t)
             out += vocab[t]
-            if out.endswith(b"</tool_call>"):
-                break
         text = out.decode("utf-8", "replace")
-        for body in TOOL_CALL.findall(text):
-            call = json.loads(body)
-            assert set(call) == {"name", "arguments"} and call["name"] in schemas, text
-            jsonschema.validate(call["arguments"], copy.deepcopy(schemas[call["name"]]))
+        for name, args in read_calls(model, text, schemas):
+            assert name in schemas, text
+            jsonschema.validate(args, copy.deepcopy(schemas[name]))
             closed += 1
     assert closed >= 6, f"only {closed} walks closed a call to check"
 

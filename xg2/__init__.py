@@ -3,8 +3,9 @@
 The public API follows xgrammar's names and shapes, so an engine integration switches by import.
 """
 
-from . import contrib, exception  # noqa: F401 (the twins of xgrammar.contrib and xgrammar.exception)
+from . import builtin_structural_tag, contrib, exception  # noqa: F401 (xgrammar's modules of these names)
 from .batch_matcher import BatchGrammarMatcher
+from .builtin_structural_tag import get_builtin_structural_tag, normalize_tool_choice
 from .compiler import CompiledGrammar, GrammarCompiler
 from .errors import (
     GrammarError,
@@ -64,8 +65,10 @@ __all__ = [
     "allocate_token_bitmask",
     "apply_token_bitmask_inplace",
     "get_bitmask_shape",
+    "get_builtin_structural_tag",
     "get_model_structural_tag",
     "get_serialization_version",
+    "normalize_tool_choice",
     "register_model_structural_tag",
     "reset_token_bitmask",
 ]

@@ -6,7 +6,13 @@ A format is data (design rule): a builder turns a normalised request (`ToolCallR
 structural tag. Most models share one shape, free text in which a trigger opens a call, and are
 described by a `CallSyntax`; harmony (gpt-oss), whose output is a series of channel messages, has a
 builder of its own. `register_model_structural_tag` adds builders; `get_model_structural_tag`
-normalises OpenAI-style tools and tool choice and calls one.
+normalises OpenAI-style tools and tool choice and calls one, `build_model_structural_tag` takes
+a request normalised already (xgrammar's per-model functions, xg2.builtin_structural_tag).
+
+Each syntax follows the model's chat template and the tool-call parsers that read its output
+(vLLM's, SGLang's): where the parsers read more than one spelling that the model writes, each is
+accepted (a newline inside EXAONE's tags, whitespace between GLM's key and value, the blank line
+DeepSeek-V3.2 writes before its block even when a call must come first).
 
 Harmony's markers are special tokens of gpt-oss's vocabulary and are named as tokens
 (`{"type": "token", ...}`): its structural tag compiles only for a vocabulary holding them, and the
@@ -101,20 +107,77 @@ def get_model_structural_tag(model: str, tools: list | None = None, tool_choice:
     (deprecated there, its behaviour now part of each model's format) is accepted and changes
     nothing. Invalid requests raise ModelFormatError with the pointer of the bad argument."""
     del force_reasoning
+    builder = _builder(model)
+    mode, chosen = _choice(tool_choice, _tools(tools))
+    return _build(builder, chosen, mode, reasoning, any_order, exclude_special_tokens, max_whitespace_cnt,
+                  parallel_tool_calls)
+
+
+def build_model_structural_tag(model: str, tools: list | None = None, builtin_tools: list | None = None,
+                               tool_choice: str = "auto", reasoning: bool | Reasoning = "enabled",
+                               any_order: bool = False, exclude_special_tokens: bool = True,
+                               max_whitespace_cnt: int | None = None,
+                               parallel_tool_calls: bool = True) -> StructuralTag:
+    """A model's structural tag from an already normalised request, as xgrammar's per-model
+    functions take it (xg2.builtin_structural_tag): the function tools and the builtin tools the
+    model may call, and the simplified tool choice ``"auto"`` (text or calls; text only without
+    tools), ``"required"`` (at least one call) or ``"forced"`` (exactly one call of the one tool)."""
+    builder = _builder(model)
+    chosen = _tools([*(_listed(tools, "/tools")), *(_listed(builtin_tools, "/builtin_tools"))])
+    if tool_choice == "auto":
+        mode: Mode = "auto" if chosen else "none"
+    elif tool_choice == "required":
+        if not chosen:
+            raise ModelFormatError("tool_choice 'required' with no tools", "/tool_choice")
+        mode = "required"
+    elif tool_choice == "forced":
+        if len(chosen) != 1:
+            raise ModelFormatError(f"tool_choice 'forced' needs exactly one tool, got {len(chosen)}", "/tool_choice")
+        mode = "forced"
+    else:
+        raise ModelFormatError(f"tool_choice must be 'auto', 'required' or 'forced', got {tool_choice!r}",
+                               "/tool_choice")
+    return _build(builder, chosen, mode, reasoning, any_order, exclude_special_tokens, max_whitespace_cnt,
+                  parallel_tool_calls)
+
+
+def _builder(model: str) -> Builder:
     builder = _REGISTRY.get(model)
     if builder is None:
         raise ModelFormatError(f"unknown model format {model!r}; registered: {', '.join(model_formats())}", "/model")
-    all_tools = _tools(tools)
-    mode, chosen = _choice(tool_choice, all_tools)
+    return builder
+
+
+def _listed(tools: Any, at: str) -> list:
+    if tools is None:
+        return []
+    if not isinstance(tools, (list, tuple)):
+        raise ModelFormatError(f"{at[1:]} must be a list", at)
+    return list(tools)
+
+
+def _build(builder: Builder, tools: tuple[Tool, ...], mode: Mode, reasoning: Any, any_order: bool,
+           exclude_special_tokens: bool, max_whitespace_cnt: int | None, parallel_tool_calls: bool) -> StructuralTag:
     if isinstance(reasoning, bool):
         reasoning = "enabled" if reasoning else "disabled"
     if reasoning not in ("enabled", "disabled", "auto"):
         raise ModelFormatError(f"reasoning must be 'enabled', 'disabled' or 'auto', got {reasoning!r}", "/reasoning")
     if max_whitespace_cnt is not None and (not isinstance(max_whitespace_cnt, int) or max_whitespace_cnt < 1):
         raise ModelFormatError("max_whitespace_cnt must be a positive integer", "/max_whitespace_cnt")
-    request = ToolCallRequest(chosen, mode, reasoning, bool(parallel_tool_calls), bool(any_order),
+    request = ToolCallRequest(tools, mode, reasoning, bool(parallel_tool_calls), bool(any_order),
                               max_whitespace_cnt, bool(exclude_special_tokens))
     return parse_structural_tag({"type": "structural_tag", "format": builder(request)})
+
+
+def normalized_tool_choice(tools: Any, tool_choice: Any) -> tuple[list, str]:
+    """The tools a request leaves the model (as given, each a plain dict) and its simplified tool
+    choice (``"auto"``, ``"required"`` or ``"forced"``): the model-independent part of
+    get_model_structural_tag; ``"none"`` leaves no tools and ``"auto"``."""
+    given = [_plain(t) for t in _listed(tools, "/tools")]
+    read = _tools(given)
+    mode, chosen = _choice(tool_choice, read)
+    kept = [given[i] for i, t in enumerate(read) if t in chosen and mode != "none"]
+    return kept, ("auto" if mode == "none" else mode)
 
 
 def _tools(tools: Any) -> tuple[Tool, ...]:
@@ -214,29 +277,45 @@ def _const(text: str) -> dict:
     return {"type": "const_string", "value": text}
 
 
+def _regex(pattern: str) -> dict:
+    return {"type": "regex", "pattern": pattern}
+
+
 @dataclass(frozen=True)
 class CallSyntax:
     """How a model writes its reasoning and tool calls.
 
-    A call is `begin` (with the tool's name for `{name}`), the arguments in `style` (after the
-    formats of `before_arguments`), then `end`; the calls of a turn are joined by `separator`.
-    `section`: the (opening, closing) markers around all calls of a turn; without a section,
-    `trigger` (a prefix of every `begin`) opens the first call in free text. `think`: the
+    A call is `begin`, the formats of `before_arguments`, the arguments in `style`, the formats of
+    `after_arguments`, then `end` (`{name}` in `begin` and in constant strings is the tool's name);
+    the calls of a turn are joined by `separator`.
+    `section`: the (opening, closing) markers around all calls of a turn. `trigger` opens the
+    calls in free text: a prefix of every `begin`, or of the section's opening (default: all of
+    it), and free text never holds it where no call may follow (tool choice none). `think`: the
     reasoning block's opening and closing tags (None: the model does not reason). `markers`:
-    strings free text never holds (with exclude_special_tokens)."""
+    strings free text never holds (with exclude_special_tokens). `lead`: a pattern for what the
+    template writes before the calls even without text (a required or forced call may follow it)."""
 
     begin: str
     end: str
     trigger: str = ""
     style: str = "json"
     before_arguments: tuple[dict, ...] = ()
+    after_arguments: tuple[dict, ...] = ()
     section: tuple[str, str] | None = None
     separator: str = ""
     think: tuple[str, str] | None = ("<think>", "</think>")
     markers: tuple[str, ...] = ()
+    lead: str = ""
+
+    @property
+    def opener(self) -> str:
+        return self.trigger or (self.section[0] if self.section else "")
 
     def call(self, tool: Tool, req: ToolCallRequest) -> dict:
-        content = [*self.before_arguments, req.arguments(tool, self.style)]
+        named = [{**f, "value": f["value"].replace("{name}", tool.name)} if f["type"] == "const_string" else f
+                 for f in (*self.before_arguments, *self.after_arguments)]
+        before = len(self.before_arguments)
+        content = [*named[:before], req.arguments(tool, self.style), *named[before:]]
         return {"type": "tag", "begin": self.begin.replace("{name}", tool.name),
                 "content": content[0] if len(content) == 1 else {"type": "sequence", "elements": content},
                 "end": self.end}
@@ -253,7 +332,7 @@ class CallSyntax:
                 {"type": "regex", "pattern": r"\s*"}]}
             parts.append(block if req.reasoning == "enabled" else {"type": "optional", "content": block})
         if req.mode == "none":      # no call, nor the start of one
-            parts.append({"type": "any_text", "excludes": [*excludes, self.section[0] if self.section else self.trigger]})
+            parts.append({"type": "any_text", "excludes": [*excludes, self.opener]})
         else:
             parts.append(self.calls(req, excludes))
         return parts[0] if len(parts) == 1 else {"type": "sequence", "elements": parts}
@@ -269,18 +348,22 @@ class CallSyntax:
             inner = {"type": "tags_with_separator", "tags": tags, "separator": self.separator,
                      "at_least_one": True, "stop_after_first": one_only}
             tags = [{"type": "tag", "begin": opening, "content": inner, "end": closing}]
-            trigger, one_only = opening, True
-        else:
-            trigger = self.trigger
+            one_only = True
+        trigger = self.opener
         if req.mode == "forced":
-            return tags[0]
+            return self.led(tags[0])
         first = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "excludes": excludes,
                  "at_least_one": req.mode == "required", "stop_after_first": True}
+        if req.mode == "required":
+            first = self.led(first)
         if one_only:
             return first
         more = {"type": "sequence", "elements": [_const(self.separator), tags[0] if len(tags) == 1 else
                                                  {"type": "or", "elements": tags}]}
         return {"type": "sequence", "elements": [first, {"type": "star", "content": more}]}
+
+    def led(self, calls: dict) -> dict:
+        return {"type": "sequence", "elements": [_regex(self.lead), calls]} if self.lead else calls
 
 
 def _register_syntax(name: str, syntax: CallSyntax) -> None:
@@ -293,10 +376,12 @@ _register_syntax("llama", CallSyntax(begin='{"name": "{name}", "parameters": ', 
 #: Qwen 3 (and QwQ / Qwen 2.5 style Hermes calls): `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`.
 _register_syntax("qwen_3", CallSyntax(begin='<tool_call>\n{"name": "{name}", "arguments": ', end="}\n</tool_call>",
                                       trigger="<tool_call>", separator="\n", markers=("</tool_call>",)))
-#: Qwen3-Coder (and Qwen 3.5): XML parameters, `<function=name>` then `<parameter=p>\nvalue\n</parameter>`.
-_register_syntax("qwen_3_coder", CallSyntax(begin="<tool_call>\n<function={name}>\n", end="</function>\n</tool_call>",
-                                            trigger="<tool_call>", style="qwen_xml", separator="\n",
-                                            markers=("</tool_call>", "<function=", "</function>")))
+#: Qwen3-Coder and Qwen 3.5 (one template and parser, qwen3_coder): XML parameters, `<function=name>`
+#: then `<parameter=p>\nvalue\n</parameter>`; Qwen 3.5 reasons (`<think>\n` in the prompt).
+_QWEN_XML = CallSyntax(begin="<tool_call>\n<function={name}>\n", end="</function>\n</tool_call>", trigger="<tool_call>",
+                       style="qwen_xml", separator="\n", markers=("</tool_call>", "<function=", "</function>"))
+_register_syntax("qwen_3_coder", _QWEN_XML)
+_register_syntax("qwen_3_5", _QWEN_XML)
 _DS_MARKERS = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "<｜tool▁sep｜>")
 #: DeepSeek-R1: calls in a section, each `function<｜tool▁sep｜>name` and a fenced JSON block.
 _register_syntax("deepseek_r1", CallSyntax(
@@ -313,6 +398,32 @@ _register_syntax("kimi", CallSyntax(
     begin="<|tool_call_begin|>functions.{name}:", end="<|tool_call_end|>",
     before_arguments=({"type": "regex", "pattern": r"\d+"}, _const("<|tool_call_argument_begin|>")),
     section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"), markers=_KIMI[1:]))
+#: GLM-4.7 (and GLM-5): `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>...</tool_call>`,
+#: calls back to back, strings raw and other values JSON; the reasoning `<think>...</think>` opens
+#: in the prompt (`</think>` alone there when thinking is off).
+_register_syntax("glm_4_7", CallSyntax(begin="<tool_call>{name}", end="</tool_call>", trigger="<tool_call>",
+                                       style="glm_xml", markers=("</tool_call>", "<arg_key>", "</arg_key>",
+                                                                 "<arg_value>", "</arg_value>")))
+#: MiniMax-M2 (M2.1, M2.5): one `<minimax:tool_call>` block, an `<invoke name="...">` per call,
+#: `<parameter name="k">v</parameter>` lines; the reasoning block's `<think>\n` is in the prompt.
+_register_syntax("minimax", CallSyntax(begin='<invoke name="{name}">', end="</invoke>", trigger="<minimax:tool_call>",
+                                       style="minimax_xml", section=("<minimax:tool_call>\n", "\n</minimax:tool_call>"),
+                                       separator="\n", markers=("</minimax:tool_call>",), lead=r"\n?"))
+_DSML = "\uff5cDSML\uff5c"
+#: DeepSeek-V3.2 DSML: one `<｜DSML｜function_calls>` block, an `<｜DSML｜invoke name="...">` per call,
+#: parameters with string="true" (raw text) or "false" (JSON); `<think>` (or `</think>`) ends the prompt.
+_register_syntax("deepseek_v3_2", CallSyntax(
+    begin=f'<{_DSML}invoke name="{{name}}">', end=f"</{_DSML}invoke>", trigger=f"<{_DSML}function_calls>",
+    style="deepseek_xml", section=(f"<{_DSML}function_calls>\n", f"\n</{_DSML}function_calls>"), separator="\n",
+    markers=(f"</{_DSML}function_calls>", f"<{_DSML}invoke", f"</{_DSML}invoke>"), lead=r"(\n\n)?"))
+#: EXAONE 4.0: Hermes-style JSON, `<tool_call>{"name": ..., "arguments": ...}</tool_call>` as its template
+#: writes it (no newlines), or with a newline inside each tag as Qwen's layout has it (vLLM's hermes
+#: parser, the one EXAONE names, reads both); calls on separate lines; `<think>\n` ends the prompt
+#: when it reasons.
+_register_syntax("exaone", CallSyntax(
+    begin="<tool_call>", end="</tool_call>", trigger="<tool_call>",
+    before_arguments=(_regex(r"\n?"), _const('{"name": "{name}", "arguments": ')),
+    after_arguments=(_const("}"), _regex(r"\n?")), separator="\n", markers=("</tool_call>",)))
 
 
 # --- harmony (gpt-oss): channel messages ---------------------------------------------------------
