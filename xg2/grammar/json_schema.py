@@ -407,6 +407,8 @@ class _Converter(ObjectLowering):
             return None
         if not isinstance(schema, dict):
             raise SchemaError("a schema must be an object or a boolean", ptr)
+        if "type" in schema:
+            self.types(schema, ptr)     # a bad type is an error, not an empty intersection
         return self.merge(schema, {"type": list(types)}, ptr)
 
     def raw_string(self, schema: Any, ptr: str) -> Expr | None:
