@@ -486,10 +486,10 @@ def test_special_tokens_match_xgrammar() -> None:
         xg2.Grammar.from_lark("start: <|tool|>")
 
 
-@pytest.mark.xfail(strict=True, reason="known gap shared with token-level structural tags: xg2 spells a "
-                   "special token as a surrogate character encoded in 3 bytes (ED A0 80), and single-byte "
-                   "tokens can spell those bytes too (see TokenizerInfo.named_special_tokens)")
 def test_special_token_spelled_by_bytes() -> None:
+    """Where the grammar requires a special token, no ordinary token may start spelling it: its
+    stand-in character is read behind a byte no ordinary token holds (ir.text_bytes; it used to be
+    a surrogate's UTF-8, ED A0 80, which the byte token 0xED could begin)."""
     vocab = [*ENCODED, b"<|tool|>"]
     tool = len(vocab) - 1
     size = len(vocab) + 3

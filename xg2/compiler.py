@@ -20,6 +20,7 @@ from ._ext.core import ClassTrie, CompiledCore, EntryPool, Vocab
 from .errors import TokenizerError, UsageError, XG2Error
 from .grammar import budget
 from .grammar.grammar import Grammar
+from .grammar.ir import SPECIAL_LEAD, text_bytes
 from .lowering import LoweredGrammar, Module, byte_classes, link, link_frame, lower
 from .tokenizer import TokenizerInfo
 
@@ -144,11 +145,14 @@ def vocab_core(info: TokenizerInfo) -> Vocab:
             decoded = info.decoded_vocab
             special = set(info.special_token_ids)
             stops = set(info.stop_token_ids)
-            ordinary = [i for i, b in enumerate(decoded) if b and i not in special and i not in stops]
+            # A token holding a byte UTF-8 never uses (F8-FF) is never allowed: no text has it, and
+            # the spelling of special tokens starts with one (ir.text_bytes).
+            ordinary = [i for i, b in enumerate(decoded) if b and i not in special and i not in stops
+                        and max(b) < SPECIAL_LEAD]
             # Special tokens a grammar can name walk the parser as their character there; no
             # other grammar allows them (see TokenizerInfo.named_special_tokens).
             for i, ch in info.named_special_tokens.items():
-                decoded[i] = ch.encode("utf-8", "surrogatepass")
+                decoded[i] = text_bytes(ch)
                 ordinary.append(i)
             ordinary.sort(key=decoded.__getitem__)
             try:
@@ -650,7 +654,7 @@ class GrammarCompiler:
                       keep=frozenset(stubs) | frozenset(gates))
         index = {n: i for i, n in enumerate(frame.rule_names)}
         lowered = link_frame(frame, {index[n]: m for n, m in modules.items()}, self._impassable,
-                             {index[n]: t.encode("utf-8", "surrogatepass") for n, t in gates.items() if n in index})
+                             {index[n]: text_bytes(t) for n, t in gates.items() if n in index})
         with self._lock:
             trie = self._class_tries.get(byte_classes(lowered.arrays))
         core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())

@@ -41,7 +41,7 @@ import numpy as np
 from . import exception
 from .errors import XG2Error
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3     # 3: special tokens spelled behind an F8 byte in automata (ir.text_bytes)
 MAGIC = b"XG2T"
 KIND_GRAMMAR, KIND_MODULE, KIND_ENTRY, KIND_OWN_ENTRIES = 1, 2, 3, 4
 _KIND_NAMES = {KIND_GRAMMAR: "compiled grammar", KIND_MODULE: "module", KIND_ENTRY: "mask entry",

@@ -27,7 +27,7 @@ from libc.string cimport memcmp, memcpy, memset
 
 from hashlib import blake2b as _blake2b
 
-from xg2.grammar.ir import CharClass, Choice, Literal, Repeat, RuleRef, Seq
+from xg2.grammar.ir import CharClass, Choice, Literal, Repeat, RuleRef, Seq, text_bytes
 
 
 cdef struct Vec:
@@ -400,7 +400,7 @@ cdef class _Builder:
                 s = ends.d[ends.n]
                 t = ends.d[ends.n + 1]
                 if isinstance(e, Literal):
-                    data = (<str>e.text).encode("utf-8", "surrogatepass")
+                    data = text_bytes(<str>e.text)
                     n = len(data)
                     p = data
                     if n == 0:

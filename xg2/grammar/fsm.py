@@ -24,7 +24,19 @@ from .._ext.automata import minimal_dfa, reach_back, repeat_chain, rule_dfa
 from ..errors import GrammarLimitError
 from . import budget as deadline
 from .alternation import MIN_TRIE_LITERALS, factor_literals
-from .ir import MAX_TREE_STEPS, CharClass, Choice, Expr, FreeText, Literal, Repeat, RuleRef, Seq, any_node
+from .ir import (
+    MAX_TREE_STEPS,
+    CharClass,
+    Choice,
+    Expr,
+    FreeText,
+    Literal,
+    Repeat,
+    RuleRef,
+    Seq,
+    any_node,
+    text_bytes,
+)
 from .text import text_graph
 
 #: Upper bound on automaton nodes built for one rule (before minimisation).
@@ -144,7 +156,7 @@ def build_nfa(body: Expr, rule_index: dict[str, int]) -> tuple[NFA, int, int]:
     while stack:
         e, s, t = stack.pop()
         if isinstance(e, Literal):
-            data = e.text.encode("utf-8", "surrogatepass")
+            data = text_bytes(e.text)
             cur = s
             for i, byte in enumerate(data):
                 nxt = t if i == len(data) - 1 else nfa.node()
@@ -503,7 +515,7 @@ def _body_key(e: Expr) -> tuple[tuple[bytes, tuple[int, ...]], tuple[str, ...]]:
         e.__dict__["_written"] = written
     refs = tuple(sorted(set(calls)))
     local = {n: i for i, n in enumerate(refs)}
-    return (text.encode("utf-8", "surrogatepass"), tuple(local[n] for n in calls)), refs
+    return (text_bytes(text), tuple(local[n] for n in calls)), refs
 
 
 def _class_text(x: CharClass) -> str:

@@ -16,6 +16,30 @@ from typing import Union
 
 MAX_CODEPOINT = 0x10FFFF
 
+#: The byte that opens the spelling of a special token inside automata (see `text_bytes`): no
+#: UTF-8 text holds it, and the vocabulary core lets no ordinary token hold it.
+SPECIAL_LEAD = 0xF8
+
+
+def text_bytes(text: str) -> bytes:
+    """The bytes automata read for IR text: UTF-8, except that each surrogate code point (the
+    character standing for a named special token, see TokenizerInfo.named_special_tokens) is
+    SPECIAL_LEAD and two bytes of its index. Spelled as UTF-8-style surrogates (ED A0 ..), a special
+    token could be written out by ordinary byte tokens (a lone ED is a valid start of Hangul);
+    behind a byte that no allowed token holds, only the special token itself reads it."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        out = bytearray()
+        for ch in text:
+            cp = ord(ch)
+            if 0xD800 <= cp <= 0xDFFF:
+                k = cp - 0xD800
+                out += bytes((SPECIAL_LEAD, 0x80 | (k >> 6), 0x80 | (k & 0x3F)))
+            else:
+                out += ch.encode("utf-8")
+        return bytes(out)
+
 
 def _cached_hash(self) -> int:
     """A node's hash, computed once: IR is immutable, and a tuple's hash walks the whole

@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import GrammarLimitError, SchemaError
 from .formats import format_expr
 from .fsm import rule_automaton
+from .ir import text_bytes
 from .regex import regex_to_expr
 
 #: Nested schema applications before giving up (recursive `$ref`s on deep values). Each costs about
@@ -81,7 +82,7 @@ def _scalar_key(v: Any) -> tuple | None:
 
 
 def _matches(expr, text: str) -> bool:
-    return rule_automaton(expr, {}).accepts(text.encode("utf-8", "surrogatepass"))
+    return rule_automaton(expr, {}).accepts(text_bytes(text))
 
 
 class Validator:
