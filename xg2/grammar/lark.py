@@ -339,7 +339,7 @@ class _Lowering:
                 if hi < lo:
                     raise src.error(f"token range {lo}-{hi} in {text} is empty", off)
                 if hi - lo > 1_000_000:
-                    raise src.limit(f"token range {lo}-{hi} in {text} spans more than 1000000 ids", off)
+                    raise src.limit_error(f"token range {lo}-{hi} in {text} spans more than 1000000 ids", off)
                 found.update(range(lo, hi + 1))
             if negated:
                 raise src.error(f"special tokens such as the negated set {text} are not supported by xg2: "
@@ -383,7 +383,7 @@ class _Lowering:
             try:
                 ir = json_schema_to_ir(value)
             except GrammarLimitError as e:
-                raise self.src.limit(f"%json schema: {e}", off) from None
+                raise self.src.limit_error(f"%json schema: {e}", off) from None
             except (SchemaError, GrammarError) as e:
                 raise self.src.error(f"%json schema: {e}", off) from None
             ref = self.ctx.json_refs[key] = self.ctx.embed(ir, "lark_json")
@@ -406,7 +406,7 @@ class _Lowering:
             ref = ctx.embed(value.ir, f"{name}_")
         else:
             if self.depth + 1 > MAX_LARK_NESTING:
-                raise src.limit(f"named grammars nested deeper than {MAX_LARK_NESTING} levels", off)
+                raise src.limit_error(f"named grammars nested deeper than {MAX_LARK_NESTING} levels", off)
             ctx.named_stack.append(name)
             try:
                 inner = _Source(value)

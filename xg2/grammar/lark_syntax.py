@@ -4,7 +4,6 @@ AST of items and small expression tuples; literals and regexes are lowered to IR
 
 from __future__ import annotations
 
-import bisect
 import json
 import re
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from typing import Any
 
 from xg2.errors import GrammarError, GrammarLimitError
 from xg2.grammar import budget
-from xg2.grammar.ebnf import MAX_NESTING_DEPTH, MAX_REPEAT
+from xg2.grammar.ebnf import _NEWLINE_RE, MAX_NESTING_DEPTH, MAX_REPEAT, _Source
 from xg2.grammar.ir import (
     CharClass,
     Expr,
@@ -67,27 +66,7 @@ _NONSPACE_IN_CLASS = (r"\x00-\x08\x0e-\x1f!-\x9f\xa1-\U0010ffff", r"\x00-\x08\x0
 _DOT = r"[^\n]"
 _DOT_ALL = r"[\x00-\U0010ffff]"
 
-# ---------------------------------------------------------------------------------------------
-# Source positions
-# ---------------------------------------------------------------------------------------------
-
-_NEWLINE_RE = re.compile(r"\r\n|\r|\n")
-
-
-class _Source:
-    def __init__(self, text: str):
-        self.text = text
-        self.line_starts = [0] + [m.end() for m in _NEWLINE_RE.finditer(text)]
-
-    def pos(self, off: int) -> tuple[int, int]:
-        line = bisect.bisect_right(self.line_starts, off)
-        return line, off - self.line_starts[line - 1] + 1
-
-    def error(self, message: str, off: int) -> GrammarError:
-        return GrammarError(message, *self.pos(off))
-
-    def limit(self, message: str, off: int) -> GrammarLimitError:
-        return GrammarLimitError(message, *self.pos(off))
+# Source positions: the EBNF front-end's _Source (offset -> line and column, typed errors).
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +248,7 @@ class _Lexer:
             elif c in "{[":
                 depth += 1
                 if depth > MAX_SCHEMA_NESTING:
-                    raise src.limit(f"JSON value after {directive} nested deeper than {MAX_SCHEMA_NESTING} levels",
+                    raise src.limit_error(f"JSON value after {directive} nested deeper than {MAX_SCHEMA_NESTING} levels",
                                     k)
             elif c in "}]":
                 depth -= 1
@@ -281,7 +260,7 @@ class _Lexer:
         try:
             value = json.loads(text[pos:k + 1])
         except RecursionError:
-            raise src.limit(f"JSON value after {directive} nested too deeply to decode", at) from None
+            raise src.limit_error(f"JSON value after {directive} nested too deeply to decode", at) from None
         except ValueError as e:
             raise src.error(f"{what}: {getattr(e, 'msg', e)}", at) from None
         return value, k + 1
@@ -557,13 +536,13 @@ class _Parser:
                 if brace.kind != "{":
                     raise self.error("expected '{' after %lark")
                 if depth + 1 > MAX_LARK_NESTING:
-                    raise src.limit(f"%lark blocks nested deeper than {MAX_LARK_NESTING} levels", tok.off)
+                    raise src.limit_error(f"%lark blocks nested deeper than {MAX_LARK_NESTING} levels", tok.off)
                 self.i += 1
                 top.items.append((_LARK, tok.off, self.parse_grammar(depth + 1, tok)))
                 top.quantifiable = True
             elif kind in ("(", "["):
                 if len(stack) > MAX_NESTING_DEPTH:
-                    raise src.limit(f"groups nested deeper than {MAX_NESTING_DEPTH} levels", tok.off)
+                    raise src.limit_error(f"groups nested deeper than {MAX_NESTING_DEPTH} levels", tok.off)
                 stack.append(_Frame(kind, tok.off))
                 self.i += 1
             elif kind in (")", "]"):
@@ -636,7 +615,7 @@ class _Parser:
             raise self.error("expected integer")
         digits = str(tok.value).lstrip("0") or "0"
         if len(digits) > len(str(MAX_REPEAT)) or int(digits) > MAX_REPEAT:
-            raise self.src.limit(f"repetition count {tok.value} exceeds the limit of {MAX_REPEAT}", tok.off)
+            raise self.src.limit_error(f"repetition count {tok.value} exceeds the limit of {MAX_REPEAT}", tok.off)
         self.i += 1
         return int(digits)
 
