@@ -524,15 +524,8 @@ def _case_variants() -> dict[int, tuple[int, ...]]:
 def _fold_ranges(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     """`ranges` with the case variants of their code points, sorted and merged."""
     variants = _case_variants()
-    points = sorted(list(ranges) + [(v, v) for cp in variants if any(lo <= cp <= hi for lo, hi in ranges)
-                                    for v in variants[cp]])
-    merged: list[list[int]] = []
-    for lo, hi in points:
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    return tuple((lo, hi) for lo, hi in merged)
+    return normalize_ranges(list(ranges) + [(v, v) for cp in variants if any(lo <= cp <= hi for lo, hi in ranges)
+                                            for v in variants[cp]])
 
 
 def _ignoring_case(e: Expr) -> Expr:
