@@ -553,3 +553,28 @@ def test_temperatures_and_static_batch_calls_agree(capsys: pytest.CaptureFixture
         xg2.GrammarMatcher(compiled, default_temperature=-1.0)
     with pytest.raises(xg2.UsageError):
         xg2.apply_token_bitmask_inplace(torch.zeros(1, 32), torch.zeros(1, 1, dtype=torch.int32), backend="gpu")
+
+
+# ------------------------------------------------------------------------ xgrammar.kernels' names
+
+@pytest.mark.parametrize("name", ["apply_token_bitmask_inplace_cpu", "apply_token_bitmask_inplace_torch_compile"])
+def test_kernel_modules_mask_as_xgrammars_cpu_kernel(name: str) -> None:
+    """xgrammar.kernels' modules by name (the CUDA one takes CUDA tensors, refused here on the CPU):
+    each masks what xgrammar's CPU kernel masks, rows by index and a vocabulary cut included."""
+    import importlib
+
+    from xgrammar.kernels.apply_token_bitmask_inplace_cpu import apply_token_bitmask_inplace_cpu as ref
+
+    ours = getattr(importlib.import_module(f"xg2.kernels.{name}"), name)
+    gen = torch.Generator().manual_seed(0)
+    for rows, vocab, indices, vs in [(2, 64, None, None), (3, 100, [0, 2], None), (2, 70, None, 50), (1, 33, [0], 33)]:
+        logits = torch.randn(rows, vocab, generator=gen)
+        bitmask = torch.randint(-2**31, 2**31 - 1, (rows, (vocab + 31) // 32), dtype=torch.int32, generator=gen)
+        a, b = logits.clone(), logits.clone()
+        ref(a, bitmask, vs, indices)
+        ours(b, bitmask, vs, indices)
+        assert torch.equal(a, b), (name, rows, vocab, indices, vs)
+    from xg2.kernels.apply_token_bitmask_inplace_cuda import apply_token_bitmask_inplace_cuda
+
+    with pytest.raises(xg2.UsageError):
+        apply_token_bitmask_inplace_cuda(torch.zeros(1, 32), torch.zeros(1, 1, dtype=torch.int32))

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ._ext import bitmask as bitmask_ext
-from .errors import UsageError
+from .._ext import bitmask as bitmask_ext
+from ..errors import UsageError
 
 _torch_lock = threading.Lock()
 _torch_state: list[Any] = []      # [torch module or None] once the first import has finished
@@ -204,7 +204,13 @@ def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, vocab_size: int | 
             sub[banned] = -np.inf
             target[rows] = sub
         return
+    _torch_mask(logits_2d, bitmask_2d, vs, rows)
+
+
+def _torch_mask(logits_2d: Any, bitmask_2d: Any, vs: int, rows: list[int] | None) -> None:
+    """The masking in torch ops on the tensors' device (CUDA included: no host copy)."""
     torch = _torch()
+    n_words = (vs + 31) // 32
     device = logits_2d.device
     words = bitmask_2d[:, :n_words]
     if rows is not None:
