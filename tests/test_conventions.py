@@ -578,3 +578,16 @@ def test_kernel_modules_mask_as_xgrammars_cpu_kernel(name: str) -> None:
 
     with pytest.raises(xg2.UsageError):
         apply_token_bitmask_inplace_cuda(torch.zeros(1, 32), torch.zeros(1, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("src", ['root ::= TagDispatch(loop_after_dispatch=true)',
+                                 'root ::= TagDispatch(excludes=("end"), loop_after_dispatch=true)',
+                                 'root ::= TagDispatch(("<a>", x), loop_after_dispatch=false)\nx ::= "1"'])
+def test_tag_dispatch_without_or_with_tags_agrees(src: str) -> None:
+    """TagDispatch with no (tag, rule) pair is free text (with its excludes), as in xgrammar."""
+    pair = [module.GrammarCompiler(module.TokenizerInfo([])).compile_grammar(src) for module in (xgr, xg2)]
+    for n in range(5):
+        for text in map("".join, itertools.product(["a", "e", "n", "d", "<a>", "1", "好"], repeat=n)):
+            ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
+            assert ours.accept_string(text) == ref.accept_string(text), f"{src}: {text!r}"
+            assert ours.is_completed() == ref.is_completed(), f"{src}: {text!r}"

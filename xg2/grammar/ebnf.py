@@ -555,8 +555,6 @@ class _Parser:
             if toks[self.i].kind != _RPAREN:
                 take(_COMMA, "','")
         self.i += 1
-        if not after:
-            raise src.error("TagDispatch needs at least one (tag, rule) pair", start)
         if not opts["stop_eos"] and not opts["stop_str"]:
             raise src.error("TagDispatch needs stop_eos=true or a stop string to end", start)
         try:
