@@ -591,3 +591,21 @@ def test_tag_dispatch_without_or_with_tags_agrees(src: str) -> None:
             ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
             assert ours.accept_string(text) == ref.accept_string(text), f"{src}: {text!r}"
             assert ours.is_completed() == ref.is_completed(), f"{src}: {text!r}"
+
+
+@pytest.mark.parametrize(("src", "alphabet"), [('root ::= Substring("abc", "de", "fg")', "abcdefgx"),
+                                               ('root ::= Substring("a", "", "b", "a", "b")', "ab"),
+                                               ("root ::= Substring()", "a"),
+                                               ('root ::= "x" Substring("ab", "cd") "y"', "xabcdy"),
+                                               ('root ::= Substring("ab") | "z"', "abz")])
+def test_substring_macro_agrees(src: str, alphabet: str) -> None:
+    """EBNF's Substring(...): any contiguous run of whole chunks, in order (the empty one too);
+    every string of up to 6 characters over the alphabet judged as xgrammar judges it."""
+    pair = [module.GrammarCompiler(module.TokenizerInfo([])).compile_grammar(src) for module in (xgr, xg2)]
+    for n in range(7):
+        for text in map("".join, itertools.product(alphabet, repeat=n)):
+            ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
+            assert ours.accept_string(text) == ref.accept_string(text), f"{src}: {text!r}"
+            assert ours.is_completed() == ref.is_completed(), f"{src}: {text!r}"
+    with pytest.raises(xg2.GrammarLimitError):
+        xg2.Grammar.from_ebnf("root ::= Substring(" + ", ".join(['"a"'] * 300) + ")")

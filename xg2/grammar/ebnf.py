@@ -71,7 +71,10 @@ MAX_NESTING_DEPTH = 1000
 """Deepest parenthesis nesting accepted (``(`` and ``(=`` both count)."""
 
 # xgrammar macros not supported (yet): a precise error instead of "undefined rule".
-_XGRAMMAR_MACROS = frozenset({"Token", "ExcludeToken", "TokenTagDispatch", "Substring"})
+_XGRAMMAR_MACROS = frozenset({"Token", "ExcludeToken", "TokenTagDispatch"})
+
+MAX_SUBSTRING_CHUNKS = 256
+"""Most chunks a Substring(...) takes (its automaton grows with the square of their number)."""
 
 # ---------------------------------------------------------------------------------------------
 # Lexer
@@ -601,6 +604,36 @@ class _Parser:
         except RegexError as e:
             raise src.error(f"in Regex: {e.message} (column {e.column} of the pattern)", start) from None
 
+    def _substring(self) -> Expr:
+        """xgrammar's `Substring("c1", "c2", ...)` macro, self.i at its name: any contiguous run of
+        the chunks in their order, each chunk whole (the empty run included). Written as the
+        choice of each chunk followed by an optional run of the next ones: linear in the chunks."""
+        src, toks = self.src, self.toks
+        start = toks[self.i].off
+        self.i += 2
+        chunks: list[str] = []
+        while toks[self.i].kind != _RPAREN:
+            tok = toks[self.i]
+            if tok.kind != _STRING:
+                raise src.error(f"Substring takes string literals, got {tok.kind}", tok.off)
+            chunks.append(str(tok.value))
+            self.i += 1
+            if toks[self.i].kind == _COMMA:
+                self.i += 1
+            elif toks[self.i].kind != _RPAREN:
+                raise src.error(f"expected ',' or ')' in Substring, got {toks[self.i].kind}", toks[self.i].off)
+        self.i += 1
+        chunks = [c for c in chunks if c]       # an empty chunk changes no run
+        if len(chunks) > MAX_SUBSTRING_CHUNKS:
+            raise src.limit_error(f"Substring with more than {MAX_SUBSTRING_CHUNKS} chunks", start)
+        rest: Expr = EPSILON                    # the runs that may follow chunk j-1
+        starts: list[Expr] = []
+        for chunk in reversed(chunks):
+            run = Seq((Literal(chunk), rest)) if rest != EPSILON else Literal(chunk)
+            starts.append(run)
+            rest = Repeat(run, 0, 1)
+        return Choice((EPSILON, *reversed(starts))) if starts else EPSILON
+
     def _free_text(self) -> Expr:
         """`FreeText(ends=("s", ...), excludes=("s", ...))`, self.i at its name: the IR leaf of
         text.text_until, written so that the printed form of TagDispatch and of structural tags'
@@ -674,6 +707,10 @@ class _Parser:
                     continue
                 if ref == "Regex" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:
                     top.items.append(self._regex())
+                    top.quantifiable = True
+                    continue
+                if ref == "Substring" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:
+                    top.items.append(self._substring())
                     top.quantifiable = True
                     continue
                 if ref == "FreeText" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:
