@@ -609,3 +609,17 @@ def test_substring_macro_agrees(src: str, alphabet: str) -> None:
             assert ours.is_completed() == ref.is_completed(), f"{src}: {text!r}"
     with pytest.raises(xg2.GrammarLimitError):
         xg2.Grammar.from_ebnf("root ::= Substring(" + ", ".join(['"a"'] * 300) + ")")
+
+
+def test_recursion_depth_settings_agree() -> None:
+    """xgrammar's process-wide recursion depth: default, set, context manager, refusals (in xg2
+    the value is kept and checked and bounds nothing: xg2 recurses nowhere on its input)."""
+    for module in (xgr, xg2):
+        default = module.get_max_recursion_depth()
+        assert default == 10_000
+        with module.max_recursion_depth(1000):
+            assert module.get_max_recursion_depth() == 1000
+        assert module.get_max_recursion_depth() == default
+        for bad in (-1, 100_000_000):
+            with pytest.raises(RuntimeError):
+                module.set_max_recursion_depth(bad)

@@ -7,6 +7,7 @@ from . import builtin_structural_tag, contrib, exception  # noqa: F401 (xgrammar
 from .batch_matcher import BatchGrammarMatcher
 from .builtin_structural_tag import get_builtin_structural_tag, normalize_tool_choice
 from .compiler import CompiledGrammar, GrammarCompiler
+from .config import get_max_recursion_depth, max_recursion_depth, set_max_recursion_depth
 from .errors import (
     GrammarError,
     GrammarLimitError,
@@ -66,11 +67,14 @@ __all__ = [
     "apply_token_bitmask_inplace",
     "get_bitmask_shape",
     "get_builtin_structural_tag",
+    "get_max_recursion_depth",
     "get_model_structural_tag",
     "get_serialization_version",
+    "max_recursion_depth",
     "normalize_tool_choice",
     "register_model_structural_tag",
     "reset_token_bitmask",
+    "set_max_recursion_depth",
 ]
 
 __version__ = "0.1.0"
