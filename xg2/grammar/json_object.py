@@ -68,6 +68,12 @@ def _key_exits(codes: tuple[int, ...]) -> tuple[Expr, Expr | None]:
     return _choice(other), (CharClass(((0, 0x7F), *((x, x) for x in wide)), negated=True) if wide else None)
 
 
+#: The rest of a key once it is none of the listed ones, as one expression (with excluded strings,
+#: the key is met with their automaton, which reads no rules).
+_REST = Seq((Repeat(CHAR, 0, None), Literal('"')))
+_WIDE_REST = Seq((CharClass(((0, 0x7F),), negated=True), _REST))
+
+
 def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rule) -> Expr:
     """A JSON string whose value is none of `keys` (spelt canonically; see the module notes).
 
@@ -137,6 +143,8 @@ class ObjectLowering:
                 own = _both(own, extra_schema)
             if allowed is not None and not allowed.accepts(k):
                 own = False     # propertyNames rules the key out, listed or not
+            if self.excl is not None and not self.excl.key_ok(k):
+                own = False     # the key holds an excluded string
             req = k in required
             value = self.lower(own, p, d + 1)
             member = None if value is None else self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
@@ -153,7 +161,14 @@ class ObjectLowering:
             addl_value = None
         else:
             addl_value = self.lower(addl, addl_ptr, d + 1)
-        if addl_value is not None:
+        if addl_value is not None and self.excl is not None:
+            # a key that is none of the names and holds no excluded string (any free string without names)
+            def other_key():
+                plain = _string_excluding(names, _REST, _WIDE_REST, lambda _hint, x: x)
+                return self.excluded(lambda: self.excl.avoid(plain, self.new_name, self.rules), addl_ptr)
+            key = self.cached_or_none(("key_excluding", tuple(names)), "other_key", other_key) if names else self.string()
+            extra = None if key is None else self.add_rule("m_other", Seq((key, self.colon(), addl_value)))
+        elif addl_value is not None:
             rest = self.cached(("string_rest",), "string_rest", lambda: Seq((Repeat(CHAR, 0, None), Literal('"'))))
             wide = self.cached(("string_wide_rest",), "string_wide_rest",
                                lambda: Seq((CharClass(((0, 0x7F),), negated=True), rest)))
@@ -401,8 +416,12 @@ class ObjectLowering:
             if value is None:
                 continue
             # one key rule per key language: objects with the same patterns share its mask entries
-            key = self.cached(("key", region), "key", lambda r=region: to_rules(r, json_string_body, self.new_name,
-                                                                                self.rules))
+            def keys(r=region):
+                if self.excl is None:
+                    return to_rules(r, json_string_body, self.new_name, self.rules)
+                return self.excluded(lambda: self.excl.avoid_spelled(r, json_string_body, self.new_name, self.rules),
+                                     ptr)
+            key = self.cached(("key", region), "key", keys)
             members.append(Seq((Literal('"'), key, Literal('"'), self.colon(), value)))
         return self.add_rule("m_other", _choice(members)) if members else None
 

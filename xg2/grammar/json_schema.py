@@ -85,6 +85,7 @@ from .json_common import (
     _opt,
     _ptr,
 )
+from .json_excludes import Excluder
 from .json_object import ObjectLowering
 from .json_string import json_string_body
 from .nesting import check_nesting
@@ -102,7 +103,7 @@ __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_
 class _Converter(ObjectLowering):
     def __init__(self, root: Any, any_whitespace: bool, indent: int | str | None,
                  separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None,
-                 any_order: bool = False, lenient: bool = False, style: str = "json"):
+                 any_order: bool = False, lenient: bool = False, style: str = "json", excludes=()):
         if style != "json" and style not in XML_STYLES:
             raise SchemaError(f"style {style!r} is not supported yet (supported: json, {', '.join(XML_STYLES)})", "")
         self.xml = XML_STYLES.get(style)
@@ -122,6 +123,8 @@ class _Converter(ObjectLowering):
         if len(separators) != 2 or not all(isinstance(s, str) for s in separators):
             raise TypeError("separators must be a pair of strings")
         self.item_sep, self.key_sep = separators
+        # strings string content never holds (json_excludes.py); checked before anything is lowered
+        self.excl = Excluder(excludes, self.xml, self.item_sep + self.key_sep + (indent or "")) if excludes else None
         self.strict = strict_mode
         if max_whitespace_cnt is not None and (max_whitespace_cnt < 0 or max_whitespace_cnt > MAX_BOUND):
             raise GrammarLimitError(f"max_whitespace_cnt must be between 0 and {MAX_BOUND}")
@@ -248,8 +251,32 @@ class _Converter(ObjectLowering):
         ref = self.cached(key, hint, note)
         return None if key in self.empty_keys else ref
 
+    # excluded strings --------------------------------------------------------------------------
+    def excluded(self, build, ptr: str):
+        """`build()` (a language kept clear of the excluded strings), a limit it hits pointed at `ptr`."""
+        try:
+            return build()
+        except budget.CompileTimeout:
+            raise
+        except GrammarLimitError as exc:
+            if exc.pointer is not None:
+                raise
+            raise GrammarLimitError(f"{exc.message}: too large to keep the excluded strings out exactly",
+                                    pointer=ptr) from None
+
+    def avoid(self, e: Expr, ptr: str) -> Expr | None:
+        """`e` (rule-free, the text as written) without the texts that hold an excluded string."""
+        return self.excluded(lambda: self.excl.avoid(e, self.new_name, self.rules), ptr)
+
     # generic values ---------------------------------------------------------------------------
-    def string(self, lo: int = 0, hi: int | None = None) -> Expr:
+    def string(self, lo: int = 0, hi: int | None = None, ptr: str | None = None) -> Expr:
+        if self.excl is not None:
+            def build():
+                content = self.excluded(lambda: self.excl.json_content(lo, hi, self.new_name, self.rules),
+                                        self.where if ptr is None else ptr)
+                return None if content is None else Seq((Literal('"'), content, Literal('"')))
+            return self.cached_or_none(("string", lo, hi), "string" if (lo, hi) == (0, None) else f"string_{lo}_{hi}",
+                                       build)
         if (lo, hi) == (0, None):
             return self.cached(("string",), "string", lambda: Seq((Literal('"'), Repeat(CHAR, 0, None), Literal('"'))))
         # One rule per bound pair: every member with the same bounds shares its automaton, and so its
@@ -264,7 +291,7 @@ class _Converter(ObjectLowering):
         the structure allows it (see `_with_length`)."""
         def plain(lo: int, hi: int | None) -> Expr:
             if not raw:
-                return self.string(lo, hi)
+                return self.string(lo, hi, ptr)
             return RAW_TEXT if (lo, hi) == (0, None) else Repeat(ANY_CHAR, lo, hi)
 
         lo = self.bound(schema, "minLength", ptr, 0)
@@ -311,6 +338,10 @@ class _Converter(ObjectLowering):
         if raw:
             return value
         body = json_string_body(value)
+        if self.excl is not None:
+            body = self.avoid(body, ptr)
+            if body is None:
+                return None
         return self.cached(("quoted", body), "string_value", lambda: Seq((Literal('"'), body, Literal('"'))))
 
     # XML argument styles ------------------------------------------------------------------------
@@ -381,8 +412,11 @@ class _Converter(ObjectLowering):
             if raw is RAW_TEXT:
                 from .text import text_until
 
-                alts.append(text_until((self.xml.until(),)))
-                free_text = True
+                until = self.xml.until()
+                text = text_until((until,)) if self.excl is None else \
+                    self.excluded(lambda: self.excl.raw_text(until), ptr)
+                alts.append(text)
+                free_text = text is not None
             elif raw is not None:
                 pad = Repeat(Literal("\n"), 0, 1) if self.xml.pad else EMPTY
                 alts.append(_seq(pad, raw, pad, Literal(self.xml.until())))
@@ -426,7 +460,8 @@ class _Converter(ObjectLowering):
             values, _where = _listed_values(schema, ptr)
             if values is not None:
                 checker = self.checker()
-                return _choice([Literal(v) for v in values if isinstance(v, str) and checker.valid(v, schema, ptr)])
+                return _choice([Literal(v) for v in values if isinstance(v, str) and checker.valid(v, schema, ptr)
+                                and (self.excl is None or not self.excl.holds(v))])
             if "$ref" in schema:
                 return self.raw_string(self.inline_ref(schema, ptr), ptr)
             if "allOf" in schema:
@@ -455,7 +490,10 @@ class _Converter(ObjectLowering):
                             alts.append(self.raw_string(self.merge(rest, {} if sub is True else sub, p), p))
                     return RAW_TEXT if RAW_TEXT in alts else _choice(alts)
             value = self.string_value(schema, ptr, raw=True)
-            return value if value is None or value is RAW_TEXT else map_leaves(value, _without_lt)
+            if value is None or value is RAW_TEXT:
+                return value
+            value = map_leaves(value, _without_lt)
+            return value if self.excl is None else self.avoid(value, ptr)
         finally:
             self.level -= 1
 
@@ -495,6 +533,8 @@ class _Converter(ObjectLowering):
                 own = _both(own, extra_schema)
             if allowed is not None and not allowed.accepts(k):
                 own = False
+            if self.excl is not None and not self.excl.name_ok(k):
+                own = False     # the name (or its tag around it) would hold an excluded string
             member = self.add_rule(f"m_{k}", self.xml_element(k, own, p, d + 1))
             if member is None:
                 if k in required:
@@ -550,8 +590,11 @@ class _Converter(ObjectLowering):
                 value_schema = _both(value_schema, sub)
             if value_schema is False:
                 continue
-            key = self.cached(("xml_names", region), "name", lambda r=region: to_rules(r, self.spell_class, self.new_name,
-                                                                                        self.rules))
+            def names(r=region):
+                if self.excl is None:
+                    return to_rules(r, self.spell_class, self.new_name, self.rules)
+                return self.excluded(lambda: self.excl.avoid_spelled(r, self.spell_class, self.new_name, self.rules), ptr)
+            key = self.cached(("xml_names", region), "name", names)
             members.append(self.xml_element(key, value_schema, ptr if schemas else _ptr(ptr, "additionalProperties"),
                                             d + 1))
         return self.add_rule("m_other", _choice(members))
@@ -913,7 +956,8 @@ class _Converter(ObjectLowering):
             # The schema names its values: keep those valid under all of it (every keyword counts,
             # including the ones with no grammar form).
             checker = self.checker()
-            alts = [self.const(v, d, where) for v in values if checker.valid(v, schema, ptr)]
+            alts = [self.const(v, d, where) for v in values if checker.valid(v, schema, ptr)
+                    and (self.excl is None or self.excl.value_ok(v, self.xml_at(d)))]
             return _choice(factor_literals([a for a in alts if a is not None], self.add_rule, MAX_INLINE_CHARS))
         if "not" in schema:
             positive = self.negate(schema, ptr)
@@ -1412,11 +1456,12 @@ def _bool_excl(a: dict, b: dict) -> bool:
 def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True, indent: int | None = None,
                       separators: tuple[str, str] | None = None, strict_mode: bool = True,
                       max_whitespace_cnt: int | None = None, any_order: bool = False,
-                      lenient: bool = False, style: str = "json") -> GrammarIR:
+                      lenient: bool = False, style: str = "json", excludes=()) -> GrammarIR:
     """Lower a JSON Schema (a dict, a bool, or its JSON text) to grammar IR; see the module notes.
     `style` other than json: the top-level object written as a model's XML tool-call arguments
     (XML_STYLES), and in the recursive styles (cohere_xml, minimax_m3_xml) every object and array
-    within it too."""
+    within it too. `excludes`: strings that string content (values and names, as written) never
+    holds (json_excludes.py; ExcludesError, a SchemaError, for one that cannot be kept out exactly)."""
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
@@ -1429,7 +1474,7 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
     # a document nested far past what the converter accepts anyway.
     check_nesting(schema, MAX_SCHEMA_NESTING, "schema")
     conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt, any_order,
-                      lenient, style)
+                      lenient, style, excludes)
     try:
         body = conv.lower(schema, "", 0)
     except RecursionError:

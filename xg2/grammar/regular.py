@@ -61,7 +61,63 @@ def _reachable(d: KeyDFA) -> set[int]:
 
 def from_expr(e: Expr) -> KeyDFA:
     """Subset construction from a rule-free IR expression."""
-    edges: list[list[tuple[int, int, int]]] = []  # (lo, hi, target); lo == -1 marks epsilon
+    return _determinize([(e, 0, 1)], 2, 0, {1})
+
+
+def spelled(d: KeyDFA, spell) -> KeyDFA:
+    """The language of `d` with each character written as `spell(CharClass)` (a rule-free
+    expression of its spellings): the texts as written where `d` reads them decoded (JSON escapes,
+    XML entities), so that they can meet automata over written text."""
+    live = _co_reachable(d) & _reachable(d)
+    pieces: list[tuple[Expr, int, int]] = []
+    for s in sorted(live):
+        by_target: dict[int, list[tuple[int, int]]] = {}
+        for lo, hi, t in d.moves[s]:
+            if t in live:
+                by_target.setdefault(t, []).append((lo, hi))
+        pieces += [(spell(CharClass(tuple(rs))), s, t) for t, rs in sorted(by_target.items())]
+    return _determinize(pieces, len(d.moves), 0, {s for s in live if s in d.finals})
+
+
+def avoiding(strings) -> KeyDFA:
+    """The texts holding none of `strings` (non-empty): text.py's Aho–Corasick automaton, one state
+    per prefix of the strings in which none of them ends, and a dead state."""
+    from .text import _aho_corasick
+    from .text import _step as _ac_step
+
+    patterns = sorted(set(strings))
+    if not patterns or any(not p for p in patterns):
+        raise ValueError("excluded strings must be non-empty")
+    goto, fail, depth = _aho_corasick(patterns)
+    if len(goto) > MAX_STATES:
+        raise GrammarLimitError("excluded strings with too many prefixes")
+    ends = set()
+    for p in patterns:
+        s = 0
+        for ch in p:
+            s = goto[s][ch]
+        ends.add(s)
+    dead = [False] * len(goto)
+    for s in sorted(range(len(goto)), key=depth.__getitem__):    # a state's fallback comes first
+        dead[s] = s in ends or (s != 0 and dead[fail[s]])
+    index = {s: i for i, s in enumerate(s for s in range(len(goto)) if not dead[s])}
+    sink = len(index)
+    alphabet = sorted({ch for p in patterns for ch in p})
+    moves = []
+    for s in index:
+        row = []
+        for ch in alphabet:
+            t = _ac_step(goto, fail, s, ch)
+            row.append((ord(ch), ord(ch), sink if dead[t] else index[t]))
+        moves.append(tuple(_complete(row, 0)))        # a character no string holds: back to the root
+    moves.append(((0, MAX_CODEPOINT, sink),))
+    return KeyDFA(tuple(moves), frozenset(range(sink)))
+
+
+def _determinize(pieces: list[tuple[Expr, int, int]], n: int, start: int, ends: set[int]) -> KeyDFA:
+    """Subset construction from an automaton whose edges are rule-free IR expressions: `pieces`
+    (expression, from, to) between the nodes 0..n-1; the texts leading from `start` to `ends`."""
+    edges: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # (lo, hi, target); lo == -1: epsilon
 
     def node() -> int:
         if len(edges) > 20 * MAX_STATES:
@@ -69,8 +125,9 @@ def from_expr(e: Expr) -> KeyDFA:
         edges.append([])
         return len(edges) - 1
 
-    start, end = node(), node()
-    stack: list[tuple[Expr, int, int]] = [(e, start, end)]
+    if n > 20 * MAX_STATES:
+        raise GrammarLimitError("key language too large")
+    stack: list[tuple[Expr, int, int]] = list(pieces)
     while stack:
         x, s, t = stack.pop()
         if isinstance(x, Literal):
@@ -152,7 +209,7 @@ def from_expr(e: Expr) -> KeyDFA:
     dead = len(order)
     moves = [tuple((lo, hi, dead if t is None else t) for lo, hi, t in row) for row in moves]
     moves.append(((0, MAX_CODEPOINT, dead),))
-    return KeyDFA(tuple(moves), frozenset(j for j, st in enumerate(order) if end in st))
+    return KeyDFA(tuple(moves), frozenset(j for j, st in enumerate(order) if not ends.isdisjoint(st)))
 
 
 def _split(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int, frozenset[int]]]:

@@ -574,17 +574,19 @@ class _Lowering:
                 isinstance(f, JSONSchemaFormat) and f.excludes):
             return self.stub(f)
         if isinstance(f, (JSONSchemaFormat, QwenXMLParameterFormat)):
+            from .json_excludes import ExcludesError
             from .json_schema import json_schema_to_ir
 
             plain = isinstance(f, QwenXMLParameterFormat)
             try:
                 ir = json_schema_to_ir(f.json_schema, style="qwen_xml" if plain else f.style,
                                        any_order=not plain and f.any_order,
-                                       max_whitespace_cnt=None if plain else f.max_whitespace_cnt)
+                                       max_whitespace_cnt=None if plain else f.max_whitespace_cnt,
+                                       excludes=() if plain else tuple(f.excludes))
+            except ExcludesError as e:
+                raise StructuralTagError(e.message, f"{at}/excludes/{e.index}") from None
             except SchemaError as e:
                 raise StructuralTagError(e.message, f"{at}/json_schema{e.pointer}") from None
-            if not plain and f.excludes:
-                raise StructuralTagError("'excludes' of 'json_schema' is not supported yet", at + "/excludes")
             return self._embed(ir, "json")
         if isinstance(f, GrammarFormat):
             from .ebnf import parse_ebnf
