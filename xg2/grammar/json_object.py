@@ -115,8 +115,10 @@ def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rul
 class ObjectLowering:
     """The object half of the converter; see the module notes."""
 
-    def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
-        """An object written as JSON (XML-style arguments are the converter's `xml_obj`)."""
+    def object_names(self, schema: dict, ptr: str) -> tuple[Any, list[str]]:
+        """(additionalProperties, the names the schema names), properties and required checked:
+        names are the listed ones, the required ones and those a presence branch requires (strict
+        mode closes the object to these; a named key's own schema is what JSON Schema gives it)."""
         props = schema.get("properties", {})
         if not isinstance(props, dict):
             raise SchemaError("properties must be an object", _ptr(ptr, "properties"))
@@ -124,14 +126,19 @@ class ObjectLowering:
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise SchemaError("required must be an array of strings", _ptr(ptr, "required"))
         addl = schema.get("additionalProperties", self.open_by_default(schema))
-        addl_ptr = _ptr(ptr, "additionalProperties")
-        # keys the schema names: listed, required, or required by a presence branch (strict mode
-        # closes the object to these; a named key's own schema is what JSON Schema gives it)
         named = [*required, *(k for group in schema.get(PRESENCE, ("", ()))[1] for k in group)]
-        names = list(props) + [r for r in dict.fromkeys(named) if r not in props]
-        entries: list[tuple[str, Expr, bool]] = []  # (key, member rule, required)
+        return addl, list(props) + [r for r in dict.fromkeys(named) if r not in props]
+
+    def named_members(self, schema: dict, ptr: str, names: list[str], allowed: Any, member_of,
+                      name_ok=None) -> list | None:
+        """(key, member rule, required) for each named key, its schema met with the patterns that
+        claim it and ruled out by propertyNames or by `name_ok` (an excluded string in the key as
+        written); `member_of(key, schema, pointer)` builds the member. None when a required member
+        cannot be written."""
+        props, required = schema.get("properties", {}), schema.get("required", [])
+        addl_ptr = _ptr(ptr, "additionalProperties")
         claims = self.claimed_by_patterns(schema, names, ptr)
-        allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
+        entries: list[tuple[str, Expr, bool]] = []
         for k in names:
             if k in props:
                 p = _ptr(ptr, "properties", k)
@@ -143,16 +150,48 @@ class ObjectLowering:
                 own = _both(own, extra_schema)
             if allowed is not None and not allowed.accepts(k):
                 own = False     # propertyNames rules the key out, listed or not
-            if self.excl is not None and not self.excl.key_ok(k):
-                own = False     # the key holds an excluded string
-            req = k in required
-            value = self.lower(own, p, d + 1)
-            member = None if value is None else self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
+            if name_ok is not None and not name_ok(k):
+                own = False     # the key (as written) holds an excluded string
+            member = member_of(k, own, p)
             if member is None:
-                if req:
+                if k in required:
                     return None
                 continue
-            entries.append((k, member, req))
+            entries.append((k, member, k in required))
+        return entries
+
+    def object_of(self, schema: dict, ptr: str, d: int, entries: list, extra: Expr | None) -> Expr | None:
+        """The object of its named members and the member for the others (`extra`), under
+        min/maxProperties, the dependencies and the presence branches."""
+        lo = self.bound(schema, "minProperties", ptr, 0)
+        hi = self.bound(schema, "maxProperties", ptr, None)
+        if hi is not None and lo > hi or sum(req for _k, _m, req in entries) > (hi if hi is not None else lo + len(entries)):
+            return None
+        deps = self.dependencies(schema, [k for k, _m, _r in entries], ptr)
+        if deps is None:
+            return None
+        presence = None
+        if PRESENCE in schema:
+            mode, sets = schema[PRESENCE]
+            index = {k: i for i, (k, _m, _r) in enumerate(entries)}
+            # every key of a group is named, so one missing from the entries cannot appear at all
+            presence = (mode, [{index[k] for k in group} for group in sets if all(k in index for k in group)])
+        return self.members(entries, extra, lo, hi, d, ptr, deps, presence)
+
+    def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        """An object written as JSON (XML-style arguments are the converter's `xml_obj`)."""
+        addl, names = self.object_names(schema, ptr)
+        addl_ptr = _ptr(ptr, "additionalProperties")
+        allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
+
+        def member_of(k: str, own: Any, p: str) -> Expr | None:
+            value = self.lower(own, p, d + 1)
+            return None if value is None else self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
+
+        entries = self.named_members(schema, ptr, names, allowed, member_of,
+                                     None if self.excl is None else self.excl.key_ok)
+        if entries is None:
+            return None
         extra = None
         if "patternProperties" in schema or "propertyNames" in schema:
             extra = self.key_regions(schema, names, addl, ptr, d, allowed)
@@ -175,20 +214,7 @@ class ObjectLowering:
             key = self.cached(("key_excluding", tuple(names)), "other_key",
                               lambda: _string_excluding(names, rest, wide, self.add_rule))
             extra = self.add_rule("m_other", Seq((key, self.colon(), addl_value)))
-        lo = self.bound(schema, "minProperties", ptr, 0)
-        hi = self.bound(schema, "maxProperties", ptr, None)
-        if hi is not None and lo > hi or sum(req for _k, _m, req in entries) > (hi if hi is not None else lo + len(entries)):
-            return None
-        deps = self.dependencies(schema, [k for k, _m, _r in entries], ptr)
-        if deps is None:
-            return None
-        presence = None
-        if PRESENCE in schema:
-            mode, sets = schema[PRESENCE]
-            index = {k: i for i, (k, _m, _r) in enumerate(entries)}
-            # every key of a group is named, so one missing from the entries cannot appear at all
-            presence = (mode, [{index[k] for k in group} for group in sets if all(k in index for k in group)])
-        return self.members(entries, extra, lo, hi, d, ptr, deps, presence)
+        return self.object_of(schema, ptr, d, entries, extra)
 
     def lower_allows_extra(self, schema: dict) -> bool:
         return schema.get("additionalProperties", self.open_by_default(schema)) is not False or \
@@ -383,23 +409,17 @@ class ObjectLowering:
                     claims.setdefault(k, []).append(sub)
         return claims
 
-    def key_regions(self, schema: dict, names: list[str], addl: Any, ptr: str, d: int, allowed: KeyDFA | None):
-        """Members whose key is not a named property: the keys split into regions by which
-        patterns match them (regions need intersections and complements, see regular.py), each
-        region's value under the conjunction of its patterns' schemas, or additionalProperties
-        where none matches; all keys restricted by propertyNames. _CANNOT when a named required
-        key is ruled out by propertyNames."""
-        pats = self.pattern_languages(schema, ptr)
-        if allowed is not None:
-            required = schema.get("required", [])
-            if any(not allowed.accepts(k) for k in required):
-                return _CANNOT
-        base = _key_dfa(Repeat(CharClass(((0, 0x10FFFF),)), 0, None))
+    def regions(self, pats: list, addl: Any, names: list[str], allowed: KeyDFA | None, universe: Expr):
+        """(region, its value schema, whether a pattern matched it) for each non-empty region of
+        the keys in `universe` other than `names` (within propertyNames), split by the patterns
+        that match them: a region's value is the conjunction of its patterns' schemas, or
+        additionalProperties where none matches (regions need intersections and complements, see
+        regular.py)."""
+        base = _key_dfa(universe)
         if names:
             base = intersect(base, _key_dfa(Choice(tuple(Literal(k) for k in names))).complement())
         if allowed is not None:
             base = intersect(base, allowed)
-        members: list[Expr] = []
         for picked in range(1 << len(pats)):
             region = base
             schemas = []
@@ -412,7 +432,23 @@ class ObjectLowering:
             value_schema = addl if not schemas else schemas[0]
             for sub in schemas[1:]:
                 value_schema = _both(value_schema, sub)
-            value = self.lower(value_schema, ptr if schemas else _ptr(ptr, "additionalProperties"), d + 1)
+            yield region, value_schema, bool(schemas)
+
+    def key_regions(self, schema: dict, names: list[str], addl: Any, ptr: str, d: int, allowed: KeyDFA | None):
+        """Members whose key is not a named property: the keys split into regions by which
+        patterns match them (regions need intersections and complements, see regular.py), each
+        region's value under the conjunction of its patterns' schemas, or additionalProperties
+        where none matches; all keys restricted by propertyNames. _CANNOT when a named required
+        key is ruled out by propertyNames."""
+        pats = self.pattern_languages(schema, ptr)
+        if allowed is not None:
+            required = schema.get("required", [])
+            if any(not allowed.accepts(k) for k in required):
+                return _CANNOT
+        members: list[Expr] = []
+        for region, value_schema, matched in self.regions(pats, addl, names, allowed,
+                                                          Repeat(CharClass(((0, 0x10FFFF),)), 0, None)):
+            value = self.lower(value_schema, ptr if matched else _ptr(ptr, "additionalProperties"), d + 1)
             if value is None:
                 continue
             # one key rule per key language: objects with the same patterns share its mask entries

@@ -501,16 +501,7 @@ class _Converter(ObjectLowering):
         """An object written as XML members: the listed ones in order (or any order), then those
         the schema does not list (additionalProperties, patternProperties, propertyNames), whose
         names are the style's names other than the listed ones."""
-        props = schema.get("properties", {})
-        if not isinstance(props, dict):
-            raise SchemaError("properties must be an object", _ptr(ptr, "properties"))
-        required = schema.get("required", [])
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise SchemaError("required must be an array of strings", _ptr(ptr, "required"))
-        addl = schema.get("additionalProperties", self.open_by_default(schema))
-        addl_ptr = _ptr(ptr, "additionalProperties")
-        named = [*required, *(k for group in schema.get(PRESENCE, ("", ()))[1] for k in group)]
-        names = list(props) + [r for r in dict.fromkeys(named) if r not in props]
+        addl, names = self.object_names(schema, ptr)
         if self.xml.names is None:
             # No other names can be written. An object the schema leaves open takes its listed
             # members only (as xgrammar does); asking for other members is an error.
@@ -519,75 +510,30 @@ class _Converter(ObjectLowering):
                     raise SchemaError(f"{kw}: members the schema does not list cannot be written in this XML "
                                       "style (its closing tags repeat the name)", _ptr(ptr, kw))
             addl = False
-        entries: list[tuple[str, Expr, bool]] = []
-        claims = self.claimed_by_patterns(schema, names, ptr)
         allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
-        for k in names:
-            if k in props:
-                p = _ptr(ptr, "properties", k)
-                own = props[k]
-            else:
-                p = addl_ptr
-                own = schema.get("additionalProperties", True) if k not in claims else True
-            for extra_schema in claims.get(k, ()):
-                own = _both(own, extra_schema)
-            if allowed is not None and not allowed.accepts(k):
-                own = False
-            if self.excl is not None and not self.excl.name_ok(k):
-                own = False     # the name (or its tag around it) would hold an excluded string
-            member = self.add_rule(f"m_{k}", self.xml_element(k, own, p, d + 1))
-            if member is None:
-                if k in required:
-                    return None
-                continue
-            entries.append((k, member, k in required))
+        entries = self.named_members(schema, ptr, names, allowed,
+                                     lambda k, own, p: self.add_rule(f"m_{k}", self.xml_element(k, own, p, d + 1)),
+                                     None if self.excl is None else self.excl.name_ok)
+        if entries is None:
+            return None
         extra = self.xml_others(schema, names, addl, ptr, d, allowed)
         if extra is _CANNOT:
             return None
-        lo = self.bound(schema, "minProperties", ptr, 0)
-        hi = self.bound(schema, "maxProperties", ptr, None)
-        if hi is not None and lo > hi or sum(req for _k, _m, req in entries) > (hi if hi is not None else lo + len(entries)):
-            return None
-        deps = self.dependencies(schema, [k for k, _m, _r in entries], ptr)
-        if deps is None:
-            return None
-        presence = None
-        if PRESENCE in schema:
-            mode, sets = schema[PRESENCE]
-            index = {k: i for i, (k, _m, _r) in enumerate(entries)}
-            presence = (mode, [{index[k] for k in group} for group in sets if all(k in index for k in group)])
-        return self.members(entries, extra, lo, hi, d, ptr, deps, presence)
+        return self.object_of(schema, ptr, d, entries, extra)
 
     def xml_others(self, schema: dict, names: list[str], addl: Any, ptr: str, d: int, allowed: Any):
         """One member whose name the schema does not list: the names split into regions by the
         patterns that match them, each region's value under its patterns' schemas (or
         additionalProperties); None when there is none, _CANNOT when propertyNames rules out a
         required name."""
-        from .json_object import _key_dfa
 
         if allowed is not None and any(not allowed.accepts(k) for k in schema.get("required", [])):
             return _CANNOT
         pats = self.pattern_languages(schema, ptr)
         if addl is False and not pats or self.xml.names is None:
             return None
-        base = _key_dfa(self.xml.names)
-        if names:
-            base = intersect(base, _key_dfa(Choice(tuple(Literal(k) for k in names))).complement())
-        if allowed is not None:
-            base = intersect(base, allowed)
         members: list[Expr | None] = []
-        for picked in range(1 << len(pats)):
-            region = base
-            schemas = []
-            for i, (dfa, sub, _where) in enumerate(pats):
-                region = intersect(region, dfa if picked >> i & 1 else dfa.complement())
-                if picked >> i & 1:
-                    schemas.append(sub)
-            if region.is_empty():
-                continue
-            value_schema = addl if not schemas else schemas[0]
-            for sub in schemas[1:]:
-                value_schema = _both(value_schema, sub)
+        for region, value_schema, matched in self.regions(pats, addl, names, allowed, self.xml.names):
             if value_schema is False:
                 continue
             def names(r=region):
@@ -595,7 +541,7 @@ class _Converter(ObjectLowering):
                     return to_rules(r, self.spell_class, self.new_name, self.rules)
                 return self.excluded(lambda: self.excl.avoid_spelled(r, self.spell_class, self.new_name, self.rules), ptr)
             key = self.cached(("xml_names", region), "name", names)
-            members.append(self.xml_element(key, value_schema, ptr if schemas else _ptr(ptr, "additionalProperties"),
+            members.append(self.xml_element(key, value_schema, ptr if matched else _ptr(ptr, "additionalProperties"),
                                             d + 1))
         return self.add_rule("m_other", _choice(members))
 
