@@ -100,6 +100,14 @@ from .validator import MAX_VALIDATION_DEPTH, Validator, json_equal
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
+def _branches(schema: dict, kw: str, ptr: str) -> tuple[list, dict]:
+    """The branches of `anyOf` / `oneOf` (a non-empty list, checked) and the schema without them."""
+    subs = schema[kw]
+    if not isinstance(subs, list) or not subs:
+        raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
+    return subs, {k: v for k, v in schema.items() if k != kw}
+
+
 class _Converter(ObjectLowering):
     def __init__(self, root: Any, any_whitespace: bool, indent: int | str | None,
                  separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None,
@@ -477,10 +485,7 @@ class _Converter(ObjectLowering):
                     self.unsupported(k, _ptr(ptr, k))
             for kw in ("anyOf", "oneOf"):
                 if kw in schema:
-                    subs = schema[kw]
-                    if not isinstance(subs, list) or not subs:
-                        raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
-                    rest = {k: v for k, v in schema.items() if k != kw}
+                    subs, rest = _branches(schema, kw, ptr)
                     if kw == "oneOf" and not self.one_of_disjoint(subs, ptr, rest):
                         self.unsupported("oneOf", _ptr(ptr, kw), ONE_OF_OVERLAP)
                     alts = []
@@ -935,10 +940,7 @@ class _Converter(ObjectLowering):
             return None if merged is None else self.lower(merged, ptr, d)
         for kw in ("anyOf", "oneOf"):
             if kw in schema:
-                subs = schema[kw]
-                if not isinstance(subs, list) or not subs:
-                    raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
-                rest = {k: v for k, v in schema.items() if k != kw}
+                subs, rest = _branches(schema, kw, ptr)
                 sets = _presence_sets(subs)
                 if sets is not None and len(sets) > 1 and PRESENCE not in rest:
                     # branches that only require properties: a condition on which members are
