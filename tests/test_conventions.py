@@ -623,3 +623,32 @@ def test_recursion_depth_settings_agree() -> None:
         for bad in (-1, 100_000_000):
             with pytest.raises(RuntimeError):
                 module.set_max_recursion_depth(bad)
+
+
+TAIL_TEXT_TAGS = [
+    {"type": "tag", "begin": "<start>", "end": "<end>", "content": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "[T]"}, {"type": "any_text"}]}},
+    {"type": "tag", "begin": "<s>", "end": "<e>", "content": {"type": "or", "elements": [
+        {"type": "sequence", "elements": [{"type": "const_string", "value": "X"}, {"type": "any_text"}]},
+        {"type": "const_string", "value": "Y"}]}},
+    {"type": "tag", "begin": "<s>", "end": "<e>", "content": {"type": "optional", "content": {
+        "type": "any_text", "excludes": ["q"]}}},
+]
+
+
+@pytest.mark.parametrize("fmt", TAIL_TEXT_TAGS)
+def test_free_text_at_the_end_of_a_tag_content_agrees(fmt: dict) -> None:
+    """Free text at the end of a tag's composite content never holds the tag's end (xgrammar's
+    end-string detection); every sequence of up to 4 pieces judged as xgrammar judges it."""
+    tag = {"type": "structural_tag", "format": fmt}
+    pair = [module.GrammarCompiler(module.TokenizerInfo([])).compile_structural_tag(tag) for module in (xgr, xg2)]
+    pieces = ["<start>", "<s>", "[T]", "X", "Y", "a", "q", "<end>", "<e>", "<", "e>"]
+    for n in range(5):
+        for text in map("".join, itertools.product(pieces, repeat=n)):
+            ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
+            assert ours.accept_string(text) == ref.accept_string(text), f"{fmt}: {text!r}"
+            assert ours.is_completed() == ref.is_completed(), f"{fmt}: {text!r}"
+    bordered = {"type": "tag", "begin": "<s>", "end": "aba", "content": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "X"}, {"type": "any_text"}]}}
+    with pytest.raises(xg2.StructuralTagError, match="overlaps itself"):
+        xg2.GrammarCompiler(xg2.TokenizerInfo([])).compile_structural_tag({"type": "structural_tag", "format": bordered})

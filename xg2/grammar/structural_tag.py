@@ -511,6 +511,7 @@ class _Lowering:
         out: dict[int, Expr] = {}
         stack: list[tuple[Any, str, bool]] = [(top, at, False)]
         at_end = _at_end(top)   # free text outside a tag runs to the end of the output: it must come last
+        self.tails = self._tag_tails(top)
         while stack:
             f, where, done = stack.pop()
             kids = _parts(f, where)
@@ -521,8 +522,8 @@ class _Lowering:
                 if not isinstance(f, _LOWERED) or (isinstance(f, JSONSchemaFormat) and f.style not in _STYLES):
                     what = f"style '{f.style}' of 'json_schema'" if isinstance(f, JSONSchemaFormat) else f"'{_name(f)}'"
                     raise StructuralTagError(f"{what} is not supported yet", where)
-                if isinstance(f, _FREE) and id(f) not in at_end:
-                    raise StructuralTagError(f"'{_name(f)}' is supported as a tag's content or at the end of the "
+                if isinstance(f, _FREE) and id(f) not in at_end and id(f) not in self.tails:
+                    raise StructuralTagError(f"'{_name(f)}' is supported at the end of a tag's content or of the "
                                              "output, not yet elsewhere", where)
                 stack.append((f, where, True))
                 stack.extend((k, w, False) for k, w in kids)
@@ -552,6 +553,8 @@ class _Lowering:
             end = Text(ends[0]) if len(ends) == 1 else Choice(tuple(Text(e) for e in ends))
             return Seq((begin, self.named(parts[0]), end))
         if isinstance(f, _FREE):
+            if id(f) in self.tails:     # at the end of a tag's content: text that never holds its end
+                return self._text(f, at, (), self._unbordered(self.tails[id(f)], at))
             return self._text(f, at, ())
         if isinstance(f, (TriggeredTagsFormat, TokenTriggeredTagsFormat)):
             return self._triggered(f, at, parts)
@@ -638,7 +641,45 @@ class _Lowering:
             return any_tag if f.stop_after_first else Seq((any_tag, once))
         return once
 
-    def _text(self, f: AnyTextFormat | AnyTokensFormat, at: str, ends: tuple[str, ...]) -> Expr:
+    def _tag_tails(self, top: Format) -> dict[int, tuple]:
+        """Free text at the end of a composite tag content (the last element of a sequence, each
+        alternative of an `or`, an `optional`'s content) -> the tag's end strings, which the text
+        then never holds, as xgrammar reads it (its end-string detection)."""
+        tails: dict[int, tuple] = {}
+        stack = [top]
+        while stack:
+            f = stack.pop()
+            stack.extend(k for k, _ in _parts(f, ""))
+            if isinstance(f, TagFormat) and not isinstance(f.content, _FREE):
+                ends = (f.end,) if isinstance(f.end, (str, TokenFormat)) else tuple(f.end)
+                inner = [f.content]
+                while inner:
+                    g = inner.pop()
+                    if isinstance(g, _FREE):
+                        tails[id(g)] = ends
+                    elif isinstance(g, SequenceFormat):
+                        inner.append(g.elements[-1])
+                    elif isinstance(g, OrFormat):
+                        inner.extend(g.elements)
+                    elif isinstance(g, OptionalFormat):
+                        inner.append(g.content)
+        return tails
+
+    def _unbordered(self, ends: tuple, at: str) -> tuple[str, ...]:
+        """The end strings as text. Text that never holds an end string, then the end, reads the
+        end's first occurrence exactly when no end string begins with one of its own proper
+        suffixes (a border, as in "aa"); a bordered one is refused rather than read loosely."""
+        texts = tuple(self.text_of(e, at) for e in ends)
+        for e in texts:
+            if any(e.startswith(e[i:]) for i in range(1, len(e))):
+                raise StructuralTagError(f"free text before the end string {e!r}, which overlaps itself, is not "
+                                         "supported yet", at)
+        return texts
+
+    def _text(self, f: AnyTextFormat | AnyTokensFormat, at: str, ends: tuple[str, ...],
+              never: tuple[str, ...] = ()) -> Expr:
+        """The free text of `f` up to its first end string (without ends: stopping anywhere), never
+        holding its excluded strings nor `never`."""
         from .text import text_until
 
         for name in ("max_tokens", "max_chars"):
@@ -648,6 +689,7 @@ class _Lowering:
             excludes, tokens = tuple(f.excludes), ()
         else:
             tokens, excludes = self.free_tokens(f.exclude_tokens, at + "/exclude_tokens")
+        excludes += never
         try:
             text = text_until(ends, excludes, tokens)
         except GrammarError as e:
