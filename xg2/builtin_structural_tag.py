@@ -7,7 +7,8 @@ function gives the tag `get_model_structural_tag` gives for its name.
 A per-model function takes xgrammar's parameters: `tools` (function tools), `builtin_tools`, the
 simplified `tool_choice` (``"auto"``: text or calls, text only without tools; ``"required"``: at
 least one call; ``"forced"``: exactly one call of the one tool given), `reasoning`
-(``"enabled"``, ``"disabled"`` or ``"auto"``), `any_order`, `exclude_special_tokens`,
+(``"enabled"``, ``"disabled"`` or ``"auto"``; ``"enabled"`` unless said, ``"auto"`` for MiniMax-M3's,
+whose thinking is adaptive by default, as in xgrammar), `any_order`, `exclude_special_tokens`,
 `max_whitespace_cnt` and `parallel_tool_calls`; further keyword arguments are accepted and ignored,
 as xgrammar's are. Invalid requests raise xg2.ModelFormatError.
 """
@@ -48,9 +49,9 @@ def normalize_tool_choice(tools: list | None = None, tool_choice: Any = "auto"
     return functions, builtins, mode
 
 
-def _model_function(model: str, what: str) -> Callable[..., StructuralTag]:
+def _model_function(model: str, what: str, reasoning_default: str = "enabled") -> Callable[..., StructuralTag]:
     def get_structural_tag(tools: list | None = None, builtin_tools: list | None = None, tool_choice: str = "auto",
-                           reasoning: str = "enabled", any_order: bool = False, exclude_special_tokens: bool = True,
+                           reasoning: str = reasoning_default, any_order: bool = False, exclude_special_tokens: bool = True,
                            max_whitespace_cnt: int | None = None, parallel_tool_calls: bool = True,
                            **kwargs: Any) -> StructuralTag:
         del kwargs
@@ -75,17 +76,29 @@ get_harmony_structural_tag = _model_function("harmony", "gpt-oss's harmony messa
 get_glm_4_7_structural_tag = _model_function("glm_4_7", "GLM-4.7's arg_key/arg_value calls")
 get_minimax_structural_tag = _model_function("minimax", "MiniMax-M2's invoke calls")
 get_exaone_structural_tag = _model_function("exaone", "EXAONE 4.0's Hermes-style calls")
+get_deepseek_v4_structural_tag = _model_function("deepseek_v4", "DeepSeek-V4's DSML calls")
+get_deepseek_v4_1_structural_tag = _model_function("deepseek_v4_1", "DeepSeek-V4.1's DSML calls (spaced tag names)")
+get_minimax_m3_structural_tag = _model_function("minimax_m3", "MiniMax-M3's namespaced invoke calls", "auto")
+get_mimo_structural_tag = _model_function("mimo", "MiMo-V2's function/parameter calls")
+get_cohere_structural_tag = _model_function("cohere", "Cohere Command's cofl calls (cmd5, nested values)")
+get_kimi_k3_structural_tag = _model_function("kimi_k3", "Kimi K3's channels")
 
 __all__ = [
     "get_builtin_structural_tag",
+    "get_cohere_structural_tag",
     "get_deepseek_r1_structural_tag",
     "get_deepseek_v3_1_structural_tag",
     "get_deepseek_v3_2_structural_tag",
+    "get_deepseek_v4_1_structural_tag",
+    "get_deepseek_v4_structural_tag",
     "get_exaone_structural_tag",
     "get_glm_4_7_structural_tag",
     "get_harmony_structural_tag",
+    "get_kimi_k3_structural_tag",
     "get_kimi_structural_tag",
     "get_llama_structural_tag",
+    "get_mimo_structural_tag",
+    "get_minimax_m3_structural_tag",
     "get_minimax_structural_tag",
     "get_model_structural_tag",
     "get_qwen_3_5_structural_tag",

@@ -125,6 +125,8 @@ _ATTR_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"))
 XML_STYLES = {
     "qwen_xml": XMLStyle(("<parameter={name}>",), "</parameter>", pad=True, names=XML_NAME),
     "minimax_xml": XMLStyle(('<parameter name="{name}">',), "</parameter>", names=XML_NAME),
+    # MiMo-V2: Qwen's tags, the value right between them (the parser keeps it as it is: no padding).
+    "mimo_xml": XMLStyle(("<parameter={name}>",), "</parameter>", json_pad=False, names=XML_NAME),
     "glm_xml": XMLStyle(("<arg_key>{name}</arg_key>", "<arg_value>"), "</arg_value>", names=XML_NAME),
     # DeepSeek V3.2/V4 DSML: string="true" marks a raw string, "false" a JSON value.
     "deepseek_xml": XMLStyle((f'<{_DSML}parameter name="{{name}}" string="{{kind}}">',), f"</{_DSML}parameter>",

@@ -12,7 +12,8 @@ a request normalised already (xgrammar's per-model functions, xg2.builtin_struct
 Each syntax follows the model's chat template and the tool-call parsers that read its output
 (vLLM's, SGLang's): where the parsers read more than one spelling that the model writes, each is
 accepted (a newline inside EXAONE's tags, whitespace between GLM's key and value, the blank line
-DeepSeek-V3.2 writes before its block even when a call must come first).
+DeepSeek-V3.2 writes before its block even when a call must come first, MiMo's calls with or
+without newlines between their tags, Cohere's text answer with or without its text markers).
 
 Harmony's markers are special tokens of gpt-oss's vocabulary and are named as tokens
 (`{"type": "token", ...}`): its structural tag compiles only for a vocabulary holding them, and the
@@ -293,7 +294,10 @@ class CallSyntax:
     it), and free text never holds it where no call may follow (tool choice none). `think`: the
     reasoning block's opening and closing tags (None: the model does not reason). `markers`:
     strings free text never holds (with exclude_special_tokens). `lead`: a pattern for what the
-    template writes before the calls even without text (a required or forced call may follow it)."""
+    template writes before the calls even without text (a required or forced call may follow it).
+    `text`: the (opening, closing) markers the template writes around a text answer, which the
+    parser also reads bare; calls may follow the closing one. `escapes`: how the tool's name is
+    spelled where `{name}` stands (an attribute value's entities)."""
 
     begin: str
     end: str
@@ -306,17 +310,22 @@ class CallSyntax:
     think: tuple[str, str] | None = ("<think>", "</think>")
     markers: tuple[str, ...] = ()
     lead: str = ""
+    text: tuple[str, str] | None = None
+    escapes: tuple[tuple[str, str], ...] = ()
 
     @property
     def opener(self) -> str:
         return self.trigger or (self.section[0] if self.section else "")
 
     def call(self, tool: Tool, req: ToolCallRequest) -> dict:
-        named = [{**f, "value": f["value"].replace("{name}", tool.name)} if f["type"] == "const_string" else f
+        name = tool.name
+        for ch, entity in self.escapes:
+            name = name.replace(ch, entity)
+        named = [{**f, "value": f["value"].replace("{name}", name)} if f["type"] == "const_string" else f
                  for f in (*self.before_arguments, *self.after_arguments)]
         before = len(self.before_arguments)
         content = [*named[:before], req.arguments(tool, self.style), *named[before:]]
-        return {"type": "tag", "begin": self.begin.replace("{name}", tool.name),
+        return {"type": "tag", "begin": self.begin.replace("{name}", name),
                 "content": content[0] if len(content) == 1 else {"type": "sequence", "elements": content},
                 "end": self.end}
 
@@ -332,7 +341,8 @@ class CallSyntax:
                 {"type": "regex", "pattern": r"\s*"}]}
             parts.append(block if req.reasoning == "enabled" else {"type": "optional", "content": block})
         if req.mode == "none":      # no call, nor the start of one
-            parts.append({"type": "any_text", "excludes": [*excludes, self.opener]})
+            text = {"type": "any_text", "excludes": [*excludes, self.opener]}
+            parts.append({"type": "or", "elements": [text, self.wrapped(excludes)]} if self.text else text)
         else:
             parts.append(self.calls(req, excludes))
         return parts[0] if len(parts) == 1 else {"type": "sequence", "elements": parts}
@@ -356,14 +366,25 @@ class CallSyntax:
                  "at_least_one": req.mode == "required", "stop_after_first": True}
         if req.mode == "required":
             first = self.led(first)
-        if one_only:
-            return first
-        more = {"type": "sequence", "elements": [_const(self.separator), tags[0] if len(tags) == 1 else
-                                                 {"type": "or", "elements": tags}]}
-        return {"type": "sequence", "elements": [first, {"type": "star", "content": more}]}
+        any_call = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
+        more = {"type": "star", "content": {"type": "sequence", "elements": [_const(self.separator), any_call]}}
+        if not one_only:
+            first = {"type": "sequence", "elements": [first, more]}
+        if self.text and req.mode == "auto":    # or a text answer in its markers, then the calls if any
+            calls = any_call if one_only else {"type": "sequence", "elements": [any_call, more]}
+            after = {"type": "optional", "content": calls}
+            first = {"type": "or", "elements": [first, {"type": "sequence", "elements": [self.wrapped(excludes), after]}]}
+        return first
 
     def led(self, calls: dict) -> dict:
         return {"type": "sequence", "elements": [_regex(self.lead), calls]} if self.lead else calls
+
+    def wrapped(self, excludes: list[str]) -> dict:
+        """A text answer between the `text` markers; it never holds the start of the calls."""
+        assert self.text is not None
+        opening, closing = self.text
+        inside = [e for e in (*excludes, self.opener) if e != closing]
+        return {"type": "tag", "begin": opening, "content": {"type": "any_text", "excludes": inside}, "end": closing}
 
 
 def _register_syntax(name: str, syntax: CallSyntax) -> None:
@@ -410,12 +431,18 @@ _register_syntax("minimax", CallSyntax(begin='<invoke name="{name}">', end="</in
                                        style="minimax_xml", section=("<minimax:tool_call>\n", "\n</minimax:tool_call>"),
                                        separator="\n", markers=("</minimax:tool_call>",), lead=r"\n?"))
 _DSML = "\uff5cDSML\uff5c"
+
+
+def _dsml(block: str, invoke: str, style: str) -> CallSyntax:
+    """DeepSeek's DSML calls (V3.2's shape) under a block name and an invoke tag name."""
+    return CallSyntax(begin=f'<{_DSML}{invoke} name="{{name}}">', end=f"</{_DSML}{invoke}>", trigger=f"<{_DSML}{block}>",
+                      style=style, section=(f"<{_DSML}{block}>\n", f"\n</{_DSML}{block}>"), separator="\n",
+                      markers=(f"</{_DSML}{block}>", f"<{_DSML}{invoke}", f"</{_DSML}{invoke}>"), lead=r"(\n\n)?")
+
+
 #: DeepSeek-V3.2 DSML: one `<｜DSML｜function_calls>` block, an `<｜DSML｜invoke name="...">` per call,
 #: parameters with string="true" (raw text) or "false" (JSON); `<think>` (or `</think>`) ends the prompt.
-_register_syntax("deepseek_v3_2", CallSyntax(
-    begin=f'<{_DSML}invoke name="{{name}}">', end=f"</{_DSML}invoke>", trigger=f"<{_DSML}function_calls>",
-    style="deepseek_xml", section=(f"<{_DSML}function_calls>\n", f"\n</{_DSML}function_calls>"), separator="\n",
-    markers=(f"</{_DSML}function_calls>", f"<{_DSML}invoke", f"</{_DSML}invoke>"), lead=r"(\n\n)?"))
+_register_syntax("deepseek_v3_2", _dsml("function_calls", "invoke", "deepseek_xml"))
 #: EXAONE 4.0: Hermes-style JSON, `<tool_call>{"name": ..., "arguments": ...}</tool_call>` as its template
 #: writes it (no newlines), or with a newline inside each tag as Qwen's layout has it (vLLM's hermes
 #: parser, the one EXAONE names, reads both); calls on separate lines; `<think>\n` ends the prompt
@@ -424,6 +451,81 @@ _register_syntax("exaone", CallSyntax(
     begin="<tool_call>", end="</tool_call>", trigger="<tool_call>",
     before_arguments=(_regex(r"\n?"), _const('{"name": "{name}", "arguments": ')),
     after_arguments=(_const("}"), _regex(r"\n?")), separator="\n", markers=("</tool_call>",)))
+#: DeepSeek-V4: V3.2's DSML under a `tool_calls` block; the prompt ends with `<think>` or `</think>`.
+_register_syntax("deepseek_v4", _dsml("tool_calls", "invoke", "deepseek_xml"))
+#: DeepSeek-V4.1: every DSML tag name after a space (`<｜DSML｜ calls>`, `<｜DSML｜ invoke ...>`, ...).
+_register_syntax("deepseek_v4_1", _dsml(" calls", " invoke", "deepseek_v4_1_xml"))
+_NS = "]<]minimax[>["
+#: MiniMax-M3: one `<tool_call>` block of `<invoke name="...">` elements, one per line, every tag
+#: behind the namespace marker, arguments as nested elements; reasoning in `<mm:think>`, whose
+#: opening the prompt holds when thinking is on (a bare `</mm:think>` when the model declines).
+_register_syntax("minimax_m3", CallSyntax(
+    begin=f'{_NS}<invoke name="{{name}}">', end=f"{_NS}</invoke>", trigger=f"{_NS}<tool_call>", style="minimax_m3_xml",
+    section=(f"{_NS}<tool_call>\n", f"\n{_NS}</tool_call>"), separator="\n", think=("<mm:think>", "</mm:think>"),
+    markers=(f"{_NS}</tool_call>", f"{_NS}<invoke", f"{_NS}</invoke>")))
+#: MiMo-V2 (Flash, V2.5, V2.6): `<tool_call><function=name><parameter=k>v</parameter></function></tool_call>`,
+#: values never padded (the parser keeps them as they are), strings raw and others JSON; V2/V2.5
+#: write a newline after each tag but the parameter's opening, V2.6 none; calls back to back.
+_register_syntax("mimo", CallSyntax(
+    begin="<tool_call>", end="</tool_call>", trigger="<tool_call>", style="mimo_xml",
+    before_arguments=(_regex(r"\n?"), _const("<function={name}>")), after_arguments=(_const("</function>"), _regex(r"\n?")),
+    markers=("</tool_call>", "<function=", "</function>")))
+_ATTR_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"))
+#: Cohere Command (cmd5, nested XML): `<cofl:tool_calls>` then `<cofl:tool_call id="n" name="...">`
+#: per call, every argument a typed `<cofl:value>` element; no text in a turn that calls; a text
+#: answer between `<|START_TEXT|>` and `<|END_TEXT|>` (read bare too); the prompt ends with
+#: `<|START_THINKING|>` (or the empty block when reasoning is off).
+_register_syntax("cohere", CallSyntax(
+    begin='<cofl:tool_call id="', end="</cofl:tool_call>", trigger="<cofl:tool_calls>", style="cohere_xml",
+    before_arguments=(_regex(r"\d+"), _const('" name="{name}">')), section=("<cofl:tool_calls>", "</cofl:tool_calls>"),
+    think=("<|START_THINKING|>", "<|END_THINKING|>"), text=("<|START_TEXT|>", "<|END_TEXT|>"), escapes=_ATTR_ESCAPES,
+    markers=("</cofl:tool_calls>", "<cofl:tool_call ", "</cofl:tool_call>", "<|START_TEXT|>", "<|END_TEXT|>")))
+
+
+# --- Kimi K3: channels -----------------------------------------------------------------------------
+
+def _k3_open(channel: str) -> str:
+    return f"<|open|>{channel}<|sep|>"
+
+
+def _k3_close(channel: str) -> str:
+    return f"<|close|>{channel}<|sep|>"
+
+
+@register_model_structural_tag("kimi_k3")
+def kimi_k3(req: ToolCallRequest) -> dict:
+    """Kimi K3's message after the prompt's channel opening (`think` with reasoning, else
+    `response`): the reasoning channel (per `reasoning`), the response channel (text, written even
+    when empty), the `tools` channel with the calls (`<|open|>call tool="name" index="1"<|sep|>`,
+    one `<|open|>argument key="k" type="t"<|sep|>` element per argument), and the message's closing
+    `<|close|>message<|sep|>`. The text of a channel never holds the tools channel's opening; with
+    exclude_special_tokens no `<|open|>` and no other channel's closing either."""
+    closings = [_k3_close(c) for c in ("think", "response", "tools", "call", "argument", "message")]
+
+    def channel(name: str) -> dict:
+        end = _k3_close(name)
+        excludes = ["<|open|>", *(c for c in closings if c != end)] if req.exclude_special_tokens else [_k3_open("tools")]
+        return {"type": "tag", "begin": "", "content": {"type": "any_text", "excludes": excludes}, "end": end}
+
+    response = {"type": "optional", "content": _const(_k3_open("response"))}       # the prompt may hold it
+    thinking = {"type": "sequence", "elements": [{"type": "optional", "content": _const(_k3_open("think"))},
+                                                  channel("think"), _const(_k3_open("response"))]}
+    start = {"enabled": thinking, "disabled": response}.get(req.reasoning, {"type": "or", "elements": [thinking, response]})
+    elements = [start, channel("response")]
+    if req.mode != "none":
+        calls = []
+        for tool in req.tools:
+            name = tool.name.replace("&", "&amp;").replace('"', "&quot;")
+            calls.append({"type": "tag", "begin": f'<|open|>call tool="{name}" index="', "content": {
+                "type": "sequence", "elements": [_regex("[1-9][0-9]*"), _const('"<|sep|>'),
+                                                 req.arguments(tool, "kimi_k3_xml")]}, "end": _k3_close("call")})
+        one_only = req.mode == "forced" or not req.parallel_tool_calls
+        inner = calls[0] if req.mode == "forced" else {"type": "tags_with_separator", "tags": calls, "separator": "",
+                                                       "at_least_one": True, "stop_after_first": one_only}
+        section = {"type": "tag", "begin": _k3_open("tools"), "content": inner, "end": _k3_close("tools")}
+        elements.append(section if req.mode in ("required", "forced") else {"type": "optional", "content": section})
+    elements.append(_const(_k3_close("message")))
+    return {"type": "sequence", "elements": elements}
 
 
 # --- harmony (gpt-oss): channel messages ---------------------------------------------------------

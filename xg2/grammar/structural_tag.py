@@ -43,7 +43,7 @@ class ConstStringFormat(_Format, tag="const_string"):
 class JSONSchemaFormat(_Format, tag="json_schema"):
     json_schema: Union[bool, dict[str, Any]]  # noqa: UP007 (msgspec reads the annotation)
     style: Literal["json", "qwen_xml", "minimax_xml", "minimax_m3_xml", "deepseek_xml", "glm_xml", "cohere_xml",
-                   "kimi_k3_xml", "deepseek_v4_1_xml"] = "json"
+                   "kimi_k3_xml", "deepseek_v4_1_xml", "mimo_xml"] = "json"
     any_order: bool = False
     max_whitespace_cnt: Union[int, None] = None  # noqa: UP007
     excludes: list[str] = []
