@@ -56,14 +56,14 @@ def test_background_precompute_does_not_keep_the_compiler_alive(json_info):
     compiler = xg2.GrammarCompiler(json_info, background_precompute=True)
     compiled = compiler.compile_json_schema({"type": "object", "properties": {"a": {"type": "string"}}})
     compiled._precomputed.wait(5)
+    worker = compiler._worker       # this compiler's thread (other tests' compilers may still live)
+    assert worker is not None and worker.is_alive()
     ref = weakref.ref(compiler)
     del compiler, compiled
     gc.collect()
     assert ref() is None
-    deadline = time.monotonic() + 5
-    while any(t.name == "xg2-precompute" for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not any(t.name == "xg2-precompute" for t in threading.enumerate())
+    worker.join(5)
+    assert not worker.is_alive()
 
 
 def test_bounded_rollback_keeps_the_latest_boundaries(json_info):
