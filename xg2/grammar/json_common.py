@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import SchemaError
 from .ir import CharClass, Choice, Expr, Literal, Repeat, Seq
 
 #: Largest accepted minItems/maxItems/minLength/maxLength.
@@ -189,3 +190,58 @@ def _canon_str(s: str) -> str:
 _CANNOT = object()
 #: Internal keyword carrying a oneOf/anyOf over required-sets down to the object lowering.
 PRESENCE = "\x00presence"
+
+
+# --- small helpers shared by the JSON and the XML lowerings ------------------------------------
+
+def _branches(schema: dict, kw: str, ptr: str) -> tuple[list, dict]:
+    """The branches of `anyOf` / `oneOf` (a non-empty list, checked) and the schema without them."""
+    subs = schema[kw]
+    if not isinstance(subs, list) or not subs:
+        raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
+    return subs, {k: v for k, v in schema.items() if k != kw}
+
+
+def _inert(keyword: str, schema: dict) -> bool:
+    """A keyword that means nothing without its partner (`then`/`else` without `if`, the contains
+    counts without `contains`): nothing to enforce, so nothing to refuse."""
+    partner = {"then": "if", "else": "if", "minContains": "contains", "maxContains": "contains"}.get(keyword)
+    return partner is not None and partner not in schema
+
+
+def _without_lt(e: Expr) -> Expr:
+    if not isinstance(e, CharClass):
+        return e
+    if e.negated:
+        return CharClass((*e.ranges, (0x3C, 0x3C)), negated=True)
+    return CharClass(tuple((lo, hi) for a, b in e.ranges for lo, hi in ((a, min(b, 0x3B)), (max(a, 0x3D), b)) if lo <= hi))
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+def _listed_values(schema: dict, ptr: str) -> tuple[list | None, str]:
+    """The values a schema lists itself (`const`, `enum`, or those of an `allOf` branch), which
+    bound its language to a finite set; (None, "") when it lists none."""
+    for branch, where in [(schema, ptr)] + [(b, _ptr(ptr, "allOf", i)) for i, b in enumerate(schema.get("allOf", []))
+                                            if isinstance(schema.get("allOf"), list)]:
+        if not isinstance(branch, dict):
+            continue
+        if "const" in branch:
+            return [branch["const"]], _ptr(where, "const")
+        if "enum" in branch:
+            if not isinstance(branch["enum"], list):
+                raise SchemaError("enum must be an array", _ptr(where, "enum"))
+            return branch["enum"], _ptr(where, "enum")
+    return None, ""
