@@ -25,8 +25,7 @@ What it maps
 
 Everything else that xgrammar has and xg2 does not is simply absent, so a test that needs it fails
 with the AttributeError / ImportError it would get from any engine lacking it. Notably absent:
-``Grammar.from_lark``, ``max_recursion_depth`` / ``get_max_recursion_depth`` /
-``set_max_recursion_depth``, ``bitmask_dtype``, ``xgrammar.kernels.*``, ``xgrammar.tokenizer_info``'s
+``bitmask_dtype``, the triton and mlx kernels, ``xgrammar.tokenizer_info``'s
 other private names, and (in an xg2 without the twin modules above) ``get_builtin_structural_tag``,
 ``normalize_tool_choice``, the per-model ``get_*_structural_tag`` functions and
 ``xgrammar.openai_tool_call_schema``.
@@ -120,6 +119,13 @@ for _name in ("builtin_structural_tag", "openai_tool_call_schema"):
 
 
 contrib = _alias("contrib", xg2.contrib)  # its `hf` is imported on first attribute access
+if _xg2_twin("kernels") is not None and hasattr(xg2.kernels, "__path__"):
+    kernels = _alias("kernels", xg2.kernels)     # a package: its kernel modules import by their names
+    import importlib as _importlib
+
+    for _name in ("apply_token_bitmask_inplace_cpu", "apply_token_bitmask_inplace_cuda",
+                  "apply_token_bitmask_inplace_torch_compile"):
+        _alias(f"kernels.{_name}", _importlib.import_module(f"xg2.kernels.{_name}"))
 
 
 # ---------------------------------------------------------------------------------------------
