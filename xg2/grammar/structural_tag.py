@@ -652,17 +652,7 @@ class _Lowering:
             stack.extend(k for k, _ in _parts(f, ""))
             if isinstance(f, TagFormat) and not isinstance(f.content, _FREE):
                 ends = (f.end,) if isinstance(f.end, (str, TokenFormat)) else tuple(f.end)
-                inner = [f.content]
-                while inner:
-                    g = inner.pop()
-                    if isinstance(g, _FREE):
-                        tails[id(g)] = ends
-                    elif isinstance(g, SequenceFormat):
-                        inner.append(g.elements[-1])
-                    elif isinstance(g, OrFormat):
-                        inner.extend(g.elements)
-                    elif isinstance(g, OptionalFormat):
-                        inner.append(g.content)
+                tails.update((id(g), ends) for g in _trailing(f.content) if isinstance(g, _FREE))
         return tails
 
     def _unbordered(self, ends: tuple, at: str) -> tuple[str, ...]:
@@ -729,13 +719,18 @@ def _dispatching(after: dict[str, Expr], excludes: Any, at: str, loop: bool, tok
 
 
 def _at_end(top: Format) -> set[int]:
-    """The formats nothing can follow: the top one, and within one of them the last element of a
+    """The formats nothing can follow (ids): see `_trailing`."""
+    return {id(f) for f in _trailing(top)}
+
+
+def _trailing(top: Format) -> list:
+    """The formats at the end of `top`: itself, and within one of them the last element of a
     sequence, the alternatives of an `or`, the content of an `optional`."""
-    out: set[int] = set()
+    out: list = []
     stack = [top]
     while stack:
         f = stack.pop()
-        out.add(id(f))
+        out.append(f)
         if isinstance(f, SequenceFormat):
             stack.append(f.elements[-1])
         elif isinstance(f, OrFormat):
