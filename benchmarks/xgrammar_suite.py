@@ -33,7 +33,8 @@ found statically, before running, from the test files' source (``ast``), not fro
   expression that is not one on the other (so ``str(g1) == str(g2)`` round trips, which another
   engine can satisfy with its own printer, do not count);
 * a test is set aside if its function compares printed grammar, or calls (by name) a module-level
-  helper of its file that does (e.g. ``check_stag_with_grammar``), one level deep.
+  helper of its file that does (e.g. ``check_stag_with_grammar``), directly or through other
+  helpers of the file (any depth).
 
 This is the test-name-independent form of "the test asserts on ``str(grammar)`` against an
 expected EBNF text". It also catches tests that check a rule name is present in the printed text
@@ -208,11 +209,20 @@ def find_ebnf_printing_tests(tests_dir: Path) -> list[tuple[str, str]]:
                 for sub in node.body:
                     if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.name.startswith("test"):
                         funcs[sub.name] = sub
-        helpers = {n for n, f in funcs.items() if not n.startswith("test") and _scan(f).compares_printed}
-        for name, fn in funcs.items():
+        scans = {n: _scan(f) for n, f in funcs.items()}
+        # Helpers that compare printed grammar, directly or through other helpers of the file (a
+        # fixed point over the file's call graph, so a check two calls down still counts).
+        helpers = {n for n, s in scans.items() if not n.startswith("test") and s.compares_printed}
+        grew = True
+        while grew:
+            grew = False
+            for n, s in scans.items():
+                if n not in helpers and not n.startswith("test") and s.called & helpers:
+                    helpers.add(n)
+                    grew = True
+        for name, scan in scans.items():
             if not name.startswith("test"):
                 continue
-            scan = _scan(fn)
             if scan.compares_printed or scan.called & helpers:
                 found.append((path.name, name))
     return found
