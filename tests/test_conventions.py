@@ -515,7 +515,24 @@ def test_ebnf_regex_macro_agrees(src: str) -> None:
             assert ours.is_completed() == ref.is_completed(), f"{src}: {text!r}"
 
 
+@pytest.mark.parametrize("src", [r'root ::= Regex("\\S+", json_string=true)', 'root ::= Regex(".+", json_string=true)',
+                                 'root ::= Regex("a[^b]*", flags="u", json_string=true)',
+                                 'root ::= Regex("[a\\\\\\"]+", json_string=false)'])
+def test_ebnf_regex_json_string_agrees(src: str) -> None:
+    """`json_string=true` keeps the quote, the backslash and the C0 controls out of every character
+    the pattern matches (so the text can sit inside a JSON string as it is); flag 'u' changes
+    nothing. Every string of up to 4 characters over an alphabet holding them is judged alike."""
+    pair = [module.GrammarCompiler(module.TokenizerInfo([])).compile_grammar(src) for module in (xgr, xg2)]
+    for n in range(5):
+        for text in map("".join, itertools.product('ab"\\\t .', repeat=n)):
+            ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
+            assert ours.accept_string(text) == ref.accept_string(text), f"{src}: {text!r}"
+            assert ours.is_completed() == ref.is_completed(), f"{src}: {text!r}"
+
+
 @pytest.mark.parametrize("src", ['root ::= Regex("a", "b")', "root ::= Regex()", 'root ::= Regex("a", foo="i")',
+                                 'root ::= Regex("a", json_string="yes")', 'root ::= Regex("a", flags=true)',
+                                 'root ::= Regex(abc)',
                                  'root ::= Regex("a", flags="m")', 'root ::= "a" flags="b"',
                                  'root ::= Regex("ab?",)'])
 def test_ebnf_regex_macro_refusals_agree(src: str) -> None:

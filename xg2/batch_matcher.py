@@ -39,7 +39,7 @@ class BatchGrammarMatcher:
             max_threads = max(1, (os.cpu_count() or 2) // 2)
         max_threads = _int_arg(max_threads, "max_threads")
         if max_threads < 1:
-            raise ValueError("max_threads must be at least 1")
+            raise UsageError("max_threads must be at least 1")
         self.max_threads = max_threads
         self._pool: ThreadPoolExecutor | None = None
 

@@ -360,11 +360,11 @@ class GrammarCompiler:
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise TypeError("tokenizer_info must be an xg2.TokenizerInfo")
         if max_threads < 1:
-            raise ValueError("max_threads must be at least 1")
+            raise UsageError("max_threads must be at least 1")
         if precompute_top_k is not None and precompute_top_k < 0:
-            raise ValueError("precompute_top_k must be at least 0")
+            raise UsageError("precompute_top_k must be at least 0")
         if compile_timeout_ms is not None and not compile_timeout_ms > 0:
-            raise ValueError("compile_timeout_ms must be positive (or None for no limit)")
+            raise UsageError("compile_timeout_ms must be positive (or None for no limit)")
         self.compile_timeout_ms = compile_timeout_ms
         self.tokenizer_info = tokenizer_info
         self.max_threads = max_threads

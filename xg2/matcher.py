@@ -96,7 +96,7 @@ class GrammarMatcher:
         else:
             stops = [override_stop_tokens] if isinstance(override_stop_tokens, int) else list(override_stop_tokens)
             if any(not 0 <= int(t) < self._vocab_size for t in stops):
-                raise ValueError("override_stop_tokens must be token ids within the vocabulary")
+                raise UsageError("override_stop_tokens must be token ids within the vocabulary")
         self._compiled = compiled_grammar
         self._stop_ids = [int(t) for t in stops]
         self._core = MatcherCore(compiled_grammar._core, self._stop_ids)
@@ -106,7 +106,7 @@ class GrammarMatcher:
         self._max_rollback = max_rollback_tokens
         if default_temperature is not None and not (isinstance(default_temperature, (int, float))
                                                     and 0 <= default_temperature < float("inf")):
-            raise ValueError("default_temperature must be a finite non-negative number or None")
+            raise UsageError("default_temperature must be a finite non-negative number or None")
         self._default_temperature = None if default_temperature is None else float(default_temperature)
 
     @property

@@ -575,34 +575,50 @@ class _Parser:
         name: the pattern's expression in place (regex.regex_to_expr; '.' stops at line ends
         unless flag 's' is given, 'i' ignores case)."""
         from ..errors import RegexError
-        from .regex import regex_to_expr
+        from .regex import inside_json_string, regex_to_expr
 
         src, toks = self.src, self.toks
         start = toks[self.i].off
         self.i += 2
         pattern = toks[self.i]
-        if pattern.kind != _STRING:
+        if pattern.kind == _RPAREN or (pattern.kind == _STRING and toks[self.i + 1].kind == _COMMA
+                                       and toks[self.i + 2].kind == _STRING):
             raise src.error("Regex expects exactly one string argument", pattern.off)
+        if pattern.kind != _STRING:
+            raise src.error("Regex pattern must be a string literal", pattern.off)
         self.i += 1
-        flags = ""
+        flags, json_string, seen = "", False, set()
         while toks[self.i].kind == _COMMA:
             name = toks[self.i + 1]
             if name.kind != _NAME or toks[self.i + 2].kind != _EQUALS:
                 raise src.error("Regex expects exactly one string argument", name.off)
-            if name.value != "flags":
-                raise src.error(f"Regex does not support the named argument {name.value}", name.off)
+            if name.value not in ("flags", "json_string") or name.value in seen:
+                what = "repeats" if name.value in seen else "does not support"
+                raise src.error(f"Regex {what} the named argument {name.value}", name.off)
+            seen.add(name.value)
             value = toks[self.i + 3]
-            if value.kind != _STRING:
-                raise src.error("flags takes a string such as \"i\" or \"is\"", value.off)
-            flags = str(value.value)
+            if name.value == "flags":
+                if value.kind != _STRING:
+                    raise src.error("Regex's flags must be a string such as \"i\" or \"is\"", value.off)
+                flags = str(value.value)
+                bad = sorted(set(flags) - set("isu"))
+                if bad:
+                    raise src.error(f"regular-expression flag {bad[0]!r} is not supported (only i, s and u "
+                                    "are)", value.off)
+                flags = flags.replace("u", "")   # patterns are always read as code points
+            else:
+                if value.kind != _NAME or value.value not in ("true", "false"):
+                    raise src.error("Regex's json_string must be a boolean (true or false)", value.off)
+                json_string = value.value == "true"
             self.i += 4
         if toks[self.i].kind != _RPAREN:
             raise src.error(f"expected ')' after Regex's arguments, got {toks[self.i].kind}", toks[self.i].off)
         self.i += 1
         try:
-            return regex_to_expr(str(pattern.value), flags=flags)
+            expr = regex_to_expr(str(pattern.value), flags=flags)
         except RegexError as e:
             raise src.error(f"in Regex: {e.message} (column {e.column} of the pattern)", start) from None
+        return inside_json_string(expr) if json_string else expr
 
     def _substring(self) -> Expr:
         """xgrammar's `Substring("c1", "c2", ...)` macro, self.i at its name: any contiguous run of

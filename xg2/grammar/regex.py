@@ -116,10 +116,13 @@ def _is_surrogate(cp: int) -> bool:
 # Escapes
 # ---------------------------------------------------------------------------------------------
 
+_COUNT_WORDS = {2: "two", 4: "four", 8: "eight"}
+
+
 def _hex_digits(p: str, i: int, count: int, start: int, what: str) -> int:
     digits = p[i:i + count]
     if len(digits) != count or not set(digits) <= _HEX:
-        raise _err(f"{what} needs exactly {count} hex digits", start)
+        raise _err(f"{what} must be followed by {_COUNT_WORDS[count]} hexadecimal digits", start)
     return int(digits, 16)
 
 
@@ -137,17 +140,17 @@ def _escape(p: str, i: int, in_class: bool) -> tuple[int | None, tuple[Ranges, b
     if c == "b":
         if in_class:  # [\b] is backspace in both dialects
             return 0x08, None, nxt
-        raise _err("word boundaries (\\b) are not supported", i)
+        raise _err("Word boundary assertion \\b is not supported", i)
     if c == "B":
-        raise _err("word boundaries (\\B) are not supported", i)
+        raise _err("Word boundary assertion \\B is not supported", i)
     if c == "0":
         if nxt < len(p) and p[nxt].isdigit():
             raise _err("octal escapes are not supported (\\0 followed by a digit)", i)
         return 0, None, nxt
     if c in "123456789":
-        raise _err(f"backreferences (\\{c}) are not supported", i)
+        raise _err(f"Backreference \\{c} is not supported", i)
     if c == "k":
-        raise _err("backreferences (\\k<name>) are not supported", i)
+        raise _err("Backreference \\k<name> is not supported", i)
     if c == "x":
         return _hex_digits(p, nxt, 2, i, "\\x escape"), None, nxt + 2
     if c == "U":  # Python's 8-digit form
@@ -158,7 +161,7 @@ def _escape(p: str, i: int, in_class: bool) -> tuple[int | None, tuple[Ranges, b
             close = p.find("}", nxt)
             digits = p[nxt + 1:close] if close >= 0 else ""
             if not digits or not set(digits) <= _HEX or len(digits) > 8:
-                raise _err("\\u{...} escape needs 1 to 8 hex digits and a closing brace", i)
+                raise _err("\\u{...} must be followed by 1 to 8 hexadecimal digits and a closing brace", i)
             return _check_codepoint(int(digits, 16), i), None, close + 1
         cp = _hex_digits(p, nxt, 4, i, "\\u escape")
         nxt += 4
@@ -176,7 +179,7 @@ def _escape(p: str, i: int, in_class: bool) -> tuple[int | None, tuple[Ranges, b
     if c in "AZzG":
         raise _err(f"the anchor \\{c} is not supported (use ^ or $ at the ends of the pattern)", i)
     if c in "pP":
-        raise _err(f"Unicode property escapes (\\{c}{{...}}) are not supported", i)
+        raise _err(f"Unicode property escape \\{c}{{...}} is not supported", i)
     if c == "N":
         raise _err("named character escapes (\\N{...}) are not supported", i)
     if c.isascii() and c.isalnum():
@@ -187,7 +190,7 @@ def _escape(p: str, i: int, in_class: bool) -> tuple[int | None, tuple[Ranges, b
 
 def _check_codepoint(cp: int, index: int) -> int:
     if cp > MAX_CODEPOINT:
-        raise _err(f"code point {cp:#x} is above U+10FFFF", index)
+        raise _err(f"code point {cp:#x} is beyond the Unicode range (above U+10FFFF)", index)
     if _is_surrogate(cp):
         raise _err(f"lone surrogate U+{cp:04X} cannot match well-formed text", index)
     return cp
@@ -205,8 +208,9 @@ def _class(p: str, i: int) -> tuple[CharClass, int]:
     if negated:
         i += 1
     if i < len(p) and p[i] == "]":
-        raise _err("']' first in a class is ambiguous (a literal in Python, an empty class in "
-                   "ECMAScript); escape it as \\]", i)
+        raise _err("Empty character class is not allowed in regex: a ']' first in a class is "
+                   "ambiguous (an empty class in ECMAScript, a literal in Python); escape it as \\] "
+                   "for the literal", i)
     ranges: list[tuple[int, int]] = []
     while True:
         if i >= len(p):
@@ -308,10 +312,12 @@ def _open_group(p: str, i: int) -> int:
     rest = p[i + 2:i + 4]
     if rest.startswith(":"):
         return i + 3
-    if rest.startswith(("=", "!")) or rest in ("<=", "<!"):
-        raise _err("lookahead and lookbehind assertions are not supported", i)
+    if rest in ("<=", "<!"):
+        raise _err("Lookbehind assertion (?<= / (?<! is not supported", i)
+    if rest.startswith(("=", "!")):
+        raise _err("Lookahead assertion (?= / (?! is not supported", i)
     if rest.startswith("P="):
-        raise _err("backreferences ((?P=name)) are not supported", i)
+        raise _err("Backreference (?P=name) is not supported", i)
     if rest.startswith(("P<", "<")):
         name_at = i + (4 if rest.startswith("P") else 3)
         m = _GROUP_NAME_RE.match(p, name_at)
@@ -370,7 +376,7 @@ def _parse(p: str, start: int = 0, dot: Expr = _DOT) -> list[tuple[bool, Expr, b
             continue
         if c == ")":
             if len(stack) == 1:
-                raise _err("unbalanced ')'", i)
+                raise _err("Unmatched ')': no group is open here", i)
             stack.pop()
             top.end_alternative()
             parent = stack[-1]
@@ -382,6 +388,9 @@ def _parse(p: str, start: int = 0, dot: Expr = _DOT) -> list[tuple[bool, Expr, b
         if quant is not None:
             lo, hi, end = quant
             if not top.quantifiable:
+                if top.items and i > 0 and p[i - 1] in "*+?}":
+                    raise _err("Two consecutive repetition modifiers are not allowed: nothing to repeat "
+                               "before this quantifier (group the first repetition to repeat it)", i)
                 raise _err("nothing to repeat before this quantifier", i)
             if end < n and p[end] == "?":
                 end += 1  # lazy: the same language
@@ -416,7 +425,7 @@ def _parse(p: str, start: int = 0, dot: Expr = _DOT) -> list[tuple[bool, Expr, b
         top.items.append(atom)
         top.quantifiable = True
     if len(stack) > 1:
-        raise _err("unbalanced '(': the group is never closed", stack[-1].start)
+        raise _err("Unmatched '(': the group is never closed", stack[-1].start)
     top = stack[0]
     top.end_alternative()
     return [(a, e, z) for (a, z), e in zip(top.anchors, top.alts, strict=True)]
@@ -482,7 +491,7 @@ def regex_to_expr(pattern: str, *, search: bool = False, flags: str = "") -> Exp
         flags, start = flags + lead.group(1), lead.end()
     bad = set(flags) - set("is")
     if bad:
-        raise RegexError(f"regex flag {min(bad)!r} is not supported (only 'i' and 's' are)", 1, 1)
+        raise RegexError(f"regular-expression flag {min(bad)!r} is not supported (only 'i' and 's' are)", 1, 1)
     alts = _parse(pattern, start, ANY_CHAR if "s" in flags else _DOT)
     if "i" in flags:
         alts = [(a, _ignoring_case(e), z) for a, e, z in alts]
@@ -499,6 +508,30 @@ def regex_to_expr(pattern: str, *, search: bool = False, flags: str = "") -> Exp
 def regex_to_ir(pattern: str, *, search: bool = False, root: str = "root", flags: str = "") -> GrammarIR:
     """`pattern` as a grammar of one rule (see :func:`regex_to_expr` for `search` and `flags`)."""
     return GrammarIR([Rule(root, regex_to_expr(pattern, search=search, flags=flags))], root)
+
+
+#: What a JSON string cannot hold unescaped: the quote, the backslash and the C0 controls.
+_JSON_STRING_FORBIDDEN = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
+
+
+def inside_json_string(e: Expr) -> Expr:
+    """`e` with every character it matches limited to what a JSON string holds unescaped, so the
+    text can stand between a JSON string's quotes as it is (xgrammar's ``json_string=true``). A
+    literal holding such a character matches nothing (an empty class)."""
+    from .optimize import map_leaves
+
+    forbidden = {cp for lo, hi in _JSON_STRING_FORBIDDEN for cp in range(lo, hi + 1)}
+
+    def leaf(x: Expr) -> Expr:
+        if isinstance(x, CharClass):
+            kept = complement_ranges(normalize_ranges(list(complement_ranges(x.codepoint_ranges()))
+                                                      + list(_JSON_STRING_FORBIDDEN)))
+            return CharClass(tuple(kept))
+        if isinstance(x, Literal) and any(ord(c) in forbidden for c in x.text):
+            return CharClass(())
+        return x
+
+    return map_leaves(e, leaf)
 
 
 @functools.lru_cache(maxsize=1)

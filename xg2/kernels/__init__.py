@@ -54,7 +54,7 @@ def get_bitmask_shape(batch_size: int, vocab_size: int) -> tuple[int, int]:
     vocabulary of a TokenizerInfo([]) used to match text), as in xgrammar; a negative one is
     refused, where xgrammar reads vocab_size -1 as 0."""
     if batch_size < 0 or vocab_size < 0:
-        raise ValueError(f"batch_size and vocab_size must not be negative, got {batch_size} and {vocab_size}")
+        raise UsageError(f"batch_size and vocab_size must not be negative, got {batch_size} and {vocab_size}")
     return (batch_size, (vocab_size + 31) // 32)
 
 
