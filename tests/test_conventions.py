@@ -669,3 +669,20 @@ def test_free_text_at_the_end_of_a_tag_content_agrees(fmt: dict) -> None:
         {"type": "const_string", "value": "X"}, {"type": "any_text"}]}}
     with pytest.raises(xg2.StructuralTagError, match="overlaps itself"):
         xg2.GrammarCompiler(xg2.TokenizerInfo([])).compile_structural_tag({"type": "structural_tag", "format": bordered})
+
+
+# ------------------------------------------------------------------------ vocabulary types
+
+def test_vocab_type_printing_and_detection_agree() -> None:
+    """`str(VocabType.X)` and the private `_detect_vocab_type_from_vocab` engines' tests call read
+    the same on both engines, for byte-fallback, byte-level, mixed and plain vocabularies."""
+    byte_pieces = {f"<0x{b:02X}>": b for b in range(256)} | {"▁hi": 256}
+    level = {ch: i for i, ch in enumerate(sorted(xgr.tokenizer_info._BYTE_LEVEL_CHARSET))} | {"Ġhi": 256}
+    mixed = level | {k: v + 300 for k, v in byte_pieces.items()}
+    plain = {"hello": 0, "##ing": 1, "a": 2}
+    for vocab in (byte_pieces, level, mixed, plain, {"<0x41>": 0, "Ġ": 1}):
+        ref = xgr.TokenizerInfo._detect_vocab_type_from_vocab(vocab)
+        ours = xg2.TokenizerInfo._detect_vocab_type_from_vocab(vocab)
+        assert (ref and ref.name) == (ours and ours.name)
+    for kind in xgr.VocabType:
+        assert str(getattr(xg2.VocabType, kind.name)) == str(kind)

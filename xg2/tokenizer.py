@@ -54,6 +54,10 @@ class VocabType(enum.IntEnum):
     BYTE_FALLBACK = 1
     BYTE_LEVEL = 2
 
+    # Printed as xgrammar's plain Enum prints ("VocabType.RAW"), not as the bare number IntEnum
+    # gives since Python 3.11: logs and test ids read the same on both engines.
+    __str__ = enum.Enum.__str__
+
 
 # Stop tokens recognised by name when none are given; the same set xgrammar uses
 # (LLaMA-2 ``</s>``, LLaMA-3 ``<|end_of_text|>``/``<|eot_id|>``, GPT/Phi-2/Qwen ``<|endoftext|>``,
@@ -652,6 +656,13 @@ class TokenizerInfo:
         self._sorted = None
         self._named = None
         self._by_text = None
+
+    @staticmethod
+    def _detect_vocab_type_from_vocab(vocab: Mapping[str, int]) -> VocabType | None:
+        """The encoding the vocabulary (token string -> id) itself shows, or None when it shows
+        none (xgrammar's private helper of the same name, which its tests call): byte pieces
+        ``<0xNN>`` mean BYTE_FALLBACK, the byte-level alphabet BYTE_LEVEL."""
+        return _vocab_type_from_vocab(vocab, True)
 
     # -- factories ------------------------------------------------------------------------------
 
