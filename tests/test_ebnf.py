@@ -921,3 +921,65 @@ escape ::= ["\\/bfnrt] | "u" [0-9A-Fa-f]{4}
     assert matches(ir, '"\\u00e9"')
     assert not matches(ir, '"bad\\q"')
     assert not matches(ir, '"open')
+
+
+# ------------------------------------------------------------------------ tail recursion
+
+TAIL_RECURSIVE = r'''
+root ::= "\"" chars "\"" | "[" items
+chars ::= "" | [^"\\] chars | "\\" ["n\\] chars
+items ::= "]" | "a" items | "b" "," items
+'''
+
+
+def test_tail_recursion_becomes_repetition() -> None:
+    """Self-calls only at the ends of alternatives become a loop (Arden's rule), so a long string
+    costs the parser one automaton, not one open call per character; other rules stay."""
+    from itertools import product
+
+    import xg2
+    from xg2.grammar.ir import any_node
+    from xg2.grammar.optimize import tail_recursion_as_repetition
+
+    ir = parse_ebnf(TAIL_RECURSIVE)
+    out = tail_recursion_as_repetition(ir).rule_map()
+    for name in ("chars", "items"):
+        assert not any_node(out[name].body, lambda n, name=name: n == RuleRef(name)), name
+    assert out["root"] == ir.rule_map()["root"]
+    # Not rewritten: a self-call that is not last, or no way out of the recursion.
+    for src in ['root ::= "a" root "b" | "c"', 'root ::= "a" r\nr ::= "b" r']:
+        ir2 = parse_ebnf(src)
+        assert tail_recursion_as_repetition(ir2) is ir2
+
+    compiled = xg2.GrammarCompiler(xg2.TokenizerInfo([])).compile_grammar(TAIL_RECURSIVE)
+
+    def accepts(text: str) -> bool:
+        m = xg2.GrammarMatcher(compiled)
+        return m.accept_string(text) and m.is_completed()
+
+    def reference(text: str) -> bool:   # the language, written out by hand
+        if text.startswith("["):
+            body = text[1:]
+            while body[:1] == "a" or body[:2] == "b,":
+                body = body[1:] if body[0] == "a" else body[2:]
+            return body == "]"
+        if len(text) < 2 or text[0] != '"' or text[-1] != '"':
+            return False
+        inner, i = text[1:-1], 0
+        while i < len(inner):
+            if inner[i] == "\\":
+                if inner[i + 1:i + 2] not in ('"', "n", "\\"):
+                    return False
+                i += 2
+            elif inner[i] == '"':
+                return False
+            else:
+                i += 1
+        return True
+
+    for n in range(6):
+        for chars in product('"\\nab,[]', repeat=n):
+            text = "".join(chars)
+            assert accepts(text) == reference(text), text
+    assert accepts('"' + "x\\n" * 5000 + '"')
+    assert accepts("[" + "ab," * 5000 + "]")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from . import budget
 from .ir import (
+    EPSILON,
     MAX_TREE_STEPS,
     CharClass,
     Choice,
@@ -23,6 +24,9 @@ from .ir import (
     Rule,
     RuleRef,
     Seq,
+    any_node,
+    choice,
+    seq,
 )
 
 #: Largest (weighted) expression size inlined into a caller.
@@ -220,6 +224,56 @@ def map_leaves(e: Expr, leaf: Callable[[Expr], Expr]) -> Expr:
         else:
             out[id(x)] = leaf(x)
     return out[id(e)]
+
+
+def tail_recursion_as_repetition(ir: GrammarIR) -> GrammarIR:
+    """Rewrite each rule that calls itself only at the very end of its alternatives,
+    ``A ::= x1 A | x2 A | b1 | b2``, as ``A ::= (x1 | x2)* (b1 | b2)`` (the same language, by Arden's
+    rule). Hand-written grammars spell strings and lists this way (``s ::= "" | [^"] s``), and an
+    Earley parser keeps one item per character read for every such call still open: accepting
+    n characters costs O(n^2) and more, where the repetition is a loop in one automaton. Rules whose
+    self-calls sit anywhere else, and rules with no alternative that ends the recursion, are left
+    as they are."""
+    out = []
+    changed = False
+    for r in ir.rules:
+        body = _unrolled_tail(r.name, r.body)
+        if body is None:
+            out.append(r)
+        else:
+            out.append(Rule(r.name, body, r.lookahead, r.follow))
+            changed = True
+    return GrammarIR(out, ir.root) if changed else ir
+
+
+def _unrolled_tail(name: str, body: Expr) -> Expr | None:
+    """The body of rule `name` as a repetition then its exits, or None if it is not tail-recursive
+    in the form tail_recursion_as_repetition rewrites."""
+    me = RuleRef(name)
+
+    def calls_me(x: Expr) -> bool:
+        return any_node(x, lambda n: n == me)
+
+    loops: list[Expr] = []
+    exits: list[Expr] = []
+    for alt in body.alts if type(body) is Choice else (body,):
+        items = alt.items if type(alt) is Seq else (alt,)
+        if items[-1] == me:
+            prefix = items[:-1]
+            if not prefix or any(calls_me(x) for x in prefix):
+                return None
+            loops.append(seq(*prefix))
+        elif calls_me(alt):
+            return None
+        else:
+            exits.append(alt)
+    if not loops or not exits:
+        return None
+    loop = choice(loops)
+    tail = choice(exits)
+    if loop is None or tail is None or loop == EPSILON:
+        return None
+    return seq(Repeat(loop, 0, None), tail)
 
 
 def inline_small_rules(ir: GrammarIR, keep: frozenset[str] = frozenset()) -> GrammarIR:

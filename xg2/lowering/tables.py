@@ -22,7 +22,7 @@ from ..grammar.fsm import (
 )
 from ..grammar.hashing import GrammarKeys, grammar_keys
 from ..grammar.ir import GrammarIR
-from ..grammar.optimize import inline_small_rules
+from ..grammar.optimize import inline_small_rules, tail_recursion_as_repetition
 from ..grammar.repetition import compress_repetitions
 
 
@@ -121,6 +121,7 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
     follow (`Rule.follow`) replaces its callers as the mask builder's certain context when it
     covers `max_token_bytes` elements: then no token can read past what the declaration promises.
     Rules in `keep` stay rules (not inlined), e.g. the stubs a frame links modules in for."""
+    ir = tail_recursion_as_repetition(ir)
     ir = inline_small_rules(compress_repetitions(ir) if compress else ir, keep)
     names = [r.name for r in ir.rules]
     index = {n: i for i, n in enumerate(names)}
