@@ -686,3 +686,66 @@ def test_vocab_type_printing_and_detection_agree() -> None:
         assert (ref and ref.name) == (ours and ours.name)
     for kind in xgr.VocabType:
         assert str(getattr(xg2.VocabType, kind.name)) == str(kind)
+
+
+# ------------------------------------------------------------------------ rule temperatures
+
+TEMPERATURE_GRAMMARS = [
+    ('root ::= "a" value "z"\nvalue[temperature=0.6] ::= "x"+', ["axxz", "axz"]),
+    ('root ::= left | right\nleft[temperature=0.2] ::= "a"+\nright[temperature=0.9] ::= "a" "b"', ["aaa", "ab"]),
+    ('root[temperature=0.3] ::= "q" inner "q"\ninner[temperature=1.5] ::= [0-9]+ | "(" root ")"', ["q1q", "q(q23q)q"]),
+    ('root ::= (item ",")* "end"\nitem[temperature=0] ::= "k" [a-c]*', ["kab,k,end", "end"]),
+]
+
+
+@pytest.mark.parametrize("src, texts", TEMPERATURE_GRAMMARS)
+def test_rule_temperatures_agree(src: str, texts: list[str]) -> None:
+    """EBNF's `name[temperature=t]`: `matcher.temperature` after every character, after rollbacks
+    and resets, and the draft tree's temperatures, as in xgrammar (whose rule, on paths that
+    disagree, is the highest)."""
+    vocab = [chr(c) for c in range(32, 127)]
+    infos = [module.TokenizerInfo(vocab, vocab_size=len(vocab), stop_token_ids=[]) for module in (xgr, xg2)]
+    pair = [module.GrammarCompiler(info).compile_grammar(src) for module, info in zip((xgr, xg2), infos)]
+    assert "[temperature=" in str(xg2.Grammar.from_ebnf(str(xg2.Grammar.from_ebnf(src))))
+    for default in (None, 0.1):
+        for text in texts:
+            ms = [module.GrammarMatcher(g, default_temperature=default, max_rollback_tokens=-1)
+                  for module, g in zip((xgr, xg2), pair)]
+            seen = []
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for ch in text:
+                    seen.append([m.temperature for m in ms])
+                    assert all(m.accept_token(vocab.index(ch)) for m in ms), (src, text, ch)
+                seen.append([m.temperature for m in ms])
+                for m in ms:
+                    m.rollback(2)
+                seen.append([m.temperature for m in ms])
+                for m in ms:
+                    m.reset()
+                seen.append([m.temperature for m in ms])
+            for ref, ours in seen:
+                assert ours == pytest.approx(ref), (src, text, seen)
+            # The draft tree: a chain of the text's tokens from where the matchers stand.
+            n = len(text) + 1
+            nxt = torch.tensor(list(range(1, n)) + [-1], dtype=torch.int64)
+            sib = torch.full((n,), -1, dtype=torch.int64)
+            drafts = torch.tensor([0] + [vocab.index(c) for c in text], dtype=torch.int64)
+            temps = []
+            for m, module in zip(ms, (xgr, xg2)):
+                t = torch.zeros(n, dtype=torch.float32)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    m.traverse_draft_tree(nxt, sib, drafts, module.allocate_token_bitmask(n, len(vocab)),
+                                          temperatures=t)
+                temps.append(t)
+            torch.testing.assert_close(temps[1], temps[0])
+
+
+def test_rule_temperature_refusals_agree() -> None:
+    for src in ['root[temperature=-0.1] ::= "a"', 'root[temperature=1e999] ::= "a"',
+                'root[temperature=0.1, temperature=0.2] ::= "a"']:
+        with pytest.raises(RuntimeError):
+            xgr.Grammar.from_ebnf(src)
+        with pytest.raises(xg2.GrammarError, match="temperature"):
+            xg2.Grammar.from_ebnf(src)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ._ext.core import fill_rows
 from .errors import UsageError
-from .matcher import GrammarMatcher, _int_arg, cpu_bitmask
+from .matcher import GrammarMatcher, _int_arg, check_temperatures, cpu_bitmask
 
 #: Rows a worker thread takes at the least; smaller batches are filled on the calling thread.
 MIN_ROWS_PER_THREAD = 32
@@ -112,15 +112,13 @@ class BatchGrammarMatcher:
         -1 where it has none (xgrammar's convention)."""
         matchers = list(matchers)
         if indices is not None and len(indices) != len(matchers):
-            raise UsageError(f"{len(indices)} indices for {len(matchers)} matchers: they must be as many")
+            raise UsageError(f"the indices size ({len(indices)}) must equal the number of matchers "
+                             f"({len(matchers)})")
         rows = list(range(len(matchers))) if indices is None else [_int_arg(i, "index") for i in indices]
-        dtype = str(getattr(temperatures, "dtype", ""))
-        if dtype not in ("torch.float32", "float32") or len(getattr(temperatures, "shape", ())) != 1 \
-                or getattr(getattr(temperatures, "device", None), "type", "cpu") != "cpu":
-            raise UsageError("temperatures must be a 1-D float32 CPU tensor or array")
+        check_temperatures(temperatures, 0 if indices is not None else len(matchers))
         for r in rows:
             if not 0 <= r < temperatures.shape[0]:
-                raise UsageError(f"temperature index {r} out of range for {temperatures.shape[0]} entries")
+                raise UsageError(f"temperature index {r} is out of bounds for {temperatures.shape[0]} entries")
         for m, r in zip(matchers, rows):
             t = m.temperature
             temperatures[r] = -1.0 if t is None else t

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,6 +83,18 @@ def _row_address(bitmask: Any, index: int, n_words: int) -> tuple[int, int]:
     return base + index * n_words * 4, n_words
 
 
+def check_temperatures(temperatures: Any, n: int) -> None:
+    """What xgrammar asks of a temperatures tensor: 1-D float32 on the CPU, `n` entries or more."""
+    dtype = str(getattr(temperatures, "dtype", ""))
+    shape = tuple(getattr(temperatures, "shape", ()))
+    if dtype not in ("torch.float32", "float32") or len(shape) != 1 \
+            or getattr(getattr(temperatures, "device", None), "type", "cpu") != "cpu":
+        raise UsageError(f"the temperatures tensor must be 1-D float32 on the CPU, got {dtype or type(temperatures)} "
+                         f"of shape {shape}")
+    if shape[0] < n:
+        raise UsageError(f"the temperatures tensor has {shape[0]} entries, fewer than the {n} needed")
+
+
 class GrammarMatcher:
     """Matches one generation against a compiled grammar, token by token."""
 
@@ -108,6 +122,7 @@ class GrammarMatcher:
                                                     and 0 <= default_temperature < float("inf")):
             raise UsageError("default_temperature must be a finite non-negative number or None")
         self._default_temperature = None if default_temperature is None else float(default_temperature)
+        self._warned_temperatures = False
 
     @property
     def compiled_grammar(self) -> CompiledGrammar:
@@ -123,10 +138,23 @@ class GrammarMatcher:
 
     @property
     def temperature(self) -> float | None:
-        """The sampling temperature for the next token (xgrammar's): the matcher's
-        `default_temperature`, since no xg2 grammar sets a temperature on its rules (EBNF's
-        `[temperature=...]` rule option is refused when the grammar is read)."""
-        return self._default_temperature
+        """The sampling temperature for the next token (xgrammar's): inside a rule that sets one
+        (EBNF's and Lark's ``name[temperature=t]``), the innermost such rule's, else the matcher's
+        `default_temperature`. Where the parse may go on along several paths (say the end of a
+        hot rule and text after it), a rule's temperature wins over the default, and of several
+        rules' the highest: the least restrictive choice, so no path is starved of samples (a
+        warning says so, once). These are xgrammar's rules, checked side by side."""
+        temps = self._compiled._lowered.arrays.get("rule_temperature")
+        if temps is None:
+            return self._default_temperature
+        lo, hi, _outside = self._core.temperature_range(temps)
+        if math.isnan(hi):
+            return self._default_temperature
+        if lo != hi and not self._warned_temperatures:
+            self._warned_temperatures = True
+            warnings.warn(f"Multiple active grammar paths specify different temperatures ({lo} to {hi}); "
+                          "using the highest", RuntimeWarning, stacklevel=2)
+        return hi
 
     def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
         """Advance by one token; False and no change if the grammar does not allow it here.
@@ -226,8 +254,8 @@ class GrammarMatcher:
 
         Refused with UsageError: arrays of other lengths or dtypes, indices out of range, a node
         reached twice (a cycle would never end), fewer bitmask rows than nodes.
-        `temperatures`, when given, gets each visited node's temperature (the matcher's
-        `temperature`; xg2 grammars set none of their own) and -1 elsewhere or without one."""
+        `temperatures`, when given (1-D float32, one or more entries per node), gets each visited
+        node's `temperature` after its token, and -1 elsewhere or where there is none."""
         nxt = _tree_array(retrieve_next_token, "retrieve_next_token", (np.int64,))
         sib = _tree_array(retrieve_next_sibling, "retrieve_next_sibling", (np.int64,))
         drafts = _tree_array(draft_tokens, "draft_tokens", (np.int64, np.int32))
@@ -241,6 +269,8 @@ class GrammarMatcher:
         _, shape = cpu_bitmask(token_bitmask)
         if len(shape) != 2 or shape[0] < n or shape[1] != self._n_words:
             raise UsageError(f"token_bitmask must be ({n} or more, {self._n_words}), got {tuple(shape)}")
+        if temperatures is not None:
+            check_temperatures(temperatures, n)
         seen, todo = bytearray(n), [0]          # a tree: no node reached twice from the root
         while todo:
             x = todo.pop()
@@ -273,8 +303,9 @@ class GrammarMatcher:
                 stack.append((node, parent, 1 if node != 0 else 2))
                 if not core.terminated:
                     self.fill_next_token_bitmask(token_bitmask, node)
-                    if temperatures is not None and self._default_temperature is not None:
-                        temperatures[node] = self._default_temperature
+                    if temperatures is not None:
+                        t = self.temperature
+                        temperatures[node] = -1.0 if t is None else t
                     if nxt[node] >= 0:
                         stack.append((int(nxt[node]), node, 0))
             else:

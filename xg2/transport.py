@@ -187,7 +187,7 @@ _TABLE_DTYPES = {
     "ctx_start": np.int32, "ctx_item": np.uint64, "ctx_resume": np.int32,
 }
 #: dtypes a table may have (a blob naming another is refused, not handed to numpy).
-_DTYPES = frozenset({"<i4", "<u4", "<i8", "<u8", "|u1", "|i1", "<i2", "<u2"})
+_DTYPES = frozenset({"<i4", "<u4", "<i8", "<u8", "|u1", "|i1", "<i2", "<u2", "<f8"})
 
 
 def _array_out(a: np.ndarray) -> _Array:
@@ -278,6 +278,10 @@ def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
         x = a[name]
         if len(x) < n_nodes + 1 or np.any(np.diff(x.astype(np.int64)) < 0) or (x.size and x[0] < 0):
             raise DeserializeError(f"table {name!r} is not a valid offset table")
+    temps = a.get("rule_temperature")
+    if temps is not None and (temps.dtype != np.float64 or temps.shape != (n_rules,) or
+                              bool(np.any(~np.isnan(temps) & ~((temps >= 0) & np.isfinite(temps))))):
+        raise DeserializeError("table 'rule_temperature' must hold one finite non-negative number (or NaN) per rule")
     within("node_rule", 0, n_rules - 1)
     within("node_final", 0, 1, n_nodes)
     within("node_pure", 0, 3, n_nodes)

@@ -112,6 +112,69 @@ cdef class MatcherCore:
     def can_end(self):
         return bool(self.p.set_top[self.p.n_sets - 1])
 
+    def temperature_range(self, const double[::1] temps):
+        """(lowest, highest, reaches_root): over the paths the parse can go on along, the
+        temperature of the innermost enclosing rule that sets one (`temps`, per rule, NaN: none);
+        NaN, NaN when no path is inside such a rule, and reaches_root when some path is in none.
+
+        A path starts at an item of the current set that can read a byte, and climbs through
+        the items of its origin set that wait on its rule (the callers), each item visited once:
+        linear in the items of the stack, with an explicit stack, whatever the grammar."""
+        cdef Parser* p = &self.p
+        cdef const GrammarC* g = self.g
+        cdef int32_t top = p.n_sets - 1, r
+        cdef int64_t n = p.n_items, j, j2, k, sp = 0, s0, s1
+        cdef uint32_t node, n2
+        cdef item_t it
+        cdef double t, lo = float("nan"), hi = float("nan")
+        cdef bint root = False
+        if temps.shape[0] != g.n_rules:
+            raise ValueError("one temperature per rule")
+        if top < 0 or n == 0:
+            return lo, hi, True
+        cdef uint8_t* seen = <uint8_t*>calloc(n, 1)
+        cdef int64_t* stack = <int64_t*>malloc(n * sizeof(int64_t))
+        if seen == NULL or stack == NULL:
+            free(seen)
+            free(stack)
+            raise MemoryError()
+        for j in range(p.set_start[top], n):
+            node = p.items[j] & NODE_MASK
+            if g.be_start[node + 1] > g.be_start[node]:
+                seen[j] = 1
+                stack[sp] = j
+                sp += 1
+        while sp > 0:
+            sp -= 1
+            it = p.items[stack[sp]]
+            node = it & NODE_MASK
+            r = g.node_rule[node]
+            t = temps[r]
+            if t == t:
+                if not (lo <= t):
+                    lo = t
+                if not (hi >= t):
+                    hi = t
+                continue
+            if it & TOP_BIT:
+                root = True
+                continue
+            s0 = p.set_start[<int32_t>(it >> 32)]
+            s1 = p_set_end(p, <int32_t>(it >> 32))
+            for j2 in range(s0, s1):
+                if seen[j2]:
+                    continue
+                n2 = p.items[j2] & NODE_MASK
+                for k in range(g.re_start[n2], g.re_start[n2 + 1]):
+                    if g.re_rule[k] == r:
+                        seen[j2] = 1
+                        stack[sp] = j2
+                        sp += 1
+                        break
+        free(seen)
+        free(stack)
+        return lo, hi, root
+
     cdef int _feed(self, const uint8_t* data, int64_t n) noexcept nogil:
         """Push bytes; on failure restore the state. 1 accepted, 0 rejected, -1 OOM. Each byte
         is also kept in `hist` (one per state set: a rollback's pop trims it too), so that a

@@ -33,6 +33,7 @@ stack; nesting is capped at :data:`MAX_NESTING_DEPTH`.
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -98,6 +99,7 @@ _LBRACE = "'{'"
 _RBRACE = "'}'"
 _COMMA = "','"
 _EQUALS = "'='"
+_ATTRS = "rule attributes"
 _EOF = "end of input"
 
 _PUNCT = {
@@ -305,6 +307,47 @@ def _merge_ranges(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple((lo, hi) for lo, hi in merged)
 
 
+#: `name[...] ::=`: a bracket group right after a rule's name (no space) and before its '::='.
+_ATTR_GROUP_RE = re.compile(r"\[([^\]\n]*)\](?=[ \t]*::=)")
+_ATTR_ITEM_RE = re.compile(r'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:=[ \t]*("(?:[^"\\]|\\.)*"|[^,\s"]+))?[ \t]*(,|\Z)')
+_NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\Z")
+#: xgrammar's rule attributes that xg2 reads but does not enforce yet (refused, not ignored).
+_UNSUPPORTED_ATTRS = frozenset({"lazy", "capture", "max_tokens", "max_chars", "suffix", "stop", "stop_capture"})
+
+
+def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
+    """The attributes of the group `[inner]` at `pos`: ``temperature=<number>`` (finite,
+    non-negative), the sampling temperature inside the rule. xgrammar's other attributes are
+    refused by name: accepting them unenforced would silently under-constrain the grammar."""
+    out: dict[str, object] = {}
+    at = 0
+    base = pos + 1
+    while at < len(inner):
+        m = _ATTR_ITEM_RE.match(inner, at)
+        if m is None:
+            raise src.error("malformed rule attributes: expected name or name=value, separated by commas",
+                            base + at)
+        name, value, off = m.group(1), m.group(2), base + m.start(1)
+        if name in out:
+            raise src.error(f"{name} attribute is specified more than once", off)
+        if name == "temperature":
+            if value is None or not _NUMBER_RE.match(value):
+                raise src.error("expected a number after temperature=", off)
+            t = float(value)
+            if not math.isfinite(t) or t < 0:
+                raise src.error("temperature must be a finite non-negative number", off)
+            out[name] = t
+        elif name in _UNSUPPORTED_ATTRS:
+            raise src.error(f"the rule attribute '{name}' is not supported by xg2 yet (only temperature is)",
+                            off)
+        else:
+            raise src.error(f"unknown rule attribute '{name}'", off)
+        at = m.end()
+        if m.group(3) == "" and at < len(inner):
+            raise src.error("malformed rule attributes", base + at)
+    return out
+
+
 def _tokenize(src: _Source) -> list[_Token]:
     text = src.text
     n = len(text)
@@ -342,6 +385,11 @@ def _tokenize(src: _Source) -> list[_Token]:
             value, end = _lex_string(src, pos)
             append(_Token(_STRING, pos, value))
             pos = end
+        elif c == "[" and toks and toks[-1].kind == _NAME and toks[-1].off + len(str(toks[-1].value)) == pos \
+                and (len(toks) == 1 or src.line_of(toks[-2].off) != src.line_of(toks[-1].off)) \
+                and (attrs := _ATTR_GROUP_RE.match(text, pos)) is not None:
+            append(_Token(_ATTRS, pos, _rule_attributes(src, pos, attrs.group(1))))
+            pos = attrs.end()
         elif c == "[":
             # Grammars repeat the same classes ([0-9], [ \t\n]...): lex each distinct one once.
             extent = _CLASS_EXTENT_RE.match(text, pos)
@@ -375,10 +423,11 @@ def _tokenize(src: _Source) -> list[_Token]:
     for i, tok in enumerate(toks):
         if tok.kind != _ASSIGN:
             continue
-        if i == 0 or toks[i - 1].kind != _NAME:
+        at = i - 1 if i >= 2 and toks[i - 1].kind == _ATTRS else i      # past a name's attributes
+        if at == 0 or toks[at - 1].kind != _NAME:
             raise src.error("'::=' must follow a rule name", tok.off)
-        name_tok = toks[i - 1]
-        if i >= 2 and src.line_of(toks[i - 2].off) == src.line_of(name_tok.off):
+        name_tok = toks[at - 1]
+        if at >= 2 and src.line_of(toks[at - 2].off) == src.line_of(name_tok.off):
             raise src.error(
                 f"rule name '{name_tok.value}' must be at the beginning of a line",
                 name_tok.off,
@@ -698,6 +747,10 @@ class _Parser:
         name_tok = toks[self.i]
         name = str(name_tok.value)
         self.i += 1
+        attrs: dict[str, object] = {}
+        if toks[self.i].kind == _ATTRS:
+            attrs = toks[self.i].value      # type: ignore[assignment]
+            self.i += 1
         stack = [_Frame("body", toks[self.i].off)]
         self.i += 1
         body: Expr | None = None
@@ -821,7 +874,7 @@ class _Parser:
                 shown = f"integer {tok.value}" if kind == _INT else kind
                 raise src.error(f"unexpected {shown}", tok.off)
         assert body is not None
-        return Rule(name, body, lookahead)
+        return Rule(name, body, lookahead, temperature=attrs.get("temperature"))  # type: ignore[arg-type]
 
 
 def parse_ebnf(text: str, root_rule_name: str = "root") -> GrammarIR:
@@ -975,7 +1028,8 @@ def print_ebnf(ir: GrammarIR) -> str:
     for rule in rules:
         if not _FULL_NAME_RE.match(rule.name):
             raise GrammarError(f"rule name {rule.name!r} cannot be written in EBNF")
-        line = f"{rule.name} ::= {_print_expr(rule.body)}"
+        attrs = f"[temperature={rule.temperature!r}]" if rule.temperature is not None else ""
+        line = f"{rule.name}{attrs} ::= {_print_expr(rule.body)}"
         if rule.lookahead is not None:
             line += f" (= {_print_expr(rule.lookahead)})"
         lines.append(line)

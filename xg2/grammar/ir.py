@@ -152,6 +152,10 @@ class Rule:
     #: can follow in the parse (set by repetition compression, see repetition.py; the mask builder
     #: then accepts tokens that read into F without looking at the callers).
     follow: tuple[str, int] | None = None
+    #: The sampling temperature while the parse is inside this rule (EBNF's and Lark's
+    #: ``[temperature=...]`` rule attribute, see GrammarMatcher.temperature); None: the caller's.
+    #: Such a rule is never inlined, so the parser can tell when it is inside it.
+    temperature: float | None = None
 
 
 @dataclass

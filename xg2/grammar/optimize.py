@@ -241,7 +241,7 @@ def tail_recursion_as_repetition(ir: GrammarIR) -> GrammarIR:
         if body is None:
             out.append(r)
         else:
-            out.append(Rule(r.name, body, r.lookahead, r.follow))
+            out.append(Rule(r.name, body, r.lookahead, r.follow, r.temperature))
             changed = True
     return GrammarIR(out, ir.root) if changed else ir
 
@@ -295,7 +295,8 @@ def inline_small_rules(ir: GrammarIR, keep: frozenset[str] = frozenset()) -> Gra
         budget.check("inlining small rules")
         name = ready.pop()
         r = rules[name]
-        if name == ir.root or r.lookahead is not None or name in followed or name in keep:
+        if (name == ir.root or r.lookahead is not None or name in followed or name in keep
+                or r.temperature is not None):
             continue
         body = substitute(r.body, inlined) if refs[name] else r.body
         if _more_nodes_than(body, INLINE_LIMIT):
@@ -318,7 +319,7 @@ def inline_small_rules(ir: GrammarIR, keep: frozenset[str] = frozenset()) -> Gra
         touched = any(n in inlined for n in refs[r.name])
         body = substitute(r.body, inlined) if touched else r.body
         la = substitute(r.lookahead, inlined) if r.lookahead is not None else None
-        new_rules.append(Rule(r.name, body, la, r.follow))
+        new_rules.append(Rule(r.name, body, la, r.follow, r.temperature))
         # inlined bodies call no rule, so the calls left are the ones not inlined
         new_refs[r.name] = [n for n in refs[r.name] if n not in inlined] + (_ref_sites(la) if la is not None else []) \
             + ([r.follow[0]] if r.follow is not None else [])

@@ -203,6 +203,10 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
         "ctx_resume": ctx_resume.reshape(-1),
         "rule_follow": np.array([r in follows for r in range(len(fsms))], np.uint8),
     }
+    if any(rule.temperature is not None for rule in ir.rules):
+        # Per rule, its `[temperature=...]` (NaN: none); only grammars that set one carry the table.
+        arrays["rule_temperature"] = np.array([np.nan if rule.temperature is None else rule.temperature
+                                               for rule in ir.rules], np.float64)
     return LoweredGrammar(names, fsms, root, arrays, follows=follows)
 
 
