@@ -16,8 +16,16 @@ escapes and an optional ``i`` (ASCII case-insensitive) flag, ranges ``"a".."z"``
 ``/.../`` with the flags ``s`` (dot matches newline), ``i`` and ``u`` (accepted, no effect), rule
 and terminal references, ``%json {schema}`` (a JSON value of the schema, through the JSON Schema
 front-end), ``%lark { grammar }`` (a grammar of its own nested in place) and ``@name`` (a grammar
-of `named_grammars`: an xg2 Grammar or Lark text). The ``?`` and ``!`` rule prefixes and
-``-> alias`` are accepted and ignored: they only shape parse trees.
+of `named_grammars`: an xg2 Grammar or Lark text), ``%regex {"substring_chunks": [...]}`` /
+``%regex {"substring_chars": "..."}`` (any run of consecutive chunks, or characters, of the
+given text, the empty run included). The ``?`` and ``!`` rule prefixes and ``-> alias`` are
+accepted and ignored: they only shape parse trees.
+
+Rule attributes, ``name[attr, attr=value, ...]: body``, are read and checked as xgrammar checks
+them (names, value kinds, duplicates, combinations; on rules only). ``[suffix=M]`` and
+``[stop=M]``, M a string, a regex or a terminal, are built (see :mod:`xg2.grammar.lark_regular`):
+the rule matches its terminal-like body then the marker, and ends at the first place where that
+is complete. The two differ only in what a capture records, and xg2 records none.
 
 How xgrammar reads it, and so how it is lowered here:
 
@@ -34,17 +42,23 @@ How xgrammar reads it, and so how it is lowered here:
 
 Refused with a :class:`~xg2.errors.GrammarError` naming the construct, as xgrammar refuses them:
 priorities (``name.2``), templates, ``%declare`` / ``%override`` / ``%extend``, imports from other
-libraries than ``common``. Refused here although xgrammar supports them, because xg2 cannot build
-them honestly: rule attributes (``[lazy]``, ``[temperature=...]``, ``[suffix=...]``: the lazy
-tool-call dispatch and per-rule sampling temperature have no counterpart in xg2; structural tags
-express the dispatch), and special tokens (``<|...|>``, ``<[...]>``, exact token ids) other than
+libraries than ``common``, ``%regex {"substring_words": ...}``. Refused here although xgrammar
+supports them, because xg2 cannot build them honestly: the rule attributes whose meaning lies in
+the matcher (``lazy``, ``capture``, ``stop_capture``, ``max_tokens``, ``max_chars``,
+``temperature``: xg2's matcher has no lazy matching, captures, budgets or per-rule temperature,
+and xgrammar's dynamic tool-call dispatch is built on them; structural tags express the
+dispatch), a suffix/stop marker on a body that matches any text (xgrammar then lets the text end
+without the marker, or makes the rule a dispatch trigger, depending on how the regex is spelled),
+the ``%grammar_options`` ``no_forcing`` and ``allow_invalid_utf8`` set to true, and special
+tokens (``<|...|>``, ``<[...]>``, exact token ids) other than
 the vocabulary's special tokens: xg2's matcher reads text, and names only special tokens by a
 character of their own (TokenizerInfo.named_special_tokens), so an ordinary token, a negated set
 or the wildcard ``<[*]>`` cannot be required by id. Special tokens need `tokenizer_info` (for
 `GrammarCompiler.compile_lark`, the compiler's).
 
 Every error is a GrammarError (GrammarLimitError for resource limits) with the 1-based line and
-column (in code points) of the offending text. The expression parser and the lowering run on
+column (in code points) of the offending text; its text reads as xgrammar's Lark errors do,
+``Lark error at line L, column C: <what>``, then the line and a caret under the column. The expression parser and the lowering run on
 explicit stacks; parenthesis nesting is capped at MAX_NESTING_DEPTH, and ``%lark`` blocks and
 ``@name`` references inside one another at :data:`MAX_LARK_NESTING`.
 """
@@ -70,6 +84,7 @@ from xg2.grammar.ir import (
     RuleRef,
     Seq,
 )
+from xg2.grammar.lark_regular import MAX_MARKER_EXPR, committed_rules, expr_size, substring_rules
 from xg2.grammar.lark_syntax import (  # the reading of the text, one layer down
     _ALT,
     _EPS,
@@ -81,6 +96,7 @@ from xg2.grammar.lark_syntax import (  # the reading of the text, one layer down
     _REP,
     _SEQ,
     _SPECIALV,
+    _SUBSTRING,
     _TOKEN_RANGE_RE,
     COMMON_TERMINALS,
     MAX_LARK_NESTING,
@@ -89,8 +105,9 @@ from xg2.grammar.lark_syntax import (  # the reading of the text, one layer down
     _Parser,
     _Source,
 )
-from xg2.grammar.optimize import embedded
+from xg2.grammar.optimize import embedded, map_leaves
 from xg2.grammar.regex import regex_to_expr
+from xg2.grammar.regular import from_expr
 
 __all__ = ["COMMON_TERMINALS", "MAX_LARK_NESTING", "lark_to_ir"]
 
@@ -126,6 +143,50 @@ def _repeat(e: Expr, lo: int, hi: int | None) -> Expr:
     if (lo, hi) == (1, 1):
         return e
     return Repeat(e, lo, hi)
+
+
+#: Why xg2 refuses the rule attributes whose meaning lies in the matcher.
+_UNSUPPORTED = {
+    "capture": "its matcher records no captures",
+    "stop_capture": "its matcher records no captures",
+    "max_tokens": "its matcher keeps no per-rule token budgets",
+    "max_chars": "its matcher keeps no per-rule character budgets",
+    "temperature": "it has no per-rule sampling temperature",
+    "lazy": "its matcher has no committed-shortest (lazy) rule matching, nor the dynamic dispatch xgrammar "
+            "builds on it",
+}
+
+
+def _substring_offsets(node: Any) -> list[int]:
+    """Where an AST expression holds structured `%regex` directives."""
+    out = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n[0] in (_SEQ, _ALT):
+            stack.extend(n[1])
+        elif n[0] == _REP:
+            stack.append(n[2])
+        elif n[0] == _SUBSTRING:
+            out.append(n[1])
+    return sorted(out)
+
+
+def _rule_refs(e: Expr) -> list[str]:
+    """The rules `e` references, each once, in order."""
+    out: dict[str, None] = {}
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, RuleRef):
+            out[x.name] = None
+        elif isinstance(x, Seq):
+            stack.extend(x.items)
+        elif isinstance(x, Choice):
+            stack.extend(x.alts)
+        elif isinstance(x, Repeat):
+            stack.append(x.expr)
+    return list(out)
 
 
 class _Context:
@@ -176,6 +237,7 @@ class _Lowering:
         self.top = top
         self.names: dict[str, str] = {}
         self.ignore: RuleRef | None = None
+        self._regular_terminals: dict[str, Expr] = {}
 
     def run(self) -> RuleRef:
         ast, ctx, src = self.ast, self.ctx, self.src
@@ -202,11 +264,84 @@ class _Lowering:
             elif d.terminal:
                 body = self.lower(d.body, terminal=d.name)
             else:
-                body = self.lower(d.body, terminal=None)
+                if d.attrs is not None:
+                    body = self._attributed(d)
+                else:
+                    body = self.lower(d.body, terminal=None)
                 if d is start and ast.initial_skip and self.ignore is not None:
                     body = _seq([self.ignore, body])
             ctx.rules.append(Rule(self.names[d.name], body))
         return RuleRef(self.names["start"])
+
+    def _attributed(self, d: Any) -> Expr:
+        """A rule with attributes. Those whose meaning lies in the matcher (captures, token and
+        character budgets, sampling temperature, lazy matching) are refused, once the rule is
+        known to be well formed; `suffix` / `stop` are built exactly (see lark_regular)."""
+        attrs, src = d.attrs, self.src
+        if attrs.lazy is not None or attrs.marker is not None:
+            # The body must be terminal-like: checked before anything else is said about the rule.
+            body = self.lower(d.body, terminal=d.name)
+            structured = _substring_offsets(d.body) if attrs.marker is not None else []
+            if structured:
+                raise src.error("structured %regex cannot be used with suffix or stop", structured[0])
+        for off, why in ((attrs.capture and attrs.capture[0], "capture"),
+                         (attrs.stop_capture and attrs.stop_capture[0], "stop_capture"),
+                         (attrs.max_tokens and attrs.max_tokens[0], "max_tokens"),
+                         (attrs.max_chars and attrs.max_chars[0], "max_chars"),
+                         (attrs.temperature and attrs.temperature[0], "temperature"),
+                         (attrs.lazy, "lazy")):
+            if off is not None:
+                raise src.error(f"the {why} attribute is not supported by xg2: {_UNSUPPORTED[why]}", off)
+        kind, off, marker_node = attrs.marker
+        marker = self.lower(marker_node, terminal=d.name)
+        try:
+            regular = [self._inlined(e, off) for e in (body, marker)]
+            if sum(expr_size(e, MAX_MARKER_EXPR) for e in regular) > MAX_MARKER_EXPR:
+                raise GrammarLimitError(f"the body and marker are larger than {MAX_MARKER_EXPR} nodes")
+            if from_expr(regular[0]).complement().is_empty():
+                raise src.error(
+                    f"a {kind} marker on a rule whose body matches any text is not supported by xg2: xgrammar "
+                    "gives such a rule a language of its own (the text may also end without the marker, and a "
+                    "rule heading a repeated item becomes a dynamic dispatch), which xg2 does not build", off)
+            root = committed_rules(regular[0], regular[1], self.ctx.fresh, f"{self.names[d.name]}_{kind}",
+                                   self.ctx.rules)
+        except GrammarLimitError as e:
+            raise src.limit_error(f"rule '{d.name}' with a {kind} marker: {e.message}", off) from None
+        if root is None:
+            raise src.error(f"rule '{d.name}' can never match: no text of its body is followed by its {kind} "
+                            "marker", off)
+        return self._lexeme(root, None)
+
+    def _inlined(self, e: Expr, off: int) -> Expr:
+        """`e` (lowered in a terminal) with every terminal reference replaced by the terminal's
+        own expression, so that it holds no rule. Terminals are acyclic (_check_terminals), and
+        each is inlined once (post-order on an explicit stack)."""
+        by_rule = {self.names[n]: d for n, d in self.ast.defs.items() if d.terminal}
+        done = self._regular_terminals
+        lowered: dict[str, Expr] = {}
+        for r in _rule_refs(e):
+            if r not in by_rule:
+                raise self.src.error("structured %regex cannot be used with suffix or stop", off)
+        stack: list[tuple[str, bool]] = [(r, False) for r in _rule_refs(e)]
+        while stack:
+            name, ready = stack.pop()
+            if name in done:
+                continue
+            d = by_rule[name]
+            body = lowered.get(name)
+            if body is None:
+                body = regex_to_expr(COMMON_TERMINALS[d.common]) if d.common is not None else \
+                    self.lower(d.body, terminal=d.name)
+                lowered[name] = body
+            if not ready:
+                refs = _rule_refs(body)
+                if any(r not in by_rule for r in refs):
+                    raise self.src.error("structured %regex cannot be used with suffix or stop", off)
+                stack.append((name, True))
+                stack.extend((r, False) for r in refs if r not in done)
+                continue
+            done[name] = map_leaves(body, lambda x: done[x.name] if isinstance(x, RuleRef) else x)
+        return map_leaves(e, lambda x: done[x.name] if isinstance(x, RuleRef) else x)
 
     def _check_terminals(self) -> None:
         """Terminals reference only terminals, and none refers to itself (iterative DFS)."""
@@ -297,6 +432,9 @@ class _Lowering:
             if terminal is not None and not d.terminal:
                 raise src.error(f"terminal cannot reference rule '{name}'", off)
             return self._lexeme(ref, terminal) if d.terminal else ref
+        if tag == _SUBSTRING:
+            return self._lexeme(substring_rules(n[2], self.ctx.fresh, f"{terminal or 'lark'}_substring",
+                                                self.ctx.rules), terminal)
         what = {_JSONV: "%json", _LARK: "nested %lark", _NAMED: "named grammars",
                 _SPECIALV: "special tokens"}[tag]
         if terminal is not None:
@@ -307,47 +445,61 @@ class _Lowering:
             try:
                 root = _Lowering(self.ctx, src, n[2], self.depth + 1, False).run()
             except GrammarError as e:
-                raise type(e)(f"in a %lark block: {e.message}", e.line, e.column) from None
+                raise type(e)(f"failed to compile nested Lark grammar: {e.message}", e.line, e.column) from None
             return self._lexeme(root, terminal)
         if tag == _NAMED:
             return self._lexeme(self._named(n[2], off), terminal)
         return self._lexeme(self._special(n[2], off), terminal)
 
     def _special(self, text: str, off: int) -> Expr:
-        """`<|name|>` (the tokens whose text it is) or `<[ids]>`: each token must be one of the
+        """`<name>` (the tokens whose text it is) or `<[ids]>`: each token must be one of the
         vocabulary's special tokens, which xg2's grammars name by a character of their own
         (TokenizerInfo.named_special_tokens); an ordinary token cannot be required by id."""
         src = self.src
         info = self.ctx.tokenizer_info
         ids: list[int] | None = None
-        if text.startswith("<["):
-            body = text[2:-2].strip() if text.endswith("]>") else None
-            negated = body is not None and body.startswith("^")
+        if text.startswith("<[") and text.endswith("]>"):
+            body = text[2:-2].strip()
+            negated = body.startswith("^")
             if negated:
                 body = body[1:].strip()
-            if body == "*":
+            parts = [p.strip() for p in body.split(",")]
+            if "*" in parts:
                 if negated:
-                    raise src.error("the negated wildcard <[^*]> matches no token", off)
-                raise src.error(f"special tokens such as the wildcard {text} are not supported by xg2: it "
-                                "matches ordinary tokens by id, while xg2's matcher reads text", off)
+                    raise src.error("negated wildcard special token is not supported", off)
+                if len(parts) > 1:
+                    raise src.error("wildcard cannot be mixed with token ids or ranges", off)
+                if info is None:
+                    raise src.error("wildcard special token requires tokenizer_info", off)
+                raise src.error(f"the wildcard special token {text} is not supported by xg2: it matches "
+                                "ordinary tokens by id, while xg2's matcher reads text", off)
+            if all(not p for p in parts):
+                raise src.error("empty numeric special-token range", off)
             found: set[int] = set()
-            for part in (body or "").split(","):
+            for part in parts:
                 m = _TOKEN_RANGE_RE.fullmatch(part)
                 if m is None:
-                    raise src.error(f"malformed token set {text}", off)
+                    raise src.error(f"invalid numeric special-token range '{part}'", off)
                 lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
                 if hi < lo:
-                    raise src.error(f"token range {lo}-{hi} in {text} is empty", off)
+                    raise src.error(f"invalid numeric special-token range '{part}': its start exceeds its end",
+                                    off)
                 if hi - lo > 1_000_000:
-                    raise src.limit_error(f"token range {lo}-{hi} in {text} spans more than 1000000 ids", off)
+                    raise src.limit_error(f"special-token range is too large: {lo}-{hi} spans more than "
+                                          "1000000 ids", off)
                 found.update(range(lo, hi + 1))
+            if info is None:
+                raise src.error(f"numeric special token {text} requires tokenizer_info in xg2 (a grammar for "
+                                "one vocabulary)", off)
             if negated:
-                raise src.error(f"special tokens such as the negated set {text} are not supported by xg2: "
-                                "it matches ordinary tokens by id, while xg2's matcher reads text", off)
+                raise src.error(f"the negated special-token set {text} is not supported by xg2: it matches "
+                                "ordinary tokens by id, while xg2's matcher reads text", off)
             ids = sorted(found)
-        if info is None:
-            raise src.error(f"special tokens such as {text} need tokenizer_info in xg2 (a grammar for one "
-                            "vocabulary)", off)
+        else:
+            if text.startswith("<[") or any(c.isspace() for c in text) or len(text) < 3:
+                raise src.error(f"invalid special token {text}", off)
+            if info is None:
+                raise src.error(f"named special token {text} requires tokenizer_info", off)
         named = info.named_special_tokens
         if ids is None:
             want = text.encode("utf-8", "surrogatepass")
@@ -375,17 +527,17 @@ class _Lowering:
         from .json_schema import json_schema_to_ir
 
         if not isinstance(value, (dict, bool)):
-            raise self.src.error(f"the schema of %json must be a JSON object or boolean, not {json.dumps(value)}",
-                                 off)
+            raise self.src.error("failed to compile inline JSON schema: the schema must be a JSON object or "
+                                 f"boolean, not {json.dumps(value)}", off)
         key = json.dumps(value, sort_keys=True)
         ref = self.ctx.json_refs.get(key)
         if ref is None:
             try:
                 ir = json_schema_to_ir(value)
             except GrammarLimitError as e:
-                raise self.src.limit_error(f"%json schema: {e}", off) from None
+                raise self.src.limit_error(f"failed to compile inline JSON schema: {e}", off) from None
             except (SchemaError, GrammarError) as e:
-                raise self.src.error(f"%json schema: {e}", off) from None
+                raise self.src.error(f"failed to compile inline JSON schema: {e}", off) from None
             ref = self.ctx.json_refs[key] = self.ctx.embed(ir, "lark_json")
         return ref
 
@@ -434,16 +586,35 @@ def _checked_named(named_grammars: Mapping[str, Any] | None) -> dict[str, Any]:
     if named_grammars is None:
         return {}
     if not isinstance(named_grammars, Mapping):
-        raise TypeError("named_grammars must be a dict of names to Grammar objects or Lark strings")
+        raise TypeError("named_grammars must be a dictionary of names to Grammar objects or Lark strings")
     out = {}
     for name, value in named_grammars.items():
-        if not isinstance(name, str) or not _NAMED_GRAMMAR_KEY.match(name):
-            raise GrammarError(f"invalid named grammar name {name!r}: names may contain only letters, digits, "
+        if not isinstance(name, str):
+            raise TypeError("named grammar names must be strings")
+        if not _NAMED_GRAMMAR_KEY.match(name):
+            raise GrammarError(f"Invalid named grammar name {name!r}: names may contain only letters, digits, "
                                "underscores and hyphens")
         if not isinstance(value, (Grammar, str)):
-            raise TypeError("named grammar values must be xg2.Grammar objects or Lark strings")
+            raise TypeError("named grammar values must be Grammar instances or Lark strings")
         out[name] = value
     return out
+
+
+def _locate(e: GrammarError, src: _Source) -> None:
+    """Reword a located error as xgrammar words its Lark errors (``Lark error at line L, column
+    C: ...``, then the offending line and a caret under the column), so that callers matching on
+    that form, as xgrammar's own tests do, read ours alike. The error keeps its type and its
+    `line` / `column` attributes."""
+    if e.line is None or e.column is None:
+        return
+    text = f"Lark error at line {e.line}, column {e.column}: {e.message}"
+    if 1 <= e.line <= len(src.line_starts):
+        begin = src.line_starts[e.line - 1]
+        end = src.line_starts[e.line] if e.line < len(src.line_starts) else len(src.text)
+        line = src.text[begin:end].rstrip("\r\n")
+        if len(line) <= 500:
+            text += f"\n{line}\n{' ' * (e.column - 1)}^"
+    e.args = (text,)
 
 
 def lark_to_ir(lark_string: str, tokenizer_info: Any = None,
@@ -457,8 +628,12 @@ def lark_to_ir(lark_string: str, tokenizer_info: Any = None,
         raise TypeError(f"lark_string must be a str, not {type(lark_string).__name__}")
     ctx = _Context(_checked_named(named_grammars), tokenizer_info)
     src = _Source(lark_string)
-    ast = _parse(src, 0)
-    root = _Lowering(ctx, src, ast, 0, True).run()
+    try:
+        ast = _parse(src, 0)
+        root = _Lowering(ctx, src, ast, 0, True).run()
+    except GrammarError as e:
+        _locate(e, src)
+        raise
     assert root.name == "root"
     rules = sorted(ctx.rules, key=lambda r: r.name != "root")
     return GrammarIR(rules, "root")

@@ -84,7 +84,7 @@ _TOKEN_RE = re.compile(
     | (?P<nl>\r\n|\r|\n)
     | (?P<name>[A-Za-z_][A-Za-z0-9_-]*)
     | (?P<int>[0-9]+)
-    | (?P<punct>->|\.\.|[:|()\[\]?*+~{},.!=])
+    | (?P<punct>->|\.\.|[:|()\[\]?*+~{},.!=-])
     | (?P<directive>%[A-Za-z_][A-Za-z0-9_]*)
     """,
     re.VERBOSE,
@@ -95,6 +95,13 @@ _FLAGS_RE = re.compile(r"[A-Za-z]*")
 _SCALAR_DECODER = json.JSONDecoder()
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _PLAIN_STRING_RE = re.compile('"[^"\\\\\x00-\x1f\ud800-\udfff]*"')
+#: The options of %grammar_options, with why xg2 refuses those it does not implement (set to true).
+_GRAMMAR_OPTIONS = {
+    "allow_initial_skip": "",
+    "no_forcing": "xg2 does not change how its matcher forces text",
+    "allow_invalid_utf8": "xg2's grammars match valid UTF-8 text only",
+}
+_CAPTURE_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
 _TOKEN_RANGE_RE = re.compile(r"\s*([0-9]{1,10})(?:\s*-\s*([0-9]{1,10}))?\s*")
 
 
@@ -138,7 +145,7 @@ class _Lexer:
                 elif group == "directive":
                     name = m.group()
                     append(_Tok(_DIRECTIVE, pos, name))
-                    if name in ("%json", "%grammar_options"):
+                    if name in ("%json", "%grammar_options", "%regex"):
                         value, end = self._json_value(m.end(), name, pos)
                         append(_Tok(_JSON, pos, value))
                         pos = end
@@ -165,6 +172,8 @@ class _Lexer:
                     raise src.error("unterminated special token", pos)
                 append(_Tok(_SPECIAL, pos, text[pos:end + 1]))
                 pos = end + 1
+            elif c == "&":
+                raise src.error("intersection '&' is not supported", pos)
             else:
                 raise src.error(f"unexpected character {_shown(c)}", pos)
         append(_Tok(_EOF, n))
@@ -292,10 +301,27 @@ def _join_lines(toks: list[_Tok]) -> list[_Tok]:
 
 # Expression nodes: (LEX, off, expr) an anonymous lexeme already in IR; (EPS,); (REF, off, name);
 # (SEQ, items); (ALT, alts); (REP, off, node, lo, hi); (JSON, off, value); (LARK, off, grammar);
-# (NAMED, off, name); (SPECIAL, off, text).
-_LEX, _EPS, _REF, _SEQ, _ALT, _REP, _JSONV, _LARK, _NAMED, _SPECIALV = range(10)
+# (NAMED, off, name); (SPECIAL, off, text); (SUBSTRING, off, units) a structured %regex: the
+# contiguous runs of `units` (chunks or characters), empty included.
+_LEX, _EPS, _REF, _SEQ, _ALT, _REP, _JSONV, _LARK, _NAMED, _SPECIALV, _SUBSTRING = range(11)
 _EPS_NODE = (_EPS,)
 _ENDS = frozenset({_NL, _EOF, "}"})
+
+
+@dataclass
+class _Attrs:
+    """A rule's `[...]` attributes, validated; each value is kept with the offset of its name
+    (stop_capture: of its value, where xgrammar reports a stop_capture without a marker). `marker` is ("suffix" | "stop", offset, value) where value is (LEX, off, expr) for a string or
+    regex, or (REF, off, NAME) for a terminal."""
+
+    off: int
+    lazy: int | None = None
+    capture: tuple[int, str] | None = None
+    stop_capture: tuple[int, str] | None = None
+    max_tokens: tuple[int, int] | None = None
+    max_chars: tuple[int, int] | None = None
+    temperature: tuple[int, float] | None = None
+    marker: tuple[str, int, Any] | None = None
 
 
 @dataclass
@@ -305,6 +331,7 @@ class _Def:
     off: int                    # the item's start (duplicates and cycles are reported there)
     body: Any = None            # expression node, or None for an import
     common: str | None = None   # the common terminal an import names
+    attrs: _Attrs | None = None
 
 
 @dataclass
@@ -401,19 +428,126 @@ class _Parser:
             raise self.error("rule and terminal priorities are not supported", nxt)
         if nxt.kind == "{":
             raise self.error("Lark templates are not supported", nxt)
+        attrs = None
         if nxt.kind == "[":
-            end = self.i
-            while toks[end].kind not in ("]", _NL, _EOF):
-                end += 1
-            shown = self.src.text[nxt.off:toks[end].off + 1] if toks[end].kind == "]" else "[...]"
-            raise self.error(f"rule attributes such as {shown} are not supported by xg2: the lazy tool-call "
-                             "dispatch and per-rule sampling temperature have no counterpart here "
-                             "(a structural tag expresses the dispatch)", nxt)
+            if _is_terminal_name(name):
+                raise self.error("attributes are only supported on rules, not on terminals", nxt)
+            attrs = self._attributes()
+            nxt = toks[self.i]
+        if nxt.kind == ":" and toks[self.i + 1].kind == ":" and toks[self.i + 1].off == nxt.off + 1:
+            raise self.error("parametric grammar is not supported", nxt)
         if nxt.kind != ":":
             raise self.error("expected ':' after rule name", nxt)
         self.i += 1
         body = self.expression(depth)
-        self._define(ast, _Def(name, _is_terminal_name(name), start.off, body))
+        self._define(ast, _Def(name, _is_terminal_name(name), start.off, body, attrs=attrs))
+
+    def _attributes(self) -> _Attrs:
+        """`[name, name=value, ...]` after a rule name (self.i at the `[`), checked as far as the
+        text alone allows: names, value kinds, duplicates and combinations."""
+        toks = self.toks
+        attrs = _Attrs(toks[self.i].off)
+        self.i += 1
+        while True:
+            tok = toks[self.i]
+            if tok.kind != _NAME:
+                raise self.error("expected rule attribute name")
+            key = str(tok.value)
+            self.i += 1
+            has_value = toks[self.i].kind == "="
+            if has_value:
+                self.i += 1
+            value = toks[self.i]
+            if key == "lazy":
+                if has_value:
+                    raise self.error("the lazy attribute takes no value", tok)
+                if attrs.lazy is not None:
+                    raise self.error("lazy attribute is specified more than once", tok)
+                attrs.lazy = tok.off
+            elif key in ("capture", "stop_capture"):
+                if getattr(attrs, key) is not None:
+                    raise self.error(f"{key} attribute is specified more than once", tok)
+                if not has_value and key == "capture":
+                    attrs.capture = (tok.off, "")      # a capture named after the rule
+                else:
+                    if not has_value or value.kind != _STR or value.value[1]:
+                        raise self.error(f"expected string literal after {key}=", value)
+                    label = value.value[0]
+                    if not label:
+                        raise self.error("capture name must not be empty", value)
+                    if not _CAPTURE_NAME_RE.fullmatch(label):
+                        raise self.error("capture name must only contain letters, digits, underscores and "
+                                         "hyphens", value)
+                    setattr(attrs, key, (value.off if key == "stop_capture" else tok.off, label))
+                    self.i += 1
+            elif key in ("max_tokens", "max_chars"):
+                if getattr(attrs, key) is not None:
+                    raise self.error(f"{key} attribute is specified more than once", tok)
+                if not has_value or value.kind != _INT:
+                    raise self.error(f"expected integer after {key}=", value)
+                digits = str(value.value).lstrip("0") or "0"
+                if len(digits) > 9:
+                    raise self.error(f"{key} value {value.value} is too large", value)
+                if int(digits) == 0:
+                    raise self.error(f"{key} must be positive", value)
+                setattr(attrs, key, (tok.off, int(digits)))
+                self.i += 1
+            elif key == "temperature":
+                if attrs.temperature is not None:
+                    raise self.error("temperature attribute is specified more than once", tok)
+                if not has_value or value.kind != _INT:
+                    raise self.error("expected number after temperature=", value)
+                text = str(value.value)
+                self.i += 1
+                if toks[self.i].kind == "." and toks[self.i + 1].kind == _INT:
+                    text += "." + str(toks[self.i + 1].value)
+                    self.i += 2
+                attrs.temperature = (tok.off, float(text))
+            elif key in ("suffix", "stop"):
+                if attrs.marker is not None:
+                    other = attrs.marker[0]
+                    if other == key:
+                        raise self.error(f"{key} attribute is specified more than once", tok)
+                    raise self.error(f"{key} cannot be combined with {other}", tok)
+                if not has_value:
+                    raise self.error(f"expected '=' and a marker after {key}", value)
+                attrs.marker = (key, tok.off, self._marker(key, value))
+                self.i += 1
+            else:
+                raise self.error(f"rule attribute '{key}' is not supported", tok)
+            if toks[self.i].kind == ",":
+                self.i += 1
+                continue
+            if toks[self.i].kind != "]":
+                raise self.error("expected ']' after rule attributes")
+            self.i += 1
+            break
+        if attrs.stop_capture is not None and attrs.marker is None:
+            raise self.src.error("stop_capture requires stop or suffix", attrs.stop_capture[0])
+        return attrs
+
+    def _marker(self, key: str, value: _Tok) -> Any:
+        """The marker of `suffix=` / `stop=`: a string (optionally `i`), a regex (flag `s` only) or
+        a terminal name."""
+        src = self.src
+        if value.kind == _STR:
+            text, ci = value.value
+            if not text:
+                raise self.error(f"{key} must not be empty", value)
+            return (_LEX, value.off, _case_insensitive(src, text, value.off) if ci else Literal(text))
+        if value.kind == _REGEX:
+            pattern, flags, at = value.value
+            if "i" in flags:
+                raise self.error("regular-expression flag 'i' is not supported with suffix or stop attributes",
+                                 value)
+            return (_LEX, value.off, _regex(src, pattern, flags, at))
+        if value.kind == _NAME:
+            name = str(value.value)
+            if not _is_terminal_name(name):
+                raise self.error(f"{key} terminal name must be uppercase", value)
+            return (_REF, value.off, name)
+        raise self.error(f"expected string literal, regular expression, or uppercase terminal name after {key}=",
+                         value)
 
     def _directive(self, ast: _GrammarAST, depth: int) -> None:
         toks = self.toks
@@ -428,15 +562,20 @@ class _Parser:
             value = toks[self.i].value
             self.i += 1
             if not isinstance(value, dict):
-                raise self.error("%grammar_options value must be a JSON object", tok)
+                raise self.error("%grammar_options value must be an object", tok)
             for key, v in value.items():
-                if key != "allow_initial_skip":
+                if key not in _GRAMMAR_OPTIONS:
                     raise self.error(f"unknown %grammar_options option '{key}'", tok)
                 if not isinstance(v, bool):
-                    raise self.error("allow_initial_skip must be a boolean", tok)
+                    raise self.error(f"{key} must be a boolean", tok)
+                if key != "allow_initial_skip":
+                    if v:
+                        raise self.error(f"%grammar_options option '{key}' is not supported: "
+                                         f"{_GRAMMAR_OPTIONS[key]}", tok)
+                    continue
                 # xgrammar merges the declarations so that an option set once stays set
                 ast.initial_skip = ast.initial_skip or v
-        elif name in ("%json", "%lark"):
+        elif name in ("%json", "%lark", "%regex"):
             raise self.error(f"{name} is an expression: use it inside a rule", tok)
         else:
             raise self.error(f"directive {name} is not supported", tok)
@@ -530,6 +669,10 @@ class _Parser:
                 self.i += 2
                 top.items.append((_JSONV, tok.off, toks[self.i - 1].value))
                 top.quantifiable = True
+            elif kind == _DIRECTIVE and tok.value == "%regex":
+                self.i += 2
+                top.items.append((_SUBSTRING, tok.off, _substring_units(src, toks[self.i - 1].value, tok.off)))
+                top.quantifiable = True
             elif kind == _DIRECTIVE and tok.value == "%lark":
                 self.i += 1
                 brace = toks[self.i]
@@ -573,6 +716,8 @@ class _Parser:
                 top.quantifiable = False
             elif kind in ("?", "*", "+", "~", "{"):
                 if not top.quantifiable:
+                    if kind == "~":
+                        raise self.error("complement '~' is not supported")
                     raise self.error("expected grammar expression")
                 lo, hi = self._quantifier()
                 item = top.items[-1]
@@ -586,8 +731,14 @@ class _Parser:
                     raise self.error("expected ')' after group" if top.kind == "(" else
                                      "expected ']' after optional group")
                 return _close(top)
+            elif kind == _DIRECTIVE and tok.value == "%if":
+                raise self.error("parametric %if conditions are not supported")
             elif kind == _DIRECTIVE:
                 raise self.error(f"a directive ({tok.value}) must start its own line")
+            elif kind == ":" and toks[self.i + 1].kind == ":":
+                raise self.error("parametric grammar is not supported")
+            elif kind in ("-", "!"):
+                raise self.error(f"unexpected '{kind}' character")
             else:
                 raise self.error("expected grammar expression")
 
@@ -615,7 +766,7 @@ class _Parser:
             raise self.error("expected integer")
         digits = str(tok.value).lstrip("0") or "0"
         if len(digits) > len(str(MAX_REPEAT)) or int(digits) > MAX_REPEAT:
-            raise self.src.limit_error(f"repetition count {tok.value} exceeds the limit of {MAX_REPEAT}", tok.off)
+            raise self.src.limit_error(f"invalid repetition count {tok.value}: xg2's limit is {MAX_REPEAT}", tok.off)
         self.i += 1
         return int(digits)
 
@@ -637,6 +788,8 @@ class _Parser:
             return lo, lo
         # `{n}`, `{n,}`, `{,m}`, `{n,m}`, `{,}`
         tok = toks[self.i]
+        if tok.kind == "-":
+            raise self.error("invalid repetition count: counts are not negative")
         if tok.kind not in (_INT, ",", "}"):
             raise self.error("Lark templates are not supported", toks[self.i - 1])
         lo = self._count() if tok.kind == _INT else 0
@@ -658,6 +811,35 @@ class _Parser:
 # ---------------------------------------------------------------------------------------------
 # Lexemes: case-insensitive literals and regexes
 # ---------------------------------------------------------------------------------------------
+
+def _substring_units(src: _Source, value: Any, off: int) -> tuple[str, ...]:
+    """The units of a structured `%regex {...}`: its one field, `substring_chunks` (strings) or
+    `substring_chars` (a string, read by code point)."""
+    if not isinstance(value, dict):
+        raise src.error("%regex value must be an object", off)
+    for key in value:
+        if key not in ("substring_chunks", "substring_chars", "substring_words"):
+            raise src.error(f"unknown field '{key}' in %regex", off)
+    if not value:
+        raise src.error("no fields set on %regex", off)
+    if len(value) > 1:
+        raise src.error("only one field can be set on %regex", off)
+    if "substring_words" in value:
+        raise src.error("substring_words is not supported yet: it needs a notion of word boundaries", off)
+    if "substring_chars" in value:
+        chars = value["substring_chars"]
+        if not isinstance(chars, str):
+            raise src.error("substring_chars must be a string", off)
+        if _SURROGATE_RE.search(chars):
+            raise src.error("substring_chars must be text: it holds a lone surrogate", off)
+        return tuple(chars)
+    chunks = value["substring_chunks"]
+    if not isinstance(chunks, list) or not all(isinstance(c, str) for c in chunks):
+        raise src.error("substring_chunks must be an array of strings", off)
+    if any(_SURROGATE_RE.search(c) for c in chunks):
+        raise src.error("substring_chunks must be text: a chunk holds a lone surrogate", off)
+    return tuple(chunks)
+
 
 def _fold_char(c: str) -> Expr:
     if c.isascii() and c.isalpha():
@@ -705,7 +887,7 @@ def _fold_case(e: Expr) -> Expr:
 
 def _case_insensitive(src: _Source, text: str, off: int) -> Expr:
     if not text.isascii():
-        raise src.error("case-insensitive string literals support ASCII characters only", off)
+        raise src.error("case-insensitive string literals currently support ASCII characters only", off)
     return _fold_literal(text)
 
 
@@ -765,7 +947,7 @@ def _regex(src: _Source, pattern: str, flags: str, off: int) -> Expr:
         if e.column is not None and 0 < e.column <= len(origin):
             at = origin[e.column - 1]
         error = GrammarLimitError if isinstance(e, GrammarLimitError) else GrammarError
-        raise error(f"invalid regular expression: {e.message}", *src.pos(off + at)) from None
+        raise error(f"failed to compile regular expression: {e.message}", *src.pos(off + at)) from None
     return _fold_case(expr) if "i" in flags else expr
 
 
