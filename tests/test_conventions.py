@@ -749,3 +749,39 @@ def test_rule_temperature_refusals_agree() -> None:
             xgr.Grammar.from_ebnf(src)
         with pytest.raises(xg2.GrammarError, match="temperature"):
             xg2.Grammar.from_ebnf(src)
+
+
+LARK_TEMPERATURES = [
+    ('%import common.WS\n%ignore WS\nstart: hot "z"\nhot[temperature=0.6]: "x"', ["x z", "xz"]),
+    ('start: "a" value "z"\nvalue[temperature=0.6]: %json {"type": "integer"}', ["a12z"]),
+    ('start: (num ",")* num\nnum[temperature=1.25]: /[0-9]+/', ["1,22,3"]),
+    ('start: pair+\npair: key "=" val ";"\nkey[temperature=0]: /[a-z]+/\nval[temperature=2e-1]: /[0-9]+/', ["ab=1;c=23;"]),
+]
+
+
+@pytest.mark.parametrize("src, texts", LARK_TEMPERATURES)
+def test_lark_rule_temperatures_agree(src: str, texts: list[str]) -> None:
+    """Lark's `rule[temperature=t]` on a lexeme or a subgrammar, what is ignored after it, and
+    `matcher.temperature` after every character, as in xgrammar."""
+    vocab = [chr(c) for c in range(32, 127)]
+    infos = [module.TokenizerInfo(vocab, vocab_size=len(vocab), stop_token_ids=[]) for module in (xgr, xg2)]
+    pair = [module.GrammarCompiler(info).compile_grammar(module.Grammar.from_lark(src))
+            for module, info in zip((xgr, xg2), infos)]
+    for text in texts:
+        ms = [module.GrammarMatcher(g, default_temperature=0.5) for module, g in zip((xgr, xg2), pair)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for ch in text:
+                assert ms[1].temperature == pytest.approx(ms[0].temperature), (src, text, ch)
+                assert [m.accept_token(vocab.index(ch)) for m in ms] == [True, True], (src, text, ch)
+            assert ms[1].temperature == pytest.approx(ms[0].temperature), (src, text)
+
+
+@pytest.mark.parametrize("src", ['start[temperature=-0.1]: "a"', 'start[temperature=1e999]: "a"',
+                                 'start: complex\ncomplex[temperature=0.5]: "a" child\nchild: "b"',
+                                 'start[temperature=0.1, temperature=0.2]: "a"', 'start[temperature=x]: "a"'])
+def test_lark_rule_temperature_refusals_agree(src: str) -> None:
+    with pytest.raises(RuntimeError):
+        xgr.Grammar.from_lark(src)
+    with pytest.raises(xg2.GrammarError, match="temperature"):
+        xg2.Grammar.from_lark(src)

@@ -44,10 +44,10 @@ Refused with a :class:`~xg2.errors.GrammarError` naming the construct, as xgramm
 priorities (``name.2``), templates, ``%declare`` / ``%override`` / ``%extend``, imports from other
 libraries than ``common``, ``%regex {"substring_words": ...}``. Refused here although xgrammar
 supports them, because xg2 cannot build them honestly: the rule attributes whose meaning lies in
-the matcher (``lazy``, ``capture``, ``stop_capture``, ``max_tokens``, ``max_chars``,
-``temperature``: xg2's matcher has no lazy matching, captures, budgets or per-rule temperature,
-and xgrammar's dynamic tool-call dispatch is built on them; structural tags express the
-dispatch), a suffix/stop marker on a body that matches any text (xgrammar then lets the text end
+the matcher (``lazy``, ``capture``, ``stop_capture``, ``max_tokens``, ``max_chars``: xg2's
+matcher has no lazy matching, captures or budgets, and xgrammar's dynamic tool-call dispatch is
+built on them; structural tags express the dispatch; ``temperature`` alone is supported, see
+Rule.temperature), a suffix/stop marker on a body that matches any text (xgrammar then lets the text end
 without the marker, or makes the rule a dispatch trigger, depending on how the regex is spelled),
 the ``%grammar_options`` ``no_forcing`` and ``allow_invalid_utf8`` set to true, and special
 tokens (``<|...|>``, ``<[...]>``, exact token ids) other than
@@ -145,13 +145,20 @@ def _repeat(e: Expr, lo: int, hi: int | None) -> Expr:
     return Repeat(e, lo, hi)
 
 
+def _temperature_only(attrs: Any) -> bool:
+    """A rule whose one attribute is its sampling temperature (Rule.temperature, which the
+    matcher reads): built as a rule of its own, its body a lexeme or a subgrammar."""
+    return (attrs is not None and attrs.temperature is not None and attrs.lazy is None and attrs.marker is None
+            and attrs.capture is None and attrs.stop_capture is None and attrs.max_tokens is None
+            and attrs.max_chars is None)
+
+
 #: Why xg2 refuses the rule attributes whose meaning lies in the matcher.
 _UNSUPPORTED = {
     "capture": "its matcher records no captures",
     "stop_capture": "its matcher records no captures",
     "max_tokens": "its matcher keeps no per-rule token budgets",
     "max_chars": "its matcher keeps no per-rule character budgets",
-    "temperature": "it has no per-rule sampling temperature",
     "lazy": "its matcher has no committed-shortest (lazy) rule matching, nor the dynamic dispatch xgrammar "
             "builds on it",
 }
@@ -270,7 +277,8 @@ class _Lowering:
                     body = self.lower(d.body, terminal=None)
                 if d is start and ast.initial_skip and self.ignore is not None:
                     body = _seq([self.ignore, body])
-            ctx.rules.append(Rule(self.names[d.name], body))
+            temperature = d.attrs.temperature[1] if d.attrs is not None and d.attrs.temperature else None
+            ctx.rules.append(Rule(self.names[d.name], body, temperature=temperature))
         return RuleRef(self.names["start"])
 
     def _attributed(self, d: Any) -> Expr:
@@ -278,6 +286,17 @@ class _Lowering:
         character budgets, sampling temperature, lazy matching) are refused, once the rule is
         known to be well formed; `suffix` / `stop` are built exactly (see lark_regular)."""
         attrs, src = d.attrs, self.src
+        if _temperature_only(attrs):
+            if d.body[0] in (_JSONV, _LARK, _NAMED):
+                return self.lower(d.body, terminal=None)    # a subgrammar, then what is ignored
+            try:
+                return self.lower(d.body, terminal=d.name)  # a lexeme: what is ignored follows its uses
+            except GrammarError as e:
+                if not e.message.startswith("terminal cannot reference rule"):
+                    raise
+                raise src.error("temperature is only supported on terminals and subgrammars (the body of a "
+                                "rule with a temperature may reference terminals only, or be one subgrammar: "
+                                "%json, %lark or @name)", attrs.temperature[0]) from None
         if attrs.lazy is not None or attrs.marker is not None:
             # The body must be terminal-like: checked before anything else is said about the rule.
             body = self.lower(d.body, terminal=d.name)
@@ -288,7 +307,6 @@ class _Lowering:
                          (attrs.stop_capture and attrs.stop_capture[0], "stop_capture"),
                          (attrs.max_tokens and attrs.max_tokens[0], "max_tokens"),
                          (attrs.max_chars and attrs.max_chars[0], "max_chars"),
-                         (attrs.temperature and attrs.temperature[0], "temperature"),
                          (attrs.lazy, "lazy")):
             if off is not None:
                 raise src.error(f"the {why} attribute is not supported by xg2: {_UNSUPPORTED[why]}", off)
@@ -431,7 +449,8 @@ class _Lowering:
             ref = RuleRef(self.names[name])
             if terminal is not None and not d.terminal:
                 raise src.error(f"terminal cannot reference rule '{name}'", off)
-            return self._lexeme(ref, terminal) if d.terminal else ref
+            lexeme = d.terminal or (_temperature_only(d.attrs) and d.body[0] not in (_JSONV, _LARK, _NAMED))
+            return self._lexeme(ref, terminal) if lexeme else ref
         if tag == _SUBSTRING:
             return self._lexeme(substring_rules(n[2], self.ctx.fresh, f"{terminal or 'lark'}_substring",
                                                 self.ctx.rules), terminal)

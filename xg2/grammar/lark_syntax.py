@@ -5,6 +5,7 @@ AST of items and small expression tuples; literals and regexes are lowered to IR
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -308,6 +309,10 @@ _EPS_NODE = (_EPS,)
 _ENDS = frozenset({_NL, _EOF, "}"})
 
 
+#: A number as an attribute value (temperature): sign, fraction and exponent included.
+_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?(?![\w.])")
+
+
 @dataclass
 class _Attrs:
     """A rule's `[...]` attributes, validated; each value is kept with the offset of its name
@@ -495,14 +500,16 @@ class _Parser:
             elif key == "temperature":
                 if attrs.temperature is not None:
                     raise self.error("temperature attribute is specified more than once", tok)
-                if not has_value or value.kind != _INT:
+                # Read from the text: a sign, a fraction or an exponent spans several tokens.
+                number = _NUMBER_RE.match(self.src.text, value.off) if has_value else None
+                if number is None:
                     raise self.error("expected number after temperature=", value)
-                text = str(value.value)
-                self.i += 1
-                if toks[self.i].kind == "." and toks[self.i + 1].kind == _INT:
-                    text += "." + str(toks[self.i + 1].value)
-                    self.i += 2
-                attrs.temperature = (tok.off, float(text))
+                while toks[self.i].off < number.end() and toks[self.i].kind != _EOF:
+                    self.i += 1
+                t = float(number.group())
+                if not math.isfinite(t) or t < 0:
+                    raise self.error("temperature must be a finite non-negative number", value)
+                attrs.temperature = (tok.off, t)
             elif key in ("suffix", "stop"):
                 if attrs.marker is not None:
                     other = attrs.marker[0]

@@ -195,7 +195,8 @@ def embedded(ir: GrammarIR, prefix: str) -> tuple[list[Rule], RuleRef]:
     renamed = {r.name: RuleRef(prefix + r.name) for r in ir.rules}
     rules = [Rule(prefix + r.name, substitute(r.body, renamed),
                   None if r.lookahead is None else substitute(r.lookahead, renamed),
-                  None if r.follow is None else (prefix + r.follow[0], r.follow[1])) for r in ir.rules]
+                  None if r.follow is None else (prefix + r.follow[0], r.follow[1]), r.temperature)
+             for r in ir.rules]
     return rules, renamed[ir.root]
 
 
