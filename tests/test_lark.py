@@ -137,7 +137,6 @@ REFUSED = [
     ('start: <|tool|>', "special tokens", "the same, by its text (not a special token of this vocabulary)"),
     ('start: <[*]>', "wildcard special token", "any token by id"),
     ('start: <[^1]>', "negated special-token set", "ordinary tokens by id"),
-    ('start: v\nv[temperature=0.5]: /[a-z]+/', "temperature attribute is not supported", "per-rule sampling temperature"),
     ('start: head\nhead[lazy]: TEXT "<end>"\nTEXT: /(\\n|.)*/', "lazy attribute is not supported",
      "lazy tool-call dispatch"),
     ('start: v\nv[capture="x"]: /[a-z]+/', "capture attribute is not supported", "the matcher records no captures"),
