@@ -23,6 +23,7 @@ from conftest import SHARED
 from test_masks import reference_mask, unpack
 
 import xg2
+import xg2.testing
 
 BFCL = SHARED / "data" / "bfcl"
 REGISTRY = SHARED / "data" / "tools" / "registry.jsonl"
@@ -265,7 +266,7 @@ BROWSER = {"type": "web_search_preview", "name": "browser.search",
 
 
 @pytest.mark.parametrize(("kwargs", "pointer", "words"), [
-    ({"model": "nope"}, "/model", "unknown"),
+    ({"model": "nope"}, "/model", "Unknown format type 'nope'"),
     ({"tools": {"a": 1}}, "/tools", "list"),
     ({"tools": [{"type": "function"}]}, "/tools/0/function", "function"),
     ({"tools": [{"type": "function", "function": {"name": ""}}]}, "/tools/0/function/name", "name"),
@@ -281,6 +282,17 @@ BROWSER = {"type": "web_search_preview", "name": "browser.search",
       "function": {"name": "fly"}}]}}}, "/tool_choice/allowed_tools/tools/0", "fly"),
     ({"reasoning": "maybe"}, "/reasoning", "reasoning"),
     ({"max_whitespace_cnt": 0}, "/max_whitespace_cnt", "positive"),
+    # a truthy string must not loosen the format (parallel calls, any key order)
+    ({"parallel_tool_calls": "no"}, "/parallel_tool_calls", "parallel_tool_calls must be a boolean"),
+    ({"any_order": "no"}, "/any_order", "any_order must be a boolean"),
+    ({"tools": [{"type": "function", "function": {"name": 3}}]}, "/tools/0/function/name", "function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+     "/tools/0/function/parameters", "function.parameters"),
+    ({"tools": [{"type": "web_search_preview", "name": "a"}, {"type": "web_search_preview", "name": "b"}],
+      "tool_choice": {"type": "web_search_preview"}}, "/tool_choice", "exactly one tool, but 2"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "code_interpreter"}}, "/tool_choice", "exactly one tool, but 0"),
+    ({"tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "code_interpreter"}]}}}, "/tool_choice/allowed_tools/tools/0", "Allowed builtin tools"),
 ])
 def test_bad_requests_say_where(kwargs, pointer, words):
     args = {"model": "qwen_3", "tools": [WEATHER, SEARCH], **kwargs}
@@ -422,6 +434,9 @@ def test_tool_choice_and_reasoning_modes(formats):
         ({}, "Hello.", False),                                 # reasoning enabled: the block is needed
         ({"reasoning": "auto"}, "Hello.", True),
         ({"reasoning": "auto"}, think + q, True),
+        # auto: the model chooses to reason, so it opens the block itself (an opening in the prompt
+        # would make it "enabled")
+        ({"reasoning": "auto"}, "ok\n</think>\n\n" + q, False),
         ({"reasoning": "disabled"}, think + "Hello.", False),
         ({"reasoning": "disabled"}, "Hello. " + q + "\n" + s, True),
         ({"tool_choice": "none"}, think + q, False),
@@ -441,6 +456,48 @@ def test_tool_choice_and_reasoning_modes(formats):
     ]
     for options, text, ok in cases:
         assert formats.accepts("qwen_3", [WEATHER, SEARCH], text, **options) == ok, (options, text)
+
+
+def test_minimax_m3_declines_reasoning_with_a_bare_closing_tag():
+    """MiniMax-M3's adaptive thinking: a whole block, the closing tag alone, or nothing; never a
+    block the model did not open, nor two closings."""
+    tag = xg2.get_model_structural_tag("minimax_m3", [SEARCH], reasoning="auto")
+    grammar = xg2.Grammar.from_structural_tag(tag)
+    for text, ok in [("answer", True), ("</mm:think>answer", True), ("<mm:think>plan</mm:think>answer", True),
+                     ("plan</mm:think>answer", False), ("</mm:think></mm:think>answer", False),
+                     ("</mm:think><mm:think>plan</mm:think>answer", False)]:
+        assert xg2.testing._is_grammar_accept_string(grammar, text) == ok, text
+    qwen = xg2.Grammar.from_structural_tag(xg2.get_model_structural_tag("qwen_3", [SEARCH], reasoning="auto"))
+    assert not xg2.testing._is_grammar_accept_string(qwen, "</think>answer")    # only where the model does it
+
+
+def test_exclude_special_tokens_reaches_the_reasoning():
+    """The flag governs the reasoning's text as it does the answer's: `<think>` inside the block
+    only when special tokens are not excluded."""
+    def accepts(flag: bool, text: str) -> bool:
+        tag = xg2.get_model_structural_tag("qwen_3", [SEARCH], reasoning="enabled", exclude_special_tokens=flag)
+        return xg2.testing._is_grammar_accept_string(xg2.Grammar.from_structural_tag(tag), text)
+    nested = "<think>a <think> b</think>answer"
+    assert accepts(False, nested) and not accepts(True, nested)
+    # the answer may then hold the tags too, but not when they are excluded
+    assert accepts(False, "<think>a</think>x</think>") and not accepts(True, "<think>a</think>x</think>")
+
+
+def test_calls_back_to_back_where_the_parser_finds_them_by_their_tags():
+    """Hermes and qwen3_coder parsers find each `<tool_call>` by its tags, so calls without the
+    template's newline between them are read too; Llama's parser skips exactly the two characters
+    of "; " after each call, so there the separator stays required."""
+    def accepts(model: str, text: str, **options) -> bool:
+        tag = xg2.get_model_structural_tag(model, [WEATHER, SEARCH], reasoning="disabled", **options)
+        return xg2.testing._is_grammar_accept_string(xg2.Grammar.from_structural_tag(tag), text)
+    q = '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>'
+    e = '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>'
+    x = "<tool_call>\n<function=search>\n<parameter=q>\nx\n</parameter>\n</function>\n</tool_call>"
+    for model, call in (("qwen_3", q), ("exaone", e), ("qwen_3_5", x), ("qwen_3_coder", x)):
+        assert accepts(model, call + call) and accepts(model, call + "\n" + call), model
+        assert not accepts(model, call + call, parallel_tool_calls=False), model
+    llama = '{"name": "search", "parameters": {"q": "x"}}'
+    assert accepts("llama", llama + "; " + llama) and not accepts("llama", llama + llama)
 
 
 def test_harmony_channels_and_builtin_tools(formats):

@@ -66,8 +66,10 @@ def _model_function(model: str, what: str, reasoning_default: str = "enabled") -
 
 get_llama_structural_tag = _model_function("llama", "Llama 3.x JSON tool calling")
 get_qwen_3_structural_tag = _model_function("qwen_3", "Qwen 3's Hermes-style calls")
-get_qwen_3_coder_structural_tag = _model_function("qwen_3_coder", "Qwen3-Coder's XML calls")
 get_qwen_3_5_structural_tag = _model_function("qwen_3_5", "Qwen 3.5's XML calls (Qwen3-Coder's syntax) with reasoning")
+#: One function for both, as in xgrammar: Qwen3-Coder and Qwen 3.5 write calls one way, read by
+#: one parser, so their formats are the same.
+get_qwen_3_coder_structural_tag = get_qwen_3_5_structural_tag
 get_deepseek_r1_structural_tag = _model_function("deepseek_r1", "DeepSeek-R1's fenced JSON calls")
 get_deepseek_v3_1_structural_tag = _model_function("deepseek_v3_1", "DeepSeek-V3.1's calls")
 get_deepseek_v3_2_structural_tag = _model_function("deepseek_v3_2", "DeepSeek-V3.2's DSML calls")

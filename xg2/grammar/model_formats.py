@@ -145,7 +145,7 @@ def build_model_structural_tag(model: str, tools: list | None = None, builtin_to
 def _builder(model: str) -> Builder:
     builder = _REGISTRY.get(model)
     if builder is None:
-        raise ModelFormatError(f"unknown model format {model!r}; registered: {', '.join(model_formats())}", "/model")
+        raise ModelFormatError(f"Unknown format type {model!r}; registered: {', '.join(model_formats())}", "/model")
     return builder
 
 
@@ -165,6 +165,10 @@ def _build(builder: Builder, tools: tuple[Tool, ...], mode: Mode, reasoning: Any
         raise ModelFormatError(f"reasoning must be 'enabled', 'disabled' or 'auto', got {reasoning!r}", "/reasoning")
     if max_whitespace_cnt is not None and (not isinstance(max_whitespace_cnt, int) or max_whitespace_cnt < 1):
         raise ModelFormatError("max_whitespace_cnt must be a positive integer", "/max_whitespace_cnt")
+    for name, value in (("parallel_tool_calls", parallel_tool_calls), ("any_order", any_order),
+                        ("exclude_special_tokens", exclude_special_tokens)):
+        if not isinstance(value, bool):     # bool("no") would loosen the format the caller asked for
+            raise ModelFormatError(f"{name} must be a boolean, got {value!r}", "/" + name)
     request = ToolCallRequest(tools, mode, reasoning, bool(parallel_tool_calls), bool(any_order),
                               max_whitespace_cnt, bool(exclude_special_tokens))
     return parse_structural_tag({"type": "structural_tag", "format": builder(request)})
@@ -198,18 +202,20 @@ def _tools(tools: Any) -> tuple[Tool, ...]:
             fn = t.get("function")
             if not isinstance(fn, dict):
                 raise ModelFormatError("a function tool needs a 'function' object", at + "/function")
-            name, params, where = fn.get("name"), fn.get("parameters"), at + "/function"
+            name, params, where, what = fn.get("name"), fn.get("parameters"), at + "/function", "function."
             if fn.get("strict") is False:
                 params = None       # OpenAI's non-strict function: its arguments are any JSON object
             builtin = None
         else:
             name, params, where, builtin = t.get("name", t["type"]), t.get("parameters"), at, t["type"]
+            what = ""
         if not isinstance(name, str) or not name:
-            raise ModelFormatError("a tool needs a non-empty string name", where + "/name")
+            raise ModelFormatError(f"a tool's {what}name must be a non-empty string", where + "/name")
         if params is None:
             params = True
         elif not isinstance(params, (dict, bool)):
-            raise ModelFormatError("parameters must be a JSON Schema (an object or a boolean)", where + "/parameters")
+            raise ModelFormatError(f"a tool's {what}parameters must be a JSON Schema (an object or a boolean)",
+                                   where + "/parameters")
         if any(x.name == name for x in out):
             raise ModelFormatError(f"two tools are named {name!r}", where + "/name")
         out.append(Tool(name, params, builtin))
@@ -256,10 +262,16 @@ def _find(ref: Any, tools: tuple[Tool, ...], at: str) -> Tool:
     else:
         name = ref.get("name", ref["type"])
         found = [t for t in tools if t.builtin == ref["type"] and (t.name == name or "name" not in ref)]
-    if len(found) != 1:
-        raise ModelFormatError(f"no tool {name!r} among the tools" if not found else
-                               f"{len(found)} builtin tools of type {ref['type']!r}; name one", at)
-    return found[0]
+    if len(found) == 1:
+        return found[0]
+    allowed = "/allowed_tools/" in at       # a reference in the allowed tools, not the choice itself
+    if ref["type"] == "function":
+        raise ModelFormatError(f"{'Allowed' if allowed else 'tool_choice:'} function {name!r} is not among the tools",
+                               at)
+    named = f"of type {ref['type']!r}" + (f" named {name!r}" if "name" in ref else "")
+    what = "Allowed builtin tools must each name" if allowed else "tool_choice must name"
+    raise ModelFormatError(f"{what} exactly one tool, but {len(found)} of the tools are builtin tools {named}"
+                           + ("; give its name" if found else ""), at)
 
 
 def _plain(x: Any) -> Any:
@@ -297,7 +309,9 @@ class CallSyntax:
     template writes before the calls even without text (a required or forced call may follow it).
     `text`: the (opening, closing) markers the template writes around a text answer, which the
     parser also reads bare; calls may follow the closing one. `escapes`: how the tool's name is
-    spelled where `{name}` stands (an attribute value's entities)."""
+    spelled where `{name}` stands (an attribute value's entities). `declines_bare`: with reasoning
+    "auto", the model may skip reasoning by writing the closing tag alone. `loose_separator`: the
+    parser finds each call by its tags, so calls may also follow one another without `separator`."""
 
     begin: str
     end: str
@@ -312,6 +326,8 @@ class CallSyntax:
     lead: str = ""
     text: tuple[str, str] | None = None
     escapes: tuple[tuple[str, str], ...] = ()
+    declines_bare: bool = False
+    loose_separator: bool = False
 
     @property
     def opener(self) -> str:
@@ -334,12 +350,23 @@ class CallSyntax:
         parts = []
         if self.think is not None and req.reasoning != "disabled":
             opening, closing = self.think
+            # enabled: the template may have opened the block in the prompt; auto: the model
+            # chooses, so the block it writes opens with its own tag (or, where the model declines
+            # that way, is the closing tag alone)
+            first = _const(opening) if req.reasoning == "auto" else {"type": "optional", "content": _const(opening)}
             block = {"type": "sequence", "elements": [
-                {"type": "optional", "content": _const(opening)},        # the prompt may hold it
-                {"type": "tag", "begin": "", "content": {"type": "any_text", "excludes": [opening, closing]},
-                 "end": closing},
+                first,
+                # the text ends at the first closing tag anyway; the opening one is a special token
+                # like the others, kept out only with exclude_special_tokens
+                {"type": "tag", "begin": "", "content": {"type": "any_text", "excludes": [opening, closing] if
+                                                          req.exclude_special_tokens else []}, "end": closing},
                 {"type": "regex", "pattern": r"\s*"}]}
-            parts.append(block if req.reasoning == "enabled" else {"type": "optional", "content": block})
+            if req.reasoning == "auto":
+                if self.declines_bare:
+                    block = {"type": "or", "elements": [
+                        block, {"type": "sequence", "elements": [_const(closing), {"type": "regex", "pattern": r"\s*"}]}]}
+                block = {"type": "optional", "content": block}
+            parts.append(block)
         if req.mode == "none":      # no call, nor the start of one
             text = {"type": "any_text", "excludes": [*excludes, self.opener]}
             parts.append({"type": "or", "elements": [text, self.wrapped(excludes)]} if self.text else text)
@@ -367,7 +394,10 @@ class CallSyntax:
         if req.mode == "required":
             first = self.led(first)
         any_call = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
-        more = {"type": "star", "content": {"type": "sequence", "elements": [_const(self.separator), any_call]}}
+        separator = _const(self.separator)
+        if self.loose_separator:
+            separator = {"type": "optional", "content": separator}
+        more = {"type": "star", "content": {"type": "sequence", "elements": [separator, any_call]}}
         if not one_only:
             first = {"type": "sequence", "elements": [first, more]}
         if self.text and req.mode == "auto":    # or a text answer in its markers, then the calls if any
@@ -394,13 +424,17 @@ def _register_syntax(name: str, syntax: CallSyntax) -> None:
 #: Llama 3.1–3.3 JSON tool calling: `{"name": ..., "parameters": {...}}` (no reasoning).
 _register_syntax("llama", CallSyntax(begin='{"name": "{name}", "parameters": ', end="}", trigger='{"name": ',
                                      separator="; ", think=None))
-#: Qwen 3 (and QwQ / Qwen 2.5 style Hermes calls): `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`.
+#: Qwen 3 (and QwQ / Qwen 2.5 style Hermes calls): `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
+#: calls on separate lines or back to back (vLLM's hermes parser finds each by its tags).
 _register_syntax("qwen_3", CallSyntax(begin='<tool_call>\n{"name": "{name}", "arguments": ', end="}\n</tool_call>",
-                                      trigger="<tool_call>", separator="\n", markers=("</tool_call>",)))
+                                      trigger="<tool_call>", separator="\n", markers=("</tool_call>",),
+                                      loose_separator=True))
 #: Qwen3-Coder and Qwen 3.5 (one template and parser, qwen3_coder): XML parameters, `<function=name>`
-#: then `<parameter=p>\nvalue\n</parameter>`; Qwen 3.5 reasons (`<think>\n` in the prompt).
+#: then `<parameter=p>\nvalue\n</parameter>`; Qwen 3.5 reasons (`<think>\n` in the prompt). Calls on
+#: separate lines or back to back, as the parser finds each by its tags.
 _QWEN_XML = CallSyntax(begin="<tool_call>\n<function={name}>\n", end="</function>\n</tool_call>", trigger="<tool_call>",
-                       style="qwen_xml", separator="\n", markers=("</tool_call>", "<function=", "</function>"))
+                       style="qwen_xml", separator="\n", markers=("</tool_call>", "<function=", "</function>"),
+                       loose_separator=True)
 _register_syntax("qwen_3_coder", _QWEN_XML)
 _register_syntax("qwen_3_5", _QWEN_XML)
 _DS_MARKERS = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "<｜tool▁sep｜>")
@@ -445,12 +479,12 @@ def _dsml(block: str, invoke: str, style: str) -> CallSyntax:
 _register_syntax("deepseek_v3_2", _dsml("function_calls", "invoke", "deepseek_xml"))
 #: EXAONE 4.0: Hermes-style JSON, `<tool_call>{"name": ..., "arguments": ...}</tool_call>` as its template
 #: writes it (no newlines), or with a newline inside each tag as Qwen's layout has it (vLLM's hermes
-#: parser, the one EXAONE names, reads both); calls on separate lines; `<think>\n` ends the prompt
+#: parser, the one EXAONE names, reads both); calls on separate lines or back to back; `<think>\n` ends the prompt
 #: when it reasons.
 _register_syntax("exaone", CallSyntax(
     begin="<tool_call>", end="</tool_call>", trigger="<tool_call>",
     before_arguments=(_regex(r"\n?"), _const('{"name": "{name}", "arguments": ')),
-    after_arguments=(_const("}"), _regex(r"\n?")), separator="\n", markers=("</tool_call>",)))
+    after_arguments=(_const("}"), _regex(r"\n?")), separator="\n", markers=("</tool_call>",), loose_separator=True))
 #: DeepSeek-V4: V3.2's DSML under a `tool_calls` block; the prompt ends with `<think>` or `</think>`.
 _register_syntax("deepseek_v4", _dsml("tool_calls", "invoke", "deepseek_xml"))
 #: DeepSeek-V4.1: every DSML tag name after a space (`<｜DSML｜ calls>`, `<｜DSML｜ invoke ...>`, ...).
@@ -462,7 +496,7 @@ _NS = "]<]minimax[>["
 _register_syntax("minimax_m3", CallSyntax(
     begin=f'{_NS}<invoke name="{{name}}">', end=f"{_NS}</invoke>", trigger=f"{_NS}<tool_call>", style="minimax_m3_xml",
     section=(f"{_NS}<tool_call>\n", f"\n{_NS}</tool_call>"), separator="\n", think=("<mm:think>", "</mm:think>"),
-    markers=(f"{_NS}</tool_call>", f"{_NS}<invoke", f"{_NS}</invoke>")))
+    markers=(f"{_NS}</tool_call>", f"{_NS}<invoke", f"{_NS}</invoke>"), declines_bare=True))
 #: MiMo-V2 (Flash, V2.5, V2.6): `<tool_call><function=name><parameter=k>v</parameter></function></tool_call>`,
 #: values never padded (the parser keeps them as they are), strings raw and others JSON; V2/V2.5
 #: write a newline after each tag but the parameter's opening, V2.6 none; calls back to back.
@@ -499,7 +533,8 @@ def kimi_k3(req: ToolCallRequest) -> dict:
     when empty), the `tools` channel with the calls (`<|open|>call tool="name" index="1"<|sep|>`,
     one `<|open|>argument key="k" type="t"<|sep|>` element per argument), and the message's closing
     `<|close|>message<|sep|>`. The text of a channel never holds the tools channel's opening; with
-    exclude_special_tokens no `<|open|>` and no other channel's closing either."""
+    exclude_special_tokens no `<|open|>` and no other channel's closing either, and no argument
+    value holds a marker (`<|open|>`, `<|close|>`, `<|sep|>`)."""
     closings = [_k3_close(c) for c in ("think", "response", "tools", "call", "argument", "message")]
 
     def channel(name: str) -> dict:
@@ -516,9 +551,12 @@ def kimi_k3(req: ToolCallRequest) -> dict:
         calls = []
         for tool in req.tools:
             name = tool.name.replace("&", "&amp;").replace('"', "&quot;")
+            arguments = req.arguments(tool, "kimi_k3_xml")
+            if req.exclude_special_tokens:      # a raw value runs to its closing marker: no marker inside
+                arguments["excludes"] = ["<|open|>", "<|close|>", "<|sep|>"]
             calls.append({"type": "tag", "begin": f'<|open|>call tool="{name}" index="', "content": {
-                "type": "sequence", "elements": [_regex("[1-9][0-9]*"), _const('"<|sep|>'),
-                                                 req.arguments(tool, "kimi_k3_xml")]}, "end": _k3_close("call")})
+                "type": "sequence", "elements": [_regex("[1-9][0-9]*"), _const('"<|sep|>'), arguments]},
+                "end": _k3_close("call")})
         one_only = req.mode == "forced" or not req.parallel_tool_calls
         inner = calls[0] if req.mode == "forced" else {"type": "tags_with_separator", "tags": calls, "separator": "",
                                                        "at_least_one": True, "stop_after_first": one_only}
@@ -547,12 +585,16 @@ def harmony(req: ToolCallRequest) -> dict:
     calls = []
     for tool in req.tools:
         recipient = tool.name if tool.builtin else f"functions.{tool.name}"
-        header = {"type": "or", "elements": [
-            {"type": "sequence", "elements": [channel, _const(f"commentary to={recipient}")]},
-            {"type": "sequence", "elements": [_const(f" to={recipient}"), channel, _const("commentary")]}]}
         constrain = {"type": "optional", "content": {"type": "sequence", "elements": [
             _const(" "), {"type": "optional", "content": _token("<|constrain|>")}, _const("json")]}}
-        calls.append({"type": "sequence", "elements": [header, constrain, message, req.arguments(tool)]})
+        body = [constrain, message, req.arguments(tool)]
+        # the recipient after the channel, or before it: each a tag that begins with it (no end
+        # string: the call's stop token is the serving stack's)
+        calls.append({"type": "or", "elements": [
+            {"type": "sequence", "elements": [channel, {"type": "tag", "begin": f"commentary to={recipient}",
+                                                        "content": {"type": "sequence", "elements": body}, "end": ""}]},
+            {"type": "tag", "begin": f" to={recipient}", "content": {"type": "sequence", "elements": [
+                channel, _const("commentary"), *body]}, "end": ""}]})
     if req.mode == "none":
         last = [answer]
     elif req.mode == "auto":

@@ -5,8 +5,9 @@ types below, told apart by its `"type"` member (xgrammar's names and members, so
 serves either engine). This module reads one from a dict, a JSON text or pydantic objects with a
 `model_dump` (xgrammar's own classes among them) into typed, immutable values, and checks what the
 types alone cannot: counts, non-empty strings, tags that their triggers announce. Every problem
-raises `StructuralTagError` with the JSON pointer of the element at fault; nothing is silently
-dropped (unknown members are errors, since a misspelt option would otherwise loosen the output).
+raises `StructuralTagError` with the JSON pointer of the element at fault, in the words of formats
+and fields (structural_tag_errors.py); nothing is silently dropped (unknown members are errors,
+since a misspelt option would otherwise loosen the output).
 `structural_tag_to_ir` then writes the tag as grammar rules: free text and the dispatching forms
 (`triggered_tags`, `dispatch`) become text automata up to the first trigger (see text.py), so the
 core runs them like any other rule and their masks are exact.
@@ -15,7 +16,7 @@ core runs them like any other rule and their masks are exact.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
@@ -24,15 +25,62 @@ from .ir import Choice, Expr, GrammarIR, Repeat, Rule, RuleRef, Seq
 from .ir import Literal as Text
 from .json_common import XML_STYLES
 from .nesting import check_nesting
+from .structural_tag_errors import label
 
 #: Formats nested in formats (a tag's content, a sequence's elements, ...) before the tag is refused.
 MAX_FORMAT_DEPTH = 256
 #: Dicts and lists nested in the whole document (JSON Schemas inside included) before it is
 #: refused, measured before any decoder descends into it with the interpreter's stack.
 MAX_TAG_NESTING = 512
+#: A length budget (`max_tokens`, `max_chars`): xgrammar's range, a non-negative 32-bit integer.
+Budget = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+#: A string that must not be empty (a trigger, an excluded string, a dispatch tag).
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+#: What every message of a StructuralTagError begins with: xgrammar's wording for its
+#: InvalidStructuralTagError, which code written for xgrammar looks for.
+PREFIX = "Invalid structural tag error: "
 
 
-class _Format(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
+def _error(message: str, pointer: str = "", cls: type = StructuralTagError) -> StructuralTagError:
+    """A StructuralTagError (or `cls`) with the common prefix."""
+    return cls(PREFIX + message, pointer)
+
+
+class _Pydantic:
+    """The part of pydantic's model API that code written for xgrammar's pydantic formats calls
+    (dumping a tag to send it elsewhere, reading it back), on msgspec structs. Stateless, so the
+    structs keep their slots."""
+
+    __slots__ = ()
+
+    def model_dump(self, *, mode: str = "python", by_alias: bool = True) -> dict[str, Any]:
+        """Plain data, as JSON would carry it (pydantic's modes differ only for types tags lack)."""
+        del mode, by_alias      # no aliases, and nothing that JSON mode would write differently
+        return msgspec.to_builtins(self)
+
+    def model_dump_json(self, *, indent: int | None = None) -> str:
+        if indent is None:
+            return _encode(self)
+        return json.dumps(msgspec.to_builtins(self), indent=indent)
+
+    @classmethod
+    def model_validate(cls, obj: Any) -> Any:
+        """`obj` (data, or an instance) read and checked as this class."""
+        return _validate(cls, obj)
+
+    @classmethod
+    def model_validate_json(cls, text: str | bytes) -> Any:
+        try:
+            data = msgspec.json.decode(text)
+        except msgspec.DecodeError as e:
+            raise _error(f"Failed to parse JSON: {e}", cls=StructuralTagJSONError) from None
+        except RecursionError:
+            raise GrammarLimitError(f"structural tag nested deeper than {MAX_TAG_NESTING} levels",
+                                    pointer="") from None
+        return _validate(cls, data)
+
+
+class _Format(_Pydantic, msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
     pass
 
 
@@ -46,7 +94,7 @@ class JSONSchemaFormat(_Format, tag="json_schema"):
                    "kimi_k3_xml", "deepseek_v4_1_xml", "mimo_xml"] = "json"
     any_order: bool = False
     max_whitespace_cnt: Union[int, None] = None  # noqa: UP007
-    excludes: list[str] = []
+    excludes: list[NonEmpty] = []
 
 
 class QwenXMLParameterFormat(_Format, tag="qwen_xml_parameter"):
@@ -62,9 +110,9 @@ class RegexFormat(_Format, tag="regex"):
 
 
 class AnyTextFormat(_Format, tag="any_text"):
-    excludes: list[str] = []
-    max_tokens: Union[int, None] = None  # noqa: UP007
-    max_chars: Union[int, None] = None  # noqa: UP007
+    excludes: list[NonEmpty] = []
+    max_tokens: Union[Budget, None] = None  # noqa: UP007
+    max_chars: Union[Budget, None] = None  # noqa: UP007
 
 
 class SequenceFormat(_Format, tag="sequence"):
@@ -104,11 +152,11 @@ class TagFormat(_Format, tag="tag"):
 
 
 class TriggeredTagsFormat(_Format, tag="triggered_tags"):
-    triggers: list[str]
+    triggers: list[NonEmpty]
     tags: list[TagFormat]
     at_least_one: bool = False
     stop_after_first: bool = False
-    excludes: list[str] = []
+    excludes: list[NonEmpty] = []
 
 
 class TagsWithSeparatorFormat(_Format, tag="tags_with_separator"):
@@ -119,9 +167,9 @@ class TagsWithSeparatorFormat(_Format, tag="tags_with_separator"):
 
 
 class DispatchFormat(_Format, tag="dispatch"):
-    rules: list[tuple[str, Format]]
+    rules: list[tuple[NonEmpty, Format]]
     loop: bool = True
-    excludes: list[str] = []
+    excludes: list[NonEmpty] = []
 
 
 class ExcludeTokenFormat(_Format, tag="exclude_token"):
@@ -130,7 +178,7 @@ class ExcludeTokenFormat(_Format, tag="exclude_token"):
 
 class AnyTokensFormat(_Format, tag="any_tokens"):
     exclude_tokens: list[Union[int, str]] = []  # noqa: UP007
-    max_tokens: Union[int, None] = None  # noqa: UP007
+    max_tokens: Union[Budget, None] = None  # noqa: UP007
 
 
 class TokenTriggeredTagsFormat(_Format, tag="token_triggered_tags"):
@@ -154,7 +202,7 @@ Format = Union[  # noqa: UP007
 ]
 
 
-class StructuralTag(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type",
+class StructuralTag(_Pydantic, msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type",
                     tag="structural_tag"):
     format: Format
 
@@ -176,27 +224,50 @@ def parse_structural_tag(tag: Any) -> StructuralTag:
         return tag
     if hasattr(tag, "model_dump"):
         tag = tag.model_dump(mode="json", by_alias=True)
-    if not isinstance(tag, (str, bytes, bytearray)):
-        check_nesting(tag, MAX_TAG_NESTING, "structural tag")
+    if isinstance(tag, (str, bytes, bytearray)):
+        # decoded as plain data first, so that a type error can be explained with the data around it
+        try:
+            tag = msgspec.json.decode(tag)
+        except msgspec.DecodeError as e:
+            raise _error(f"Failed to parse JSON: {e}", cls=StructuralTagJSONError) from None
+        except RecursionError:
+            raise GrammarLimitError(f"structural tag nested deeper than {MAX_TAG_NESTING} levels",
+                                    pointer="") from None
+    check_nesting(tag, MAX_TAG_NESTING, "structural tag")
     try:
-        if isinstance(tag, (str, bytes, bytearray)):
-            out = msgspec.json.decode(tag, type=StructuralTag)
-        else:
-            try:
-                out = msgspec.convert(tag, type=StructuralTag)
-            except msgspec.ValidationError:     # pydantic objects inside plain containers
-                out = msgspec.convert(_plain(tag), type=StructuralTag)
+        try:
+            out = msgspec.convert(tag, type=StructuralTag)
+        except msgspec.ValidationError:
+            tag = _plain(tag)       # pydantic objects inside plain containers
+            out = msgspec.convert(tag, type=StructuralTag)
     except msgspec.ValidationError as e:
+        from .structural_tag_errors import explain
+
         message, _, where = str(e).rpartition(" - at `")
         if not message:
             message, where = str(e), "$"
-        raise StructuralTagError(message, _pointer(where.rstrip("`"))) from None
-    except msgspec.DecodeError as e:
-        raise StructuralTagJSONError(f"not valid JSON: {e}") from None
-    except RecursionError:
-        # JSON text is measured by the decoder itself, which gives up well past MAX_TAG_NESTING.
-        raise GrammarLimitError(f"structural tag nested deeper than {MAX_TAG_NESTING} levels", pointer="") from None
+        parts = _path(where.rstrip("`"))
+        pointer = "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+        raise _error(explain(message, StructuralTag, tag, parts), pointer) from None
     _check(out.format, "/format")
+    return out
+
+
+def _validate(cls: type, obj: Any) -> Any:
+    """A structural tag or one format, checked as `parse_structural_tag` checks a whole tag; a
+    format's pointers start at the format itself."""
+    if cls is StructuralTag:
+        return parse_structural_tag(obj)
+    if isinstance(obj, cls):
+        obj = obj.model_dump()
+    if isinstance(obj, dict) and "type" not in obj:
+        obj = {"type": cls.__struct_config__.tag, **obj}
+    try:
+        out = parse_structural_tag({"type": "structural_tag", "format": obj}).format
+    except StructuralTagError as e:
+        raise type(e)(e.message, e.pointer.removeprefix("/format")) from None
+    if not isinstance(out, cls):
+        raise _error(f"expected {label(cls)}, got {label(type(out))}", "/type")
     return out
 
 
@@ -242,26 +313,26 @@ def from_legacy_structural_tag(tags: Any, triggers: Any) -> StructuralTag:
         elif hasattr(item, "begin") and hasattr(item, "end"):
             parts = (item.begin, getattr(item, "schema_", getattr(item, "schema", None)), item.end)
         else:
-            raise StructuralTagError(f"expected a StructuralTagItem, got {type(item).__name__}", f"/tags/{i}")
+            raise _error(f"expected a StructuralTagItem, got {type(item).__name__}", f"/tags/{i}")
         begin, schema, end = parts
         for name, value in (("begin", begin), ("end", end)):
             if not isinstance(value, str):
-                raise StructuralTagError(f"`{name}` must be a string", f"/tags/{i}/{name}")
+                raise _error(f"`{name}` must be a string", f"/tags/{i}/{name}")
         if isinstance(schema, (str, bytes, bytearray)):
             try:
                 schema = json.loads(schema)
             except ValueError as e:
-                raise StructuralTagJSONError(f"the schema is not valid JSON: {e}", f"/tags/{i}/schema") from None
+                raise _error(f"the schema is not valid JSON: {e}", f"/tags/{i}/schema",
+                             cls=StructuralTagJSONError) from None
         elif isinstance(schema, type) and hasattr(schema, "model_json_schema"):
             schema = schema.model_json_schema()
         if not isinstance(schema, (dict, bool)):
-            raise StructuralTagError("the schema must be a JSON Schema (text, dict or pydantic model)",
-                                     f"/tags/{i}/schema")
+            raise _error("the schema must be a JSON Schema (text, dict or pydantic model)", f"/tags/{i}/schema")
         out.append({"type": "tag", "begin": begin, "content": {"type": "json_schema", "json_schema": schema},
                     "end": end})
     for i, t in enumerate(triggers):
         if not isinstance(t, str):
-            raise StructuralTagError("a trigger must be a string", f"/triggers/{i}")
+            raise _error("a trigger must be a string", f"/triggers/{i}")
     return parse_structural_tag({"type": "structural_tag",
                                  "format": {"type": "triggered_tags", "triggers": list(triggers), "tags": out}})
 
@@ -296,13 +367,15 @@ def structural_tag_arguments(args: tuple, kwargs: dict) -> tuple[StructuralTag, 
     return tag, info
 
 
-def _pointer(path: str) -> str:
-    """msgspec's `$.format.elements[0].value` as the JSON pointer `/format/elements/0/value`."""
-    out = []
-    for part in path.removeprefix("$").replace("[", ".").replace("]", "").split("."):
-        if part:
-            out.append(part.replace("~", "~0").replace("/", "~1"))
-    return "/" + "/".join(out) if out else ""
+def _path(path: str) -> list[str | int]:
+    """msgspec's `$.format.elements[0].value` as its steps: ["format", "elements", 0, "value"]."""
+    out: list[str | int] = []
+    for part in path.removeprefix("$").replace("[", ".[").split("."):
+        if part.startswith("[") and part.endswith("]") and part[1:-1].isdigit():
+            out.append(int(part[1:-1]))
+        elif part:
+            out.append(part)
+    return out
 
 
 def _check(fmt: Format, at: str) -> None:
@@ -314,92 +387,106 @@ def _check(fmt: Format, at: str) -> None:
             raise GrammarLimitError(f"formats nested deeper than {MAX_FORMAT_DEPTH} levels", pointer=at)
         if isinstance(f, (SequenceFormat, OrFormat)):
             if not f.elements:
-                raise StructuralTagError(f"'{_name(f)}' needs at least one element", at + "/elements")
+                raise _error(f"{label(type(f))} must have at least one element", at + "/elements")
             stack.extend((e, f"{at}/elements/{i}", depth + 1) for i, e in enumerate(f.elements))
         elif isinstance(f, (OptionalFormat, PlusFormat, StarFormat)):
             stack.append((f.content, at + "/content", depth + 1))
         elif isinstance(f, RepeatFormat):
             if f.min < 0 or (f.max != -1 and f.max < f.min):
-                raise StructuralTagError(f"'repeat' needs 0 <= min <= max (max -1: no bound), got min {f.min} "
-                                         f"and max {f.max}", at)
+                if f.min < 0:
+                    raise _error(f"Repeat min must be >= 0, got {f.min}", at + "/min")
+                if f.max < -1:
+                    raise _error(f"Repeat max must be -1 (unbounded) or >= 0, got {f.max}", at + "/max")
+                raise _error(f"Repeat min must be <= max, got min {f.min} and max {f.max}", at)
             stack.append((f.content, at + "/content", depth + 1))
         elif isinstance(f, TagFormat):
             _check_tag(f, at)
             stack.append((f.content, at + "/content", depth + 1))
         elif isinstance(f, (TriggeredTagsFormat, TagsWithSeparatorFormat, TokenTriggeredTagsFormat)):
             if not f.tags:
-                raise StructuralTagError(f"'{_name(f)}' needs at least one tag", at + "/tags")
+                raise _error(f"{label(type(f))}'s tags must be non-empty: at least one tag is needed", at + "/tags")
             if isinstance(f, TriggeredTagsFormat):
-                _check_strings(f.triggers, at + "/triggers", "trigger", at_least_one=True)
-                _check_strings(f.excludes, at + "/excludes", "excluded string")
+                _check_strings(f.triggers, at + "/triggers", "trigger", at_least_one=True, owner=f)
+                _check_strings(f.excludes, at + "/excludes", "excluded string", owner=f)
             if isinstance(f, TokenTriggeredTagsFormat):
                 _check_tokens(f.trigger_tokens, at + "/trigger_tokens", at_least_one=True)
                 _check_tokens(f.exclude_tokens, at + "/exclude_tokens")
             for i, t in enumerate(f.tags):
                 where = f"{at}/tags/{i}"
-                if isinstance(f, TriggeredTagsFormat) and not (isinstance(t.begin, str)
-                                                        and any(t.begin.startswith(s) for s in f.triggers)):
-                    raise StructuralTagError("a triggered tag must begin with one of the triggers", where + "/begin")
+                if isinstance(f, TriggeredTagsFormat) and isinstance(t.begin, TokenFormat):
+                    raise _error("a triggered tag needs a string begin that starts with one of the triggers "
+                                 "(tags that begin with a token go in 'token_triggered_tags')", where + "/begin")
+                if isinstance(f, TriggeredTagsFormat) and not any(t.begin.startswith(s) for s in f.triggers):
+                    raise _error("a triggered tag must begin with one of the triggers", where + "/begin")
                 if isinstance(f, TokenTriggeredTagsFormat) and not isinstance(t.begin, TokenFormat):
-                    raise StructuralTagError("a token-triggered tag must begin with a token", where + "/begin")
+                    raise _error("a token-triggered tag needs a token format begin (one of the trigger tokens)",
+                                 where + "/begin")
                 stack.append((t, where, depth + 1))
         elif isinstance(f, (DispatchFormat, TokenDispatchFormat)):
             if not f.rules:
-                raise StructuralTagError(f"'{_name(f)}' needs at least one rule", at + "/rules")
+                raise _error(f"{label(type(f))}'s rules must be non-empty: at least one rule is needed", at + "/rules")
             keys = [k for k, _ in f.rules]
             if isinstance(f, DispatchFormat):
-                _check_strings(keys, at + "/rules", "dispatch tag", item=0)
-                _check_strings(f.excludes, at + "/excludes", "excluded string")
+                _check_strings(keys, at + "/rules", "dispatch tag", item=0, owner=f)
+                _check_strings(f.excludes, at + "/excludes", "excluded string", owner=f)
             else:
                 _check_tokens(keys, at + "/rules", item=0)
                 _check_tokens(f.exclude_tokens, at + "/exclude_tokens")
             if len(set(keys)) < len(keys):
-                raise StructuralTagError(f"'{_name(f)}' names a tag twice", at + "/rules")
+                raise _error(f"{label(type(f))} names a tag twice", at + "/rules")
             stack.extend((r, f"{at}/rules/{i}/1", depth + 1) for i, (_, r) in enumerate(f.rules))
         elif isinstance(f, AnyTextFormat):
-            _check_strings(f.excludes, at + "/excludes", "excluded string")
+            _check_strings(f.excludes, at + "/excludes", "excluded string", owner=f)
             for name in ("max_tokens", "max_chars"):
-                if getattr(f, name) is not None and getattr(f, name) < 0:
-                    raise StructuralTagError(f"'{name}' must not be negative", f"{at}/{name}")
+                _check_budget(f, name, at)
         elif isinstance(f, AnyTokensFormat):
             _check_tokens(f.exclude_tokens, at + "/exclude_tokens")
-            if f.max_tokens is not None and f.max_tokens < 0:
-                raise StructuralTagError("'max_tokens' must not be negative", at + "/max_tokens")
+            _check_budget(f, "max_tokens", at)
         elif isinstance(f, ExcludeTokenFormat):
             _check_tokens(f.exclude_tokens, at + "/exclude_tokens")
         elif isinstance(f, TokenFormat):
             _check_tokens([f.token], at + "/token", item=None)
         elif isinstance(f, JSONSchemaFormat):
-            _check_strings(f.excludes, at + "/excludes", "excluded string")
+            _check_strings(f.excludes, at + "/excludes", "excluded string", owner=f)
             if f.max_whitespace_cnt is not None and f.max_whitespace_cnt < 1:
-                raise StructuralTagError("'max_whitespace_cnt' must be at least 1", at + "/max_whitespace_cnt")
+                raise _error("'max_whitespace_cnt' must be at least 1", at + "/max_whitespace_cnt")
 
 
 def _check_tag(t: TagFormat, at: str) -> None:
     if isinstance(t.begin, TokenFormat):
         _check_tokens([t.begin.token], at + "/begin/token", item=None)
     if isinstance(t.end, list) and not t.end:
-        raise StructuralTagError("a tag's end list must not be empty", at + "/end")
+        raise _error("a tag's end list must not be empty", at + "/end")
     if isinstance(t.end, TokenFormat):
         _check_tokens([t.end.token], at + "/end/token", item=None)
 
 
-def _check_strings(values: list[str], at: str, what: str, at_least_one: bool = False, item: int | None = None) -> None:
+def _check_budget(f: AnyTextFormat | AnyTokensFormat, name: str, at: str) -> None:
+    """The range decoding checks, again for formats built in Python (not decoded)."""
+    value = getattr(f, name)
+    if value is not None and not (isinstance(value, int) and 0 <= value < 2**31):
+        raise _error(f"{name} must be a non-negative 32-bit integer or null, got {value!r}", f"{at}/{name}")
+
+
+def _check_strings(values: list[str], at: str, what: str, at_least_one: bool = False, item: int | None = None,
+                   owner: Any = None) -> None:
+    field = at.rsplit("/", 1)[-1]
     if at_least_one and not values:
-        raise StructuralTagError(f"at least one {what} is needed", at)
+        raise _error(f"{label(type(owner))}'s {field} must be non-empty: at least one {what} is needed", at)
     for i, v in enumerate(values):
         if not v:
-            raise StructuralTagError(f"a {what} must not be empty", f"{at}/{i}" + ("" if item is None else f"/{item}"))
+            raise _error(f"{label(type(owner))}'s {field} must be non-empty strings: {what} {i} is empty",
+                         f"{at}/{i}" + ("" if item is None else f"/{item}"))
 
 
 def _check_tokens(values: list, at: str, at_least_one: bool = False, item: int | None = -1) -> None:
     """Token references: a token id (>= 0) or a token's text (non-empty)."""
     if at_least_one and not values:
-        raise StructuralTagError("at least one token is needed", at)
+        raise _error("at least one token is needed", at)
     for i, v in enumerate(values):
         where = at if item is None else f"{at}/{i}" + ("" if item == -1 else f"/{item}")
         if (isinstance(v, int) and v < 0) or (isinstance(v, str) and not v):
-            raise StructuralTagError("a token is a non-negative id or a non-empty token text", where)
+            raise _error("a token is a non-negative id or a non-empty token text", where)
 
 
 def _name(f: Any) -> str:
@@ -408,6 +495,10 @@ def _name(f: Any) -> str:
 
 def to_json(tag: StructuralTag) -> str:
     """The structural tag as JSON text (what `parse_structural_tag` reads back)."""
+    return _encode(tag)
+
+
+def _encode(tag: Any) -> str:
     try:
         return msgspec.json.encode(tag).decode()
     except UnicodeEncodeError:      # a lone surrogate in a string: written as an escape
@@ -475,25 +566,25 @@ class _Lowering:
         from ..errors import TokenizerError
 
         if self.info is None:
-            raise StructuralTagError("a token-level format needs the vocabulary: compile the tag with "
-                                     "GrammarCompiler.compile_structural_tag", at)
+            raise _error("a token-level format needs the vocabulary: compile the tag with "
+                         "GrammarCompiler.compile_structural_tag", at)
         try:
             i = self.info.find_token(token)
         except TokenizerError as e:
-            raise StructuralTagError(str(e), at) from None
+            raise _error(str(e), at) from None
         if i in self.info.stop_token_ids:
-            raise StructuralTagError(f"token {i} is a stop token: the output ends with it wherever the format "
-                                     "can end, so it is not named in the format", at)
+            raise _error(f"token {i} is a stop token: the output ends with it wherever the format "
+                         "can end, so it is not named in the format", at)
         named = self.info.named_special_tokens.get(i)
         if named is not None:
             return named
         if i in self.info.special_token_ids:
-            raise StructuralTagError(f"special token {i} cannot be named (it has no text, or lies beyond the "
-                                     "first 2048 special tokens)", at)
+            raise _error(f"special token {i} cannot be named (it has no text, or lies beyond the "
+                         "first 2048 special tokens)", at)
         try:
             return self.info.token_bytes(i).decode("utf-8")
         except UnicodeDecodeError:
-            raise StructuralTagError(f"token {i} is not whole UTF-8 text", at) from None
+            raise _error(f"token {i} is not whole UTF-8 text", at) from None
 
     def free_tokens(self, excluded: list, at: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Free tokens but `excluded`: (the special tokens' characters free text may hold, the
@@ -517,14 +608,14 @@ class _Lowering:
             kids = _parts(f, where)
             if not done:
                 if isinstance(f, ExcludeTokenFormat):
-                    raise StructuralTagError("'exclude_token' (exactly one token) is not supported: the byte-level "
-                                             "parser does not see where one token ends", where)
+                    raise _error("'exclude_token' (exactly one token) is not supported: the byte-level "
+                                 "parser does not see where one token ends", where)
                 if not isinstance(f, _LOWERED) or (isinstance(f, JSONSchemaFormat) and f.style not in _STYLES):
                     what = f"style '{f.style}' of 'json_schema'" if isinstance(f, JSONSchemaFormat) else f"'{_name(f)}'"
-                    raise StructuralTagError(f"{what} is not supported yet", where)
+                    raise _error(f"{what} is not supported yet", where)
                 if isinstance(f, _FREE) and id(f) not in at_end and id(f) not in self.tails:
-                    raise StructuralTagError(f"'{_name(f)}' is supported at the end of a tag's content or of the "
-                                             "output, not yet elsewhere", where)
+                    raise _error(f"'{_name(f)}' is supported at the end of a tag's content or of the "
+                                 "output, not yet elsewhere", where)
                 stack.append((f, where, True))
                 stack.extend((k, w, False) for k, w in kids)
                 continue
@@ -587,9 +678,9 @@ class _Lowering:
                                        max_whitespace_cnt=None if plain else f.max_whitespace_cnt,
                                        excludes=() if plain else tuple(f.excludes))
             except ExcludesError as e:
-                raise StructuralTagError(e.message, f"{at}/excludes/{e.index}") from None
+                raise _error(e.message, f"{at}/excludes/{e.index}") from None
             except SchemaError as e:
-                raise StructuralTagError(e.message, f"{at}/json_schema{e.pointer}") from None
+                raise _error(e.message, f"{at}/json_schema{e.pointer}") from None
             return self._embed(ir, "json")
         if isinstance(f, GrammarFormat):
             from .ebnf import parse_ebnf
@@ -597,13 +688,13 @@ class _Lowering:
             try:
                 return self._embed(parse_ebnf(f.grammar), "ebnf")
             except GrammarError as e:
-                raise StructuralTagError(f"in the grammar: {e}", at + "/grammar") from None
+                raise _error(f"in the grammar: {e}", at + "/grammar") from None
         from .regex import regex_to_expr
 
         try:
             return regex_to_expr(f.pattern)
         except GrammarError as e:
-            raise StructuralTagError(f"in the pattern: {e}", at + "/pattern") from None
+            raise _error(f"in the pattern: {e}", at + "/pattern") from None
 
     def _triggered(self, f: TriggeredTagsFormat | TokenTriggeredTagsFormat, at: str, tags: list[Expr]) -> Expr:
         """Free text in which a trigger starts one of its tags (xgrammar's semantics, checked on
@@ -621,7 +712,7 @@ class _Lowering:
             begin = tag.items[0].text
             trigger = next((x for x in triggers if begin.startswith(x)), None)
             if trigger is None or (isinstance(f, TokenTriggeredTagsFormat) and begin != trigger):
-                raise StructuralTagError("a triggered tag must begin with one of the triggers", f"{at}/tags/{i}/begin")
+                raise _error("a triggered tag must begin with one of the triggers", f"{at}/tags/{i}/begin")
             rest = tag.items[1:] if begin == trigger else (Text(begin[len(trigger):]), *tag.items[1:])
             rests.setdefault(trigger, []).append(rest[0] if len(rest) == 1 else Seq(tuple(rest)))
         after: dict[str, Expr | None] = {t: None for t in triggers}
@@ -662,8 +753,8 @@ class _Lowering:
         texts = tuple(self.text_of(e, at) for e in ends)
         for e in texts:
             if any(e.startswith(e[i:]) for i in range(1, len(e))):
-                raise StructuralTagError(f"free text before the end string {e!r}, which overlaps itself, is not "
-                                         "supported yet", at)
+                raise _error(f"free text before the end string {e!r}, which overlaps itself, is not "
+                             "supported yet", at)
         return texts
 
     def _text(self, f: AnyTextFormat | AnyTokensFormat, at: str, ends: tuple[str, ...],
@@ -674,18 +765,21 @@ class _Lowering:
 
         for name in ("max_tokens", "max_chars"):
             if getattr(f, name, None) is not None:
-                raise StructuralTagError(f"'{name}' of '{_name(f)}' is not supported yet", f"{at}/{name}")
+                raise _error(f"'{name}' of '{_name(f)}' is not supported yet", f"{at}/{name}")
         if isinstance(f, AnyTextFormat):
             excludes, tokens = tuple(f.excludes), ()
         else:
             tokens, excludes = self.free_tokens(f.exclude_tokens, at + "/exclude_tokens")
         excludes += never
+        if "" in ends or "" in never:
+            raise _error("free text needs non-empty end strings: an empty one would end it anywhere",
+                         at.rsplit("/", 1)[0] + "/end" if ends else at)
         try:
             text = text_until(ends, excludes, tokens)
-        except GrammarError as e:
-            raise StructuralTagError(str(e), at) from None
+        except ValueError as e:     # GrammarError among them
+            raise _error(str(e), at) from None
         if text is None:
-            raise StructuralTagError("every end string of the tag contains an excluded string", at + "/excludes")
+            raise _error("every end string of the tag contains an excluded string", at + "/excludes")
         return text
 
     def named(self, body: Expr) -> Expr:
@@ -715,7 +809,7 @@ def _dispatching(after: dict[str, Expr], excludes: Any, at: str, loop: bool, tok
     try:
         return dispatching(after, tuple(excludes), loop=loop, tokens=tokens)
     except ValueError as e:
-        raise StructuralTagError(str(e), at) from None
+        raise _error(str(e), at) from None
 
 
 def _at_end(top: Format) -> set[int]:
