@@ -1051,3 +1051,96 @@ def test_keywords_without_their_partner_mean_nothing(tiny_compiler):
     with pytest.raises(SchemaError) as exc:     # with its partner, still not supported
         json_schema_to_ir({"allOf": [{"if": {"type": "integer"}}], "then": {"minimum": 3}})
     assert exc.value.pointer == "/allOf/0/if"
+
+
+# --- unevaluatedItems, recursion through a union, and why a schema accepts nothing --------------
+
+@pytest.mark.parametrize("schema, verdicts", [
+    ({"prefixItems": [{"type": "integer"}], "unevaluatedItems": {"type": "string"}},
+     {"[]": True, "[1]": True, '[1, "a", "b"]': True, "[1, 2]": False, '["a"]': False}),
+    ({"$schema": "https://json-schema.org/draft/2019-09/schema",          # the array form of items
+      "items": [{"type": "integer"}], "unevaluatedItems": False}, {"[1]": True, "[1, 2]": False}),
+    ({"type": "array", "unevaluatedItems": False}, {"[]": True, "[1]": False}),
+    ({"items": {"type": "integer"}, "unevaluatedItems": False}, {"[1, 2]": True, '["a"]': False}),
+    # evaluated by an in-place subschema: allOf and $ref members count
+    ({"allOf": [{"prefixItems": [{"type": "integer"}]}], "unevaluatedItems": {"type": "string"}},
+     {'[1, "a"]': True, "[1, 2]": False}),
+    ({"$defs": {"P": {"prefixItems": [True, True]}}, "$ref": "#/$defs/P", "unevaluatedItems": False},
+     {'[1, "a"]': True, "[1, 2, 3]": False}),
+    # next to anyOf, each branch sees its own evaluated items: exact, as they are initial segments
+    ({"anyOf": [{"prefixItems": [{"type": "integer"}]}, {"type": "array"}], "unevaluatedItems": False},
+     {"[]": True, "[1]": True, "[1, 2]": False, '["a"]': False}),
+])
+def test_unevaluated_items(check, schema, verdicts):
+    accepts = check(schema)
+    for doc, ok in verdicts.items():
+        validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        assert accepts(doc) == ok == validator(schema).is_valid(json.loads(doc)), doc
+
+
+def test_unevaluated_items_errors():
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir({"type": "array", "unevaluatedItems": "x"})
+    assert exc.value.pointer == "/unevaluatedItems" and "must be a boolean or an object" in exc.value.message
+    with pytest.raises(SchemaError) as exc:     # contains decides which items it evaluates
+        json_schema_to_ir({"allOf": [{"contains": {"type": "integer"}, "unevaluatedItems": False}]})
+    assert "contains" in exc.value.message
+
+
+def test_a_union_that_refers_back_to_itself(check):
+    """A branch that leads back to its own union (with keywords beside it, here `type`) is that
+    union again: a rule, not an unfolding without end. The language is the least fixed point."""
+    defs = {"V": {"anyOf": [{"type": "string", "maxLength": 2}, {"$ref": "#/$defs/V"}]}}
+    accepts = check({"$defs": defs, "type": ["string", "integer"], "$ref": "#/$defs/V"})
+    assert accepts('"ab"') and not accepts('"abc"') and not accepts("1")
+    accepts = check({"$defs": defs, "type": "object", "properties": {"v": {"type": "string", "$ref": "#/$defs/V"}}})
+    assert accepts('{"v": "ab"}') and not accepts('{"v": "abc"}') and not accepts('{"v": 1}')
+
+
+@pytest.mark.parametrize("schema, pointer, words", [
+    ({"type": "array", "minItems": 5, "maxItems": 3}, "", "minItems is greater than maxItems: 5 > 3"),
+    ({"type": "array", "prefixItems": [{}, {}], "items": False, "minItems": 3}, "",
+     "minItems is greater than the number of prefixItems, but additional items are not allowed: 3 > 2"),
+    ({"type": "array", "prefixItems": [{}, False], "minItems": 2}, "/prefixItems/1", "item 1 accepts no value"),
+    ({"type": "object", "minProperties": 5, "maxProperties": 3}, "", "minProperties is greater than maxProperties"),
+    ({"type": "object", "maxProperties": 1, "required": ["a", "b"]}, "",
+     "maxProperties is less than the number of required properties: 1 < 2"),
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": False, "minProperties": 2}, "",
+     "minProperties is greater than the number of properties, but additional properties aren't allowed"),
+    ({"type": "integer", "minimum": 5, "maximum": 6, "multipleOf": 7}, "/multipleOf",
+     "range contains no multipleOf value"),
+])
+def test_why_a_schema_accepts_nothing(schema, pointer, words):
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir(schema)
+    assert exc.value.pointer == pointer and "accepts no JSON value" in exc.value.message
+    assert words in exc.value.message
+    # inside a union the same part is just an empty branch
+    assert json_schema_to_ir({"anyOf": [schema, {"type": "null"}]}) is not None
+
+
+@pytest.mark.parametrize("schema, pointer, words", [
+    ({"type": "integer", "multipleOf": "x"}, "/multipleOf", "Value must be a number"),
+    ({"type": "number", "multipleOf": 0}, "/multipleOf", "multipleOf must be greater than 0"),
+    ({"type": "integer", "multipleOf": -2}, "/multipleOf", "multipleOf must be greater than 0"),
+    ({"minItems": "3"}, "/minItems", "minItems must be an integer"),
+    ({"maxItems": -1}, "/maxItems", "maxItems must be a non-negative integer"),
+    ({"prefixItems": ["x"]}, "/prefixItems/0", "prefixItems must be an array of objects or booleans"),
+    ({"items": [{}, 1]}, "/items/1", "items must be an array of objects or booleans"),
+    ({"items": "x"}, "/items", "items must be a boolean or an object"),
+    ({"items": [{}], "additionalItems": 3}, "/additionalItems", "additionalItems must be a boolean or an object"),
+    ({"type": "object", "propertyNames": "x"}, "/propertyNames", "propertyNames must be an object"),
+])
+def test_keyword_value_errors(schema, pointer, words):
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir(schema if "type" in schema else {"type": "array", **schema})
+    assert exc.value.pointer == pointer and words in exc.value.message
+
+
+def test_multiple_of_up_to_1024_over_a_wide_range(check):
+    accepts = check({"type": "integer", "multipleOf": 1024})
+    assert all(accepts(d) for d in ["0", "1024", "-2048", "1048576"])
+    assert not any(accepts(d) for d in ["1000", "1025", "-1"])
+    with pytest.raises(SchemaError) as exc:
+        json_schema_to_ir({"type": "integer", "multipleOf": 1025})
+    assert exc.value.pointer == "/multipleOf"

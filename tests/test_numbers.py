@@ -78,3 +78,30 @@ def test_decimal_places(places):
     for text in ["1", "1.5", "1.25", "1.250", "1.255", "-0.01", "1.0", "1.00", "7.5000"]:
         d = Decimal(text)
         assert accepts(text) == (d * 10**places == int(d * 10**places)), text
+
+
+def test_testing_regex_helpers_print_the_number_languages():
+    """xg2.testing's range helpers print xg2's own number languages as Python regexes: a value
+    matches exactly when it is in range (any fraction digits; `-0` is 0)."""
+    import re
+    from decimal import Decimal
+
+    from xg2.testing import _generate_float_regex, _generate_range_regex
+
+    texts = ["0", "-0", "-0.0", "1", "1.5", "1.50", "2", "-2", "-2.0", "3.999999", "4", "4.0000001", "-4.1",
+             "12", "16", "17", "0.000001", "-0.5", "5.75", "5.7500", "5.751", "6"]
+    for lo, hi, lo_x, hi_x in [(-4.0, 4.0, False, False), (1.5, 5.75, False, False), (None, -1.5, False, False),
+                               (0, None, True, False), (-0.5, 0.5, False, True), (10.5, 2.5, False, False)]:
+        rx = re.compile(_generate_float_regex(lo, hi, exclusive_start=lo_x, exclusive_end=hi_x))
+        for t in texts:
+            v = Decimal(t)
+            ok = (lo is None or (v > Decimal(repr(lo)) if lo_x else v >= Decimal(repr(lo)))) and \
+                 (hi is None or (v < Decimal(repr(hi)) if hi_x else v <= Decimal(repr(hi))))
+            assert bool(rx.fullmatch(t)) == ok, (lo, hi, t)
+    for lo, hi in [(12, 16), (-5, 10), (None, -2), (100, None), (5, 4)]:
+        rx = re.compile(_generate_range_regex(lo, hi))
+        for t in [str(i) for i in range(-20, 120)] + ["-0", "1.0", "007"]:
+            digits = t.removeprefix("-")
+            canonical = digits.isdigit() and (digits == "0" or not digits.startswith("0"))
+            ok = canonical and (lo is None or int(t) >= lo) and (hi is None or int(t) <= hi)
+            assert bool(rx.fullmatch(t)) == ok, (lo, hi, t)

@@ -467,3 +467,87 @@ def test_minimax_m3_skips_nulls_and_nests_arrays():
         assert xg2_accepts(schema, style, text) and xgr_accepts(schema, style, text), text
     bad = write(style, [("grid", [1])])
     assert not xg2_accepts(schema, style, bad) and not xgr_accepts(schema, style, bad)
+
+
+# --- listed arguments, unions that refer back to themselves, MiniMax M3 names and layout ---------
+
+@pytest.mark.parametrize("style", ["deepseek_v4_1_xml", "qwen_xml", "kimi_k3_xml", "cohere_xml"])
+def test_listed_arguments_are_written_as_members(style):
+    """An enum or const of argument objects: each is the closed object of its members, so the same
+    values are written as members (in any order where any_order allows it); both engines agree."""
+    schema = {"enum": [{"s": "hello", "n": 2}, {"n": 42}, "not arguments"]}
+    good = [[("s", "hello"), ("n", 2)], [("n", 42)]]
+    bad = [[("s", "hello")], [("n", 2)], [("n", 42), ("s", "hello")], [("n", 42), ("x", 1)], []]
+    for args, ok in [*((a, True) for a in good), *((a, False) for a in bad)]:
+        text = write(style, args)
+        assert xg2_accepts(schema, style, text) == ok, text
+    swapped = write(style, [("n", 2), ("s", "hello")])
+    assert not xg2_accepts(schema, style, swapped) and xg2_accepts(schema, style, swapped, any_order=True)
+    with pytest.raises(xg2.StructuralTagError) as exc:
+        _compile("xg2", {"const": 3}, style)
+    assert "must be an object" in exc.value.message
+
+
+@pytest.mark.parametrize("style", ["cohere_xml", "deepseek_xml", "qwen_xml"])
+def test_a_union_that_refers_back_to_itself(style):
+    """A string or itself is a string: the reference through the union is a rule (or, for raw
+    text, adds nothing), not an unfolding until the depth limit."""
+    value = {"$ref": "#/$defs/V"}
+    schema = {"type": "object", "$defs": {"V": {"anyOf": [{"type": "string", "maxLength": 3}, value]}},
+              "properties": {"a": value, "l": {"type": "array", "items": value}}, "required": ["a"]}
+    assert xg2_accepts(schema, style, write(style, [("a", "abc"), ("l", ["x", "yz"])]))
+    assert not xg2_accepts(schema, style, write(style, [("a", "abcd")]))
+    if style != "qwen_xml":     # qwen_xml cannot tell the number 1 from the string "1"
+        assert not xg2_accepts(schema, style, write(style, [("a", 1)]))
+
+
+@pytest.mark.parametrize("name", ["", " \t", "/closing", "a>b", "a<b", "\ud800"])
+def test_minimax_m3_refuses_names_its_tags_cannot_hold(name):
+    from xg2.grammar.json_schema import json_schema_to_ir
+
+    schema = {"type": "object", "properties": {name: {"type": "string"}}, "required": [name]}
+    with pytest.raises(xg2.SchemaError) as exc:
+        json_schema_to_ir(schema, style="minimax_m3_xml")
+    assert "element name" in exc.value.message and exc.value.pointer == "/properties/" + name.replace("/", "~1")
+    with pytest.raises(xg2.SchemaError, match="element name"):      # the members of a listed object too
+        json_schema_to_ir({"type": "object", "properties": {"c": {"const": {name: 1}}}}, style="minimax_m3_xml")
+    if name != "\ud800":   # cohere_xml writes names in an attribute, entity-escaped: these are fine there
+        json_schema_to_ir(schema, style="cohere_xml")
+
+
+def test_minimax_m3_empty_containers_and_top_level_arrays():
+    """An empty object or array is an element with nothing inside (white space would read as a
+    string); a top-level array is its <item> elements."""
+    style = "minimax_m3_xml"
+    schema = {"type": "object", "properties": {"o": {"type": "object", "properties": {}, "additionalProperties": False},
+                                               "s": {"type": "string"}}}
+    assert xg2_accepts(schema, style, f"{NS}<o>{NS}</o>{NS}<s> {NS}</s>")
+    assert not xg2_accepts(schema, style, f"{NS}<o> {NS}</o>")
+    array = {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False}
+    items = f"{NS}<item>alpha{NS}</item>{NS}<item>2{NS}</item>"
+    assert xg2_accepts(array, style, items) and xg2_accepts(array, style, "")
+    assert not xg2_accepts(array, style, items + f"{NS}<item>3{NS}</item>")
+    with pytest.raises(xg2.StructuralTagError):         # a flat style writes named arguments only
+        _compile("xg2", array, "qwen_xml")
+
+
+def test_testing_helper_takes_schema_text_and_strict_mode():
+    """xg2.testing._json_schema_to_ebnf takes JSON text in every style, and strict_mode=False,
+    which leaves objects open, where a style cannot write open objects is an error, not a
+    silently closed object."""
+    from xg2.testing import _is_grammar_accept_string, _json_schema_to_ebnf
+
+    grammar = _json_schema_to_ebnf(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}),
+                                   json_format="qwen_xml")
+    assert _is_grammar_accept_string(grammar, "<parameter=a>\n1\n</parameter>")
+    with pytest.raises(xg2.SchemaError, match="fixed object property names"):
+        _json_schema_to_ebnf({"type": "object"}, json_format="minimax_m3_xml", strict_mode=False)
+    open_qwen = _json_schema_to_ebnf({"type": "object", "properties": {"a": {"type": "integer"}}},
+                                     json_format="qwen_xml", strict_mode=False)
+    assert _is_grammar_accept_string(open_qwen, "<parameter=a>\n1\n</parameter><parameter=b>\nx\n</parameter>")
+    with pytest.raises(xg2.SchemaError):
+        _json_schema_to_ebnf("{not json", json_format="qwen_xml")
+    compact = _json_schema_to_ebnf({"type": "object", "properties": {"a": {"type": "object"}}}, json_format="qwen_xml",
+                                   any_whitespace=False, separators=(",", ":"))
+    assert _is_grammar_accept_string(compact, '<parameter=a>\n{"x":1}\n</parameter>')
+    assert not _is_grammar_accept_string(compact, '<parameter=a>\n{"x": 1}\n</parameter>')

@@ -7,12 +7,13 @@ filled bitmask, a draft-tree walk); they are built on xg2's public API only.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 
 from .compiler import GrammarCompiler
-from .errors import UsageError
+from .errors import SchemaJSONError, UsageError
 from .grammar.grammar import Grammar
 from .matcher import GrammarMatcher
 from .tokenizer import TokenizerInfo
@@ -106,7 +107,24 @@ def _json_schema_to_ebnf(schema: Any, *, any_whitespace: bool = True, indent: in
                          separators: tuple[str, str] | None = None, max_whitespace_cnt: int | None = None,
                          strict_mode: bool = True, json_format: str = "json", any_order: bool = False) -> str:
     """xg2's EBNF for a schema; `json_format` another style than "json" (an XML style of tool
-    arguments) goes through a structural tag of that style."""
+    arguments) goes through a structural tag of that style, or, with options a structural tag does
+    not carry (the JSON layout of values, `strict_mode=False`), straight through the converter of
+    that style (the same language)."""
+    if json_format != "json":
+        # the schema as Grammar.from_json_schema takes it: JSON text or a pydantic model class too
+        if isinstance(schema, (str, bytes)):
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise SchemaJSONError(f"schema is not valid JSON: {exc}", "") from None
+        elif isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+            schema = schema.model_json_schema()
+    if json_format != "json" and (not strict_mode or not any_whitespace or indent is not None or separators is not None):
+        from .grammar.json_schema import json_schema_to_ir
+
+        return str(Grammar(json_schema_to_ir(schema, any_whitespace=any_whitespace, indent=indent, separators=separators,
+                                             strict_mode=strict_mode, max_whitespace_cnt=max_whitespace_cnt,
+                                             any_order=any_order, style=json_format)))
     if json_format == "json":
         return str(Grammar.from_json_schema(schema, any_whitespace=any_whitespace, indent=indent,
                                             separators=separators, strict_mode=strict_mode,
@@ -120,3 +138,49 @@ def _regex_to_ebnf(regex: str, with_rule_name: bool = True) -> str:
     """xg2's EBNF for a regex (the body alone without `with_rule_name`)."""
     text = str(Grammar.from_regex(regex))
     return text if with_rule_name or not text.startswith("root ::= ") else text[len("root ::= "):]
+
+
+def _expr_regex(e: Any) -> str:
+    """An IR expression of character classes, literals, sequences, choices and repeats in Python's
+    `re` dialect."""
+    from .grammar.ir import CharClass, Choice, Literal, Repeat, Seq
+
+    def char(c: int) -> str:
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+
+    if isinstance(e, Literal):
+        return "".join(char(ord(c)) if not (c.isascii() and c.isalnum()) else c for c in e.text)
+    if isinstance(e, CharClass):
+        body = "".join(char(a) if a == b else f"{char(a)}-{char(b)}" for a, b in e.ranges)
+        return f"[{'^' if e.negated else ''}{body}]" if body or e.negated else "(?!)"
+    if isinstance(e, Choice):
+        return "(?:" + "|".join(_expr_regex(a) for a in e.alts) + ")"
+    if isinstance(e, Seq):
+        return "".join(_expr_regex(a) for a in e.items)
+    if isinstance(e, Repeat):
+        return f"(?:{_expr_regex(e.expr)}){{{e.min},{'' if e.max is None else e.max}}}"
+    raise UsageError(f"no regex form for {type(e).__name__}")
+
+
+def _generate_range_regex(start: int | None, end: int | None) -> str:
+    """The integers in [start, end] (None: unbounded) as xg2 writes them, as an anchored regex.
+    xg2's own language (`-0` is the integer 0), not xgrammar's text for it."""
+    from .grammar.numbers import int_range
+
+    e = int_range(start, end)
+    return "^(?!)$" if e is None else f"^{_expr_regex(e)}$"
+
+
+def _generate_float_regex(start: float | None, end: float | None, exclusive_start: bool = False,
+                          exclusive_end: bool = False) -> str:
+    """The plain decimals in the range (None: unbounded) as xg2 accepts them for a bounded
+    `number`, as an anchored regex: any number of fraction digits, exact at the bounds (xgrammar's
+    helper caps fractions at six digits and writes other text)."""
+    from .grammar.numbers import NUMBER, decimal_range, to_decimal
+
+    if start is None and end is None:
+        e = NUMBER
+    else:
+        e = decimal_range(None if start is None else to_decimal(start), not exclusive_start,
+                          None if end is None else to_decimal(end), not exclusive_end)
+    return "^(?!)$" if e is None else f"^{_expr_regex(e)}$"

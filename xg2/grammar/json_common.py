@@ -40,7 +40,6 @@ ANNOTATIONS = frozenset({
     "contentEncoding", "contentMediaType", "contentSchema",
 })
 UNSUPPORTED = frozenset({
-    "unevaluatedItems",
     "dependentSchemas", "contains", "minContains", "maxContains", "not", "if", "then",
     "else", "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
 })
@@ -50,6 +49,7 @@ HANDLED = frozenset({
     "oneOf", "allOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "uniqueItems", "pattern", "format", "multipleOf", "patternProperties", "propertyNames",
     "minProperties", "maxProperties", "dependentRequired", "dependencies", "unevaluatedProperties",
+    "unevaluatedItems",
 })
 #: Keywords whose meaning depends on each other: merged as one function from a key (an index) to
 #: the schema its member (its item) must meet.

@@ -138,7 +138,8 @@ def _templates(xml: XMLStyle) -> list[tuple[str, str]]:
 
 def _xml_problem(e: str, xml: XMLStyle) -> str | None:
     if e[0] in _WS or e[-1] in _WS:
-        return "it starts or ends with white space, which XML styles write around values"
+        return ("an excluded string must not start or end with formatting whitespace: XML styles write white "
+                "space around values")
     lasts = {p.replace("{kind}", m)[-1] for p in (*xml.open, *xml.item_open) for m in xml.markers()}
     if any(c in lasts for c in e[:-1]):
         return "it could run from the opening tag of a value into the value"
@@ -197,6 +198,8 @@ def check_excludes(excludes, xml: XMLStyle | None, layout: str = "") -> tuple[st
         problem = None
         if '"' in e:
             problem = "it holds '\"', so it could run across a JSON string's quotes"
+        elif xml is not None and (e[0] in _WS or e[-1] in _WS):
+            problem = _xml_problem(e, xml)      # the padding first: the likelier thing to fix
         elif _spelled_outside(e, layout):
             problem = "JSON text outside strings (numbers, literals, punctuation, white space) could spell it"
         elif xml is not None:

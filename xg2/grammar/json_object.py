@@ -22,6 +22,7 @@ from .json_common import (
     MAX_ANY_ORDER,
     MAX_KEY_PATTERNS,
     MAX_OBJECT_STATES,
+    MAX_SCHEMA_DEPTH,
     MAX_TRACKED_DEPENDENCIES,
     NEVER,
     PRESENCE,
@@ -33,6 +34,7 @@ from .json_common import (
 from .json_string import json_string_body
 from .regex import regex_to_expr
 from .regular import KeyDFA, intersect, to_rules
+from .regular import _determinize as determinize
 from .regular import from_expr as regular_from_expr
 from .schema_merge import both as _both
 
@@ -112,8 +114,85 @@ def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rul
     return Seq((Literal('"'), built[id(trie)]))
 
 
+def _excluding_dfa(keys: list[str]) -> KeyDFA:
+    """The automaton of `_string_excluding(keys, _REST, _WIDE_REST, ...)`, built with one copy of the
+    rest of the string, to which every trie node leaves: in the expression each node has its own
+    copy, which subset construction keeps apart (tens of thousands of states for forty long keys,
+    where the trie has about a thousand nodes)."""
+    trie: dict = {}
+    for k in keys:
+        node = trie
+        for c in k:
+            node = node.setdefault(c, {})
+        node[""] = True
+    start, end, rest, root = 0, 1, 2, 3
+    pieces: list[tuple[Expr, int, int]] = [(Literal('"'), start, root), (_REST, rest, end)]
+    n = 4
+    stack = [(trie, root)]
+    while stack:
+        node, at = stack.pop()
+        children = sorted(c for c in node if c)
+        if "" not in node:
+            pieces.append((Literal('"'), at, end))
+        for c in children:
+            pieces.append((_spelling(c), at, n))
+            stack.append((node[c], n))
+            n += 1
+        other, wide = _key_exits(tuple(ord(c) for c in children))
+        pieces.append((other, at, rest))
+        pieces.append((CharClass(((0, 0x7F),), negated=True) if wide is None else wide, at, rest))
+    return determinize(pieces, n, start, {end})
+
+
 class ObjectLowering:
     """The object half of the converter; see the module notes."""
+
+    def close_unevaluated(self, s: dict, ptr: str) -> dict:
+        """`s` with its `unevaluatedProperties` turned into `additionalProperties` and its
+        `unevaluatedItems` into the keyword for the items after the evaluated ones.
+
+        The keywords see the members (items) evaluated by `s` and by the in-place subschemas it
+        holds, so `s` is first flattened (`$ref` and `allOf` merged in, which closes their own
+        keywords the same way). Then `unevaluatedProperties` means `additionalProperties`, or
+        nothing if `s` has one: that keyword evaluates every member the others leave; likewise
+        `unevaluatedItems` means the items after the positional ones, or nothing if those are
+        already covered. `anyOf`/`oneOf` (and `contains`, for items) would make the evaluated set
+        depend on which subschemas hold, so there they are not supported."""
+        if not isinstance(s, dict) or ("unevaluatedProperties" not in s and "unevaluatedItems" not in s):
+            return s
+        if "unevaluatedItems" in s and not isinstance(s["unevaluatedItems"], (bool, dict)):
+            raise SchemaError("unevaluatedItems must be a boolean or an object (a schema)", _ptr(ptr, "unevaluatedItems"))
+        for _ in range(MAX_SCHEMA_DEPTH):
+            if "$ref" in s:
+                s = self.inline_ref(s, ptr)
+            elif "allOf" in s:
+                s = self.merge_all_of(s, ptr)
+                if s is None:
+                    return {"not": {}}
+            else:
+                break
+        else:
+            raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels", pointer=ptr)
+        s = dict(s)
+        for kw in ("unevaluatedProperties", "unevaluatedItems"):
+            if kw not in s:
+                continue
+            extra = s.pop(kw)
+            blocker = next((k for k in ("anyOf", "oneOf", "contains") if k in s
+                            and (k != "contains" or kw == "unevaluatedItems")), None)
+            if blocker is not None:
+                self.unsupported(kw, _ptr(ptr, kw), f"{kw} next to {blocker} (the evaluated "
+                                 f"{'members' if kw == 'unevaluatedProperties' else 'items'} depend on which "
+                                 "subschemas hold)")
+                continue
+            if kw == "unevaluatedProperties":
+                if "additionalProperties" not in s:
+                    s["additionalProperties"] = extra
+            elif "prefixItems" not in s and isinstance(s.get("items"), list):
+                s.setdefault("additionalItems", extra)   # the array form of `items`
+            else:
+                s.setdefault("items", extra)       # 2020-12: `items` follows `prefixItems`
+        return s
 
     def object_names(self, schema: dict, ptr: str) -> tuple[Any, list[str]]:
         """(additionalProperties, the names the schema names), properties and required checked:
@@ -165,8 +244,14 @@ class ObjectLowering:
         min/maxProperties, the dependencies and the presence branches."""
         lo = self.bound(schema, "minProperties", ptr, 0)
         hi = self.bound(schema, "maxProperties", ptr, None)
-        if hi is not None and lo > hi or sum(req for _k, _m, req in entries) > (hi if hi is not None else lo + len(entries)):
-            return None
+        if hi is not None and lo > hi:
+            return self.nothing(f"minProperties is greater than maxProperties: {lo} > {hi}", ptr)
+        needed = sum(req for _k, _m, req in entries)
+        if hi is not None and needed > hi:
+            return self.nothing(f"maxProperties is less than the number of required properties: {hi} < {needed}", ptr)
+        if extra is None and lo > len(entries):
+            return self.nothing("minProperties is greater than the number of properties, but additional properties "
+                                f"aren't allowed: {lo} > {len(entries)}", ptr)
         deps = self.dependencies(schema, [k for k, _m, _r in entries], ptr)
         if deps is None:
             return None
@@ -203,8 +288,9 @@ class ObjectLowering:
         if addl_value is not None and self.excl is not None:
             # a key that is none of the names and holds no excluded string (any free string without names)
             def other_key():
-                plain = _string_excluding(names, _REST, _WIDE_REST, lambda _hint, x: x)
-                return self.excluded(lambda: self.excl.avoid(plain, self.new_name, self.rules), addl_ptr)
+                return self.excluded(lambda: self.excl.avoid_dfa(
+                    _excluding_dfa(names), self.new_name, self.rules,
+                    lambda: _string_excluding(names, _REST, _WIDE_REST, lambda _hint, x: x)), addl_ptr)
             key = self.cached_or_none(("key_excluding", tuple(names)), "other_key", other_key) if names else self.string()
             extra = None if key is None else self.add_rule("m_other", Seq((key, self.colon(), addl_value)))
         elif addl_value is not None:
@@ -468,7 +554,7 @@ class ObjectLowering:
         if names_schema is False:
             return _key_dfa(NEVER)
         if not isinstance(names_schema, dict):
-            raise SchemaError("propertyNames must be a schema", ptr)
+            raise SchemaError("propertyNames must be an object or a boolean (a schema)", ptr)
         if "$ref" in names_schema:
             names_schema = self.inline_ref(names_schema, ptr)
         parts: list[Expr] = []

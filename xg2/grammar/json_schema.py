@@ -6,7 +6,9 @@ semantics are listed in the README ("JSON Schema"); in short: types, enum/const,
 required, additionalProperties, patternProperties, propertyNames, min/maxProperties,
 dependentRequired (and draft-4/7 `dependencies`), items/prefixItems/additionalItems, min/maxItems,
 min/maxLength, pattern, format, number and integer bounds, multipleOf, anyOf, oneOf (when exact),
-allOf (merged), not (forms with a positive equivalent), local $ref with recursion. A schema that lists
+allOf (merged), not (forms with a positive equivalent), local $ref with recursion (also through a
+union that leads back to itself: least fixed point), unevaluatedProperties/unevaluatedItems (not
+beside anyOf/oneOf). A schema that lists
 its values (enum/const) keeps the values valid under all of it, so every keyword is exact there.
 Annotations and non-standard keywords are ignored; anything else raises :class:`SchemaError` with
 its JSON pointer, or warns (:class:`SchemaWarning`) and is relaxed in lenient mode.
@@ -141,6 +143,8 @@ class _Converter(XMLLowering, ObjectLowering):
         self.level = 0
         self.where = ""     # the schema being lowered, for an error that has no better pointer
         self.embedded = _embedded_resource(root)
+        self.raw_open: set[tuple] = set()   # ref branches whose raw strings are being built (json_xml.py)
+        self.why_empty: tuple[str, str] | None = None   # the first part found to accept nothing
 
     # layout -----------------------------------------------------------------------------------
     def dkey(self, d: int) -> int:
@@ -172,7 +176,8 @@ class _Converter(XMLLowering, ObjectLowering):
 
     def empty(self, pair: str, d: int) -> Expr:
         if self.xml_at(d):
-            return self.ws
+            # Nested and unmarked (minimax_m3_xml), white space alone would read as a string.
+            return self.ws if d == 0 or self.xml.kinds else EMPTY
         if self.any_ws:
             return Seq((Literal(pair[0]), self.ws, Literal(pair[1])))
         return Literal(pair)
@@ -202,6 +207,12 @@ class _Converter(XMLLowering, ObjectLowering):
             raise SchemaError(message, pointer)
         warnings.warn(f"{message} (at {pointer or '/'}); not enforced", SchemaWarning, stacklevel=2)
         return fallback
+
+    def nothing(self, reason: str, pointer: str) -> None:
+        """No value: a part of a schema may be empty (in one branch of a union, say); if the whole
+        schema turns out so, the error names the first such part and why."""
+        if self.why_empty is None:
+            self.why_empty = (reason, pointer)
 
     # rules ------------------------------------------------------------------------------------
     def new_name(self, hint: str) -> str:
@@ -461,39 +472,6 @@ class _Converter(XMLLowering, ObjectLowering):
         finally:
             self.level -= 1
 
-    def close_unevaluated(self, s: dict, ptr: str) -> dict:
-        """`s` with its `unevaluatedProperties` turned into `additionalProperties`.
-
-        The keyword sees the members evaluated by `s` and by the in-place subschemas it holds, so
-        `s` is first flattened (`$ref` and `allOf` merged in, which closes their own keywords the
-        same way). Then it means `additionalProperties`, or nothing if `s` has one: that keyword
-        evaluates every member the others leave. `anyOf`/`oneOf` would make the evaluated set
-        depend on which branches hold, so there it is not supported."""
-        if not isinstance(s, dict) or "unevaluatedProperties" not in s:
-            return s
-        for _ in range(MAX_SCHEMA_DEPTH):
-            if "$ref" in s:
-                s = self.inline_ref(s, ptr)
-            elif "allOf" in s:
-                s = self.merge_all_of(s, ptr)
-                if s is None:
-                    return {"not": {}}
-            else:
-                break
-        else:
-            raise GrammarLimitError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels", pointer=ptr)
-        s = dict(s)
-        extra = s.pop("unevaluatedProperties")
-        for kw in ("anyOf", "oneOf"):
-            if kw in s:
-                self.unsupported("unevaluatedProperties", _ptr(ptr, "unevaluatedProperties"),
-                                 f"unevaluatedProperties next to {kw} (the evaluated members depend on "
-                                 "which branches hold)")
-                return s
-        if "additionalProperties" not in s:
-            s["additionalProperties"] = extra
-        return s
-
     def merge_all_of(self, schema: dict, ptr: str) -> dict | None:
         """`schema` with its allOf members merged in; None when a member is false."""
         subs = schema["allOf"]
@@ -660,7 +638,7 @@ class _Converter(XMLLowering, ObjectLowering):
             raise SchemaError("a schema must be an object or a boolean", ptr)
         values, where = _listed_values(schema, ptr)
         if values is not None and self.xml and d == 0:
-            raise SchemaError("const/enum arguments are not supported in an XML style", where)
+            return self.xml_listed_arguments(values, schema, ptr, where)
         if values is not None:
             # The schema names its values: keep those valid under all of it (every keyword counts,
             # including the ones with no grammar form).
@@ -721,10 +699,29 @@ class _Converter(XMLLowering, ObjectLowering):
                         raise SchemaError("a schema must be an object or a boolean", p)
                     if not any(k in HANDLED for k in rest):
                         alts.append(self.lower(s, p, d))
-                    else:
+                        continue
+                    key = self.ref_branch_key(s, rest, p)
+                    if key is None:
                         alts.append(self.lower(self.merge(rest, s, p), p, d))
+                    else:
+                        alts.append(self.cached_or_none((*key, self.dkey(d)), "ref_" + (key[1].split("/")[-1] or "root"),
+                                                        lambda s=s, p=p, rest=rest: self.lower(self.merge(rest, s, p), p, d)))
                 return _choice(alts)
         return self.typed(self.close_unevaluated(schema, ptr), ptr, d)
+
+    def ref_branch_key(self, s: dict, rest: dict, ptr: str) -> tuple | None:
+        """The identity of a `$ref` branch merged with the keywords beside its union, or None when
+        the branch is no reference. A reference that leads back to the same union with the same
+        keywords beside it is then the same language again: a rule (or, for raw text, nothing new),
+        where inlining it would unfold the cycle without end."""
+        if "$ref" not in s:
+            return None
+        _target, where = self.resolve(s["$ref"], _ptr(ptr, "$ref"))
+        try:
+            text = json.dumps([rest, {k: v for k, v in s.items() if k != "$ref"}], sort_keys=True)
+        except (TypeError, ValueError):
+            return None
+        return ("ref_branch", where, text)
 
     def cross_branches(self, kw: str, xs: Any, ys: Any, ptr: str) -> list:
         """Branches for "one of `xs` and one of `ys`": their pairwise conjunctions. For `oneOf`
@@ -867,9 +864,12 @@ class _Converter(XMLLowering, ObjectLowering):
     def typed(self, schema: dict, ptr: str, d: int) -> Expr | None:
         ts = self.types(schema, ptr)
         if self.xml and d == 0:
-            if "object" not in ts:
+            if "object" in ts:
+                ts = ["object"]
+            elif "array" in ts and self.xml.recursive:
+                ts = ["array"]      # a nested style writes items as elements at the top too
+            else:
                 raise SchemaError("the arguments of an XML style must be an object", _ptr(ptr, "type"))
-            ts = ["object"]
         alts: list[Expr | None] = []
         for t in dict.fromkeys(ts):
             if t == "null":
@@ -893,8 +893,10 @@ class _Converter(XMLLowering, ObjectLowering):
         if kw not in schema:
             return default
         v = schema[kw]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (isinstance(v, float) and not v.is_integer()):
-            raise SchemaError(f"{kw} must be a non-negative integer", _ptr(ptr, kw))
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+            raise SchemaError(f"{kw} must be an integer, not {json.dumps(v)}", _ptr(ptr, kw))
+        if v < 0:
+            raise SchemaError(f"{kw} must be a non-negative integer, not {v}", _ptr(ptr, kw))
         if v > MAX_BOUND:
             raise GrammarLimitError(f"{kw} {v} exceeds the limit of {MAX_BOUND}", pointer=_ptr(ptr, kw))
         return int(v)
@@ -928,8 +930,13 @@ class _Converter(XMLLowering, ObjectLowering):
         if "multipleOf" not in schema:
             return None
         v = schema["multipleOf"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise SchemaError("multipleOf must be a positive number", _ptr(ptr, "multipleOf"))
+        where = _ptr(ptr, "multipleOf")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise SchemaError(f"multipleOf {json.dumps(v)} is no number (Value must be a number)", where)
+        if not math.isfinite(v):
+            raise SchemaError("multipleOf must be a finite number", where)
+        if v <= 0:
+            raise SchemaError(f"multipleOf must be greater than 0, not {v}", where)
         return to_decimal(v)
 
     def integer(self, schema: dict, ptr: str) -> Expr | None:
@@ -946,7 +953,9 @@ class _Converter(XMLLowering, ObjectLowering):
                 return self.cached(("integer",), "integer", lambda: INTEGER)
             return int_range(ilo, ihi)
         try:
-            return int_multiple(int(step), ilo, ihi, self.new_name, self.rules)
+            out = int_multiple(int(step), ilo, ihi, self.new_name, self.rules)
+            return out if out is not None else self.nothing(
+                f"no integer in [{ilo}, {ihi}] is a multiple of {step} (the range contains no multipleOf value)", _ptr(ptr, "multipleOf"))
         except ValueError as exc:
             return self.unsupported("multipleOf", _ptr(ptr, "multipleOf"), str(exc), fallback=int_range(ilo, ihi))
 
@@ -985,6 +994,12 @@ class _Converter(XMLLowering, ObjectLowering):
             rest_ptr = _ptr(ptr, "items")
         if not isinstance(prefix, list):
             raise SchemaError("prefixItems must be an array", prefix_ptr)
+        for i, s in enumerate(prefix):
+            if not isinstance(s, (dict, bool)):
+                raise SchemaError(f"{prefix_ptr.rsplit('/', 1)[-1]} must be an array of objects or booleans "
+                                  "(each one a schema)", _ptr(prefix_ptr, i))
+        if not isinstance(rest, (dict, bool)):
+            raise SchemaError(f"{rest_ptr.rsplit('/', 1)[-1]} must be a boolean or an object (a schema)", rest_ptr)
         lo = self.bound(schema, "minItems", ptr, 0)
         hi = self.bound(schema, "maxItems", ptr, None)
         if self.xml_at(d):
@@ -1010,7 +1025,12 @@ class _Converter(XMLLowering, ObjectLowering):
         if r is None:
             cap = len(elems) if cap is None else min(cap, len(elems))
         if cap is not None and lo > cap:
-            return None
+            if hi is not None and lo > hi:
+                return self.nothing(f"minItems is greater than maxItems: {lo} > {hi}", ptr)
+            if r is None and cap == len(elems):
+                return self.nothing("minItems is greater than the number of prefixItems, but additional items are "
+                                    f"not allowed: {lo} > {len(elems)}", ptr)
+            return self.nothing(f"minItems is {lo}, but item {cap} accepts no value", _ptr(prefix_ptr, cap))
         sep = self.sep(d)
         k = min(len(elems), cap) if cap is not None else len(elems)
         # rest part after the prefix
@@ -1144,5 +1164,8 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
         # own stack counts too. Nothing is kept from the converter.
         raise GrammarLimitError("schema nested too deep for the interpreter's stack", pointer=conv.where) from None
     if body is None:
+        if conv.why_empty is not None:
+            reason, pointer = conv.why_empty
+            raise SchemaError(f"the schema accepts no JSON value: {reason}", pointer)
         raise SchemaError("the schema accepts no JSON value", "")
     return GrammarIR(rules=[Rule("root", body), *conv.rules], root="root")

@@ -61,6 +61,7 @@ class XMLLowering:
         """A member called `name` (a listed name, or an expression for the names of the others)
         or, with None, an array item, whose value at depth d meets `schema`."""
         if isinstance(name, str):
+            self.check_element_name(name, ptr)
             label: Expr | None = Literal(self.xml.spell(name))
             rest = self.closing_rest(name)
         else:
@@ -75,6 +76,38 @@ class XMLLowering:
                 alts.append(_seq(self.opening(label, marker), body, Literal(rest)))
         return _choice(alts)
 
+    def xml_listed_arguments(self, values: list, schema: dict, ptr: str, where: str) -> Expr | None:
+        """Listed arguments of an XML style. Each object is the closed object of its members, each
+        member its listed value: the same values, written as members (in any order when the object
+        lowering allows it). A value that is no object cannot be written as arguments."""
+        checker = self.checker()
+        kept = [v for v in values if isinstance(v, dict) and checker.valid(v, schema, ptr)
+                and (self.excl is None or self.excl.value_ok(v, True))]
+        if not any(isinstance(v, dict) for v in values):
+            raise SchemaError("the arguments of an XML style must be an object; no listed value is one", where)
+        if not kept:
+            return self.nothing("every listed argument object is ruled out by the rest of the schema or the "
+                                "excluded strings", where)
+        return _choice([self.lower({"type": "object", "properties": {k: {"const": x} for k, x in v.items()},
+                                    "required": list(v), "additionalProperties": False}, where, 0) for v in kept])
+
+    def check_element_name(self, name: str, ptr: str) -> None:
+        """A listed name must read back from its tag: where the style writes it as the tag's own
+        name (`<{name}>`, unescaped), a blank one, one that starts like a closing tag or one that
+        holds a tag delimiter would be parsed as something else; and no style writes a lone
+        surrogate (no UTF-8 holds one)."""
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SchemaError(f"element name {name!r} is not valid Unicode (it holds a lone surrogate)", ptr) from None
+        if not any(piece.endswith("<{name}>") for piece in self.xml.open):
+            return
+        if not name.strip():
+            raise SchemaError(f"element name {name!r} cannot be blank in this XML style (it is the tag's name)", ptr)
+        if name.startswith("/") or any(c in name for c in "<>"):
+            raise SchemaError(f"element name {name!r} cannot be read back from its tag in this XML style (it "
+                              "starts with '/' or holds '<' or '>')", ptr)
+
     def xml_body(self, schema: Any, ptr: str, d: int, marker: str) -> Expr | None:
         """The body of a value at depth d meeting `schema` and of a JSON type the style marks with
         `marker`, up to and with `stop` (None: no such value). Bodies of unconstrained values and of
@@ -83,8 +116,8 @@ class XMLLowering:
             schema = True   # annotations and unknown keywords only
         if schema is True:
             if self.xml.names is None:
-                raise SchemaError("a value its schema leaves unconstrained may be elements with any names, "
-                                  "which this XML style cannot close (its closing tags repeat the name)", ptr)
+                raise SchemaError("this XML style cannot write values of unconstrained schemas: such a value may be "
+                                  "elements with any names, which it cannot close (its closing tags repeat the name)", ptr)
             return self.cached_or_none(("xml_any", marker), "xml_any", lambda: self.xml_typed_body(True, ptr, d, marker))
         if isinstance(schema, dict) and "$ref" in schema and not set(schema) - ANNOTATIONS - {"$ref"}:
             target, where = self.resolve(schema["$ref"], _ptr(ptr, "$ref"))
@@ -172,8 +205,19 @@ class XMLLowering:
                     alts = []
                     for i, sub in enumerate(subs):
                         p = _ptr(ptr, kw, i)
-                        if sub is not False:
+                        if sub is False:
+                            continue
+                        key = self.ref_branch_key(sub, rest, p) if isinstance(sub, dict) else None
+                        if key is not None and key in self.raw_open:
+                            # The union is back at itself: strings are flat, so what it adds by the
+                            # way round is already among the other branches (the least fixed point).
+                            continue
+                        if key is not None:
+                            self.raw_open.add(key)
+                        try:
                             alts.append(self.raw_string(self.merge(rest, {} if sub is True else sub, p), p))
+                        finally:
+                            self.raw_open.discard(key)
                     return RAW_TEXT if RAW_TEXT in alts else _choice(alts)
             value = self.string_value(schema, ptr, raw=True)
             if value is None or value is RAW_TEXT:
@@ -193,8 +237,13 @@ class XMLLowering:
             # members only (as xgrammar does); asking for other members is an error.
             for kw in ("patternProperties", "propertyNames", "additionalProperties"):
                 if kw in schema and schema[kw] is not False:
-                    raise SchemaError(f"{kw}: members the schema does not list cannot be written in this XML "
-                                      "style (its closing tags repeat the name)", _ptr(ptr, kw))
+                    raise SchemaError(f"{kw}: this XML style takes fixed object property names only (its closing "
+                                      "tags repeat the name, so members the schema does not list cannot be "
+                                      "written)", _ptr(ptr, kw))
+            if not self.strict and addl is not False:
+                # without strict_mode the object is open, and closing it here would drop members
+                raise SchemaError("this XML style takes fixed object property names only, so an object left open "
+                                  "(strict_mode=False) cannot be written", ptr)
             addl = False
         allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
         entries = self.named_members(schema, ptr, names, allowed,
@@ -253,6 +302,8 @@ class XMLLowering:
             return self.empty("{}", d)
         parts: list[Expr | None] = [self.open("{", d)]
         for i, (k, x) in enumerate(pairs):
+            if k is not None:
+                self.check_element_name(k, ptr)
             if i:
                 parts.append(self.sep(d))
             t = _json_type(x)

@@ -20,7 +20,7 @@ from .ir import seq as _seq
 #: Largest number of decimal digits in a bound.
 MAX_BOUND_DIGITS = 400
 #: Largest `multipleOf` divisor enforced with a remainder automaton (one rule per remainder).
-MAX_DIVISOR = 1000
+MAX_DIVISOR = 1024
 #: Largest number of values enumerated for a bounded `multipleOf`.
 MAX_ENUMERATED = 2048
 
