@@ -785,3 +785,110 @@ def test_lark_rule_temperature_refusals_agree(src: str) -> None:
         xgr.Grammar.from_lark(src)
     with pytest.raises(xg2.GrammarError, match="temperature"):
         xg2.Grammar.from_lark(src)
+
+
+# ------------------------------------------------------------------------ token edges
+
+TOKEN_VOCAB = ["<s>", "</s>", "aa", "bb", "cc", "dd", "a", "<|x|>", "", "b", "x", "y"]
+TOKEN_EDGE_GRAMMARS = [
+    "root ::= Token(2, 4)", "root ::= ExcludeToken(2, 4)", 'root ::= Token(2) "bb"', 'root ::= Token(2) | "a" "a"',
+    'root ::= Token(0, 1, 7, 8) "bb"', 'root ::= ExcludeToken(2) "bb"', "root ::= Token(2)*",
+    'root ::= "a" Token(6) "b"', 'root ::= x Token(3)\nx ::= "a" | "a" "a"', 'root ::= (Token(2) | "b")+ "c"',
+    'root ::= TokenTagDispatch((3, body), excludes=(4,))\nbody ::= Token(10, 11) "b"',
+    'root ::= TokenTagDispatch((3, body), (5, body), loop_after_dispatch=false)\nbody ::= "aa"',
+    'root ::= [a-z]+ loop Token(5) [a-z]+\nloop ::= TokenTagDispatch(excludes=(4, 5))',
+]
+
+
+@pytest.mark.parametrize("src", TOKEN_EDGE_GRAMMARS)
+def test_token_edges_agree(src: str) -> None:
+    """EBNF's Token(...), ExcludeToken(...) and TokenTagDispatch(...): the mask and the answer of
+    accept_token at every step of every sequence of up to 3 tokens, then rollback and fork, as
+    in xgrammar."""
+    infos = [module.TokenizerInfo(TOKEN_VOCAB) for module in (xgr, xg2)]
+    pair = [module.GrammarCompiler(info).compile_grammar(src) for module, info in zip((xgr, xg2), infos)]
+    n = len(TOKEN_VOCAB)
+
+    def allowed(module, m) -> list[int]:
+        bm = module.allocate_token_bitmask(1, n)
+        m.fill_next_token_bitmask(bm)
+        return [i for i in range(n) if (int(bm[0, i // 32]) >> (i % 32)) & 1]
+
+    for path in itertools.product(range(n), repeat=3):
+        ms = [module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair)]
+        for t in path:
+            assert allowed(xg2, ms[1]) == allowed(xgr, ms[0]), (src, path, t)
+            ok = [m.accept_token(t) for m in ms]
+            assert ok[1] == ok[0], (src, path, t)
+            assert ms[1].is_terminated() == ms[0].is_terminated(), (src, path, t)
+            if not ok[0] or ms[0].is_terminated():
+                break
+        else:
+            fork = ms[1].fork()
+            before = allowed(xgr, ms[0])
+            assert allowed(xg2, fork) == before, (src, path, "fork")
+            ms[1].rollback(1)
+            ms[0].rollback(1)
+            assert allowed(xg2, ms[1]) == allowed(xgr, ms[0]), (src, path, "rollback")
+            assert allowed(xg2, fork) == before, (src, path, "the fork after the original's rollback")
+
+
+def test_token_edge_ids_outside_the_vocabulary_are_refused() -> None:
+    info = xg2.TokenizerInfo(["a", "b"])
+    with pytest.raises(xg2.GrammarError, match="outside the vocabulary"):
+        xg2.GrammarCompiler(info).compile_grammar('root ::= Token(2147483647) "a"')
+    with pytest.raises(xg2.GrammarError, match="both a trigger and excluded"):
+        xg2.Grammar.from_ebnf("root ::= TokenTagDispatch((1, r), excludes=(1,))\nr ::= Token(0)")
+
+
+STAG_TOKEN_VOCAB = ["<s>", "</s>", "<tool>", "<end>", "<bad>", "hello", "world", "x", "<think>", "</think>"]
+STAG_TOKEN_FORMATS = [
+    {"type": "tag", "begin": {"type": "token", "token": "<tool>"},
+     "content": {"type": "exclude_token", "exclude_tokens": [4]}, "end": {"type": "token", "token": "<end>"}},
+    {"type": "sequence", "elements": [
+        {"type": "tag", "begin": "<tool>", "content": {"type": "exclude_token", "exclude_tokens": ["<bad>", 7]},
+         "end": "<end>"},
+        {"type": "exclude_token", "exclude_tokens": [2]}]},
+]
+
+
+@pytest.mark.parametrize("fmt", STAG_TOKEN_FORMATS)
+def test_structural_tag_exclude_token_agrees(fmt: dict) -> None:
+    """A structural tag's `exclude_token` (one token, any but these and the tag's end token): the
+    mask and accept_token at every step of every 4-token sequence, as in xgrammar."""
+    tag = {"type": "structural_tag", "format": fmt}
+    infos = [module.TokenizerInfo(STAG_TOKEN_VOCAB) for module in (xgr, xg2)]
+    pair = [module.GrammarCompiler(info).compile_structural_tag(tag) for module, info in zip((xgr, xg2), infos)]
+    n = len(STAG_TOKEN_VOCAB)
+
+    def allowed(module, m) -> list[int]:
+        bm = module.allocate_token_bitmask(1, n)
+        m.fill_next_token_bitmask(bm)
+        return [i for i in range(n) if (int(bm[0, i // 32]) >> (i % 32)) & 1]
+
+    for path in itertools.product([2, 3, 4, 5, 7, 1], repeat=4):
+        ms = [module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair)]
+        for t in path:
+            assert allowed(xg2, ms[1]) == allowed(xgr, ms[0]), (fmt, path, t)
+            ok = [m.accept_token(t) for m in ms]
+            assert ok[1] == ok[0], (fmt, path, t)
+            if not ok[0] or ms[0].is_terminated():
+                break
+
+
+def test_jump_forward_stops_at_token_edges_and_debug_state_lists_items() -> None:
+    """A token edge is not text: the forced string stops before it, also where text is the other
+    choice (xgrammar's jump-forward ignores the edge there and forces "q" and "cd", which a
+    Token(3) the model may still pick would contradict). `_debug_print_internal_state` lists the
+    current state set's items, one ParserState each."""
+    info = xg2.TokenizerInfo(TOKEN_VOCAB)
+    compiler = xg2.GrammarCompiler(info)
+    for src, forced in [('root ::= "ab" Token(3) "cd"', "ab"), ('root ::= "ab" (Token(3) | "q") "cd"', "ab"),
+                        ('root ::= "x" ExcludeToken(2) "yy"', "x"), ('root ::= "x" [y] "z"', "xyz")]:
+        assert xg2.GrammarMatcher(compiler.compile_grammar(src)).find_jump_forward_string() == forced, src
+    # (rules with a temperature stay rules of their own, so the state shows them)
+    m = xg2.GrammarMatcher(compiler.compile_grammar('root ::= "a" (b | c)\nb[temperature=1] ::= "x"+ "y"\n'
+                                                    'c[temperature=2] ::= "x" "z"'))
+    assert m.accept_string("ax")
+    state = m._debug_print_internal_state()
+    assert state.count("ParserState(") >= 2 and "rule=b" in state and "rule=c" in state, state

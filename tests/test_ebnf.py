@@ -509,8 +509,18 @@ def test_dot_is_not_a_wildcard():
     assert "[^]" in err.message
 
 
-def test_xgrammar_macros_are_reported_as_unsupported():
-    assert_error('root ::= Token(5)\nb ::= "x"', 1, 10, "macro 'Token")
+def test_token_macros_read_print_and_refuse():
+    """Token(...) / ExcludeToken(...) read into token sets (sorted, distinct) that print back and
+    read again the same; malformed ones are located errors."""
+    ir = parse_ebnf('root ::= Token(5, 3, 5) ExcludeToken() | ExcludeToken(9)')
+    text = print_ebnf(ir)
+    assert "Token(3, 5) ExcludeToken()" in text and "ExcludeToken(9)" in text
+    assert parse_ebnf(text).rule_map() == ir.rule_map()
+    assert_error("root ::= Token()", 1, 10, "at least one token id")
+    assert_error('root ::= Token("a")', 1, 16, "token ids")
+    assert_error("root ::= Token(1 2)", 1, 18, "expected ',' or '\\)'")
+    assert_error("root ::= Token(99999999999)", 1, 16, "too large")
+    assert_error("root ::= TokenTagDispatch((1, root), excludes=(1,))", 1, 10, "both a trigger and excluded")
 
 
 _DISPATCH_RULES = 'a_r ::= [0-9]\nb_r ::= "x"\n'

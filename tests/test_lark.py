@@ -133,10 +133,6 @@ CORPUS: list[tuple] = [
 
 #: Cases whose source xg2 refuses on purpose: (source, fragment of the message, why).
 REFUSED = [
-    ('start: <[0]>', "special tokens", "an ordinary token required by id: xg2's matcher reads text"),
-    ('start: <|tool|>', "special tokens", "the same, by its text (not a special token of this vocabulary)"),
-    ('start: <[*]>', "wildcard special token", "any token by id"),
-    ('start: <[^1]>', "negated special-token set", "ordinary tokens by id"),
     ('start: head\nhead[lazy]: TEXT "<end>"\nTEXT: /(\\n|.)*/', "lazy attribute is not supported",
      "lazy tool-call dispatch"),
     ('start: v\nv[capture="x"]: /[a-z]+/', "capture attribute is not supported", "the matcher records no captures"),
@@ -711,3 +707,32 @@ def test_garbage_never_crashes() -> None:
             xg2.Grammar.from_lark(source, named_grammars={"n": 'start: "q"'})
         except xg2.GrammarError:
             pass
+
+
+@pytest.mark.parametrize("source", ["start: <[0,2]> | <|tool|>", "start: <[0-2,1-3,3]>", "start: <[^1,3]>",
+                                    "start: <[*]>", "start: <[0]> <[2-3]>", 'start: "a" <|tool|>+ "b"',
+                                    "start: (<[^0]> | <[0]> <[1]>)*"])
+def test_special_tokens_by_id_and_text_agree(source: str) -> None:
+    """`<[ids]>`, `<[^ids]>`, `<[*]>` and `<text>` are token edges: one token by id (or by its
+    exact text), whatever its text; masks and accept_token as in xgrammar at every step of every
+    sequence of up to 3 tokens."""
+    import itertools
+
+    vocab = ["a", "<|tool|>", "b", "ab", "c"]
+    infos = [module.TokenizerInfo(vocab, stop_token_ids=[4]) for module in (xgr, xg2)]
+    pair = [module.GrammarCompiler(info).compile_grammar(module.Grammar.from_lark(source, tokenizer_info=info))
+            for module, info in zip((xgr, xg2), infos)]
+
+    def allowed(module, m) -> list[int]:
+        bm = module.allocate_token_bitmask(1, len(vocab))
+        m.fill_next_token_bitmask(bm)
+        return [i for i in range(len(vocab)) if (int(bm[0, i // 32]) >> (i % 32)) & 1]
+
+    for path in itertools.product(range(len(vocab)), repeat=3):
+        ms = [module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair)]
+        for t in path:
+            assert allowed(xg2, ms[1]) == allowed(xgr, ms[0]), (source, path, t)
+            ok = [m.accept_token(t) for m in ms]
+            assert ok[1] == ok[0], (source, path, t)
+            if not ok[0] or ms[0].is_terminated():
+                break

@@ -316,6 +316,15 @@ class GrammarMatcher:
                     stack.append((int(sib[node]), parent, 0))
         return True
 
+    def _debug_print_internal_state(self) -> str:
+        """The parser's current state set, one ``ParserState(...)`` per item (rule, node of its
+        automaton, the set it started in), as xgrammar's debugging helper of the same name
+        returns it: how many items the parse keeps, and what they wait for."""
+        names = self._compiled._lowered.rule_names
+        lines = [f"ParserState(rule={names[r]}, node={node - int(self._compiled._lowered.arrays['rule_start'][r])}, "
+                 f"origin={'root' if top else origin})" for r, node, origin, top in self._core.top_items()]
+        return f"GrammarMatcher(tokens={self._core.num_tokens}, terminated={self.is_terminated()})\n" + "\n".join(lines)
+
     def find_jump_forward_string(self) -> str:
         """The longest text the grammar forces from here (cut to whole UTF-8 characters)."""
         start = self._core.n_sets
@@ -326,6 +335,8 @@ class GrammarMatcher:
                 if len(allowed) != 1:
                     break
                 b = next(iter(allowed))
+                if b >= 0xF8:       # a special token's or a token edge's own byte: not text
+                    break
                 if not self._core.push_byte(b):
                     break
                 out.append(b)

@@ -184,3 +184,9 @@ def _generate_float_regex(start: float | None, end: float | None, exclusive_star
         e = decimal_range(None if start is None else to_decimal(start), not exclusive_start,
                           None if end is None else to_decimal(end), not exclusive_end)
     return "^(?!)$" if e is None else f"^{_expr_regex(e)}$"
+
+
+def _ebnf_to_grammar_no_normalization(ebnf_string: str, root_rule_name: str = "root") -> Grammar:
+    """The grammar as written (xgrammar's helper parses without its normalisation passes; xg2's
+    reader runs none, so this is Grammar.from_ebnf)."""
+    return Grammar.from_ebnf(ebnf_string, root_rule_name=root_rule_name)

@@ -186,6 +186,8 @@ _TABLE_DTYPES = {
     "re_target": np.int32, "rule_start": np.int32, "rule_nullable": np.uint8, "rule_follow": np.uint8,
     "ctx_start": np.int32, "ctx_item": np.uint64, "ctx_resume": np.int32,
 }
+#: Tables only some grammars have (token edges), read in these dtypes when present.
+_OPTIONAL_DTYPES = {"token_set_start": np.int32, "token_set_ids": np.int32, "token_set_exclude": np.uint8}
 #: dtypes a table may have (a blob naming another is refused, not handed to numpy).
 _DTYPES = frozenset({"<i4", "<u4", "<i8", "<u8", "|u1", "|i1", "<i2", "<u2", "<f8"})
 
@@ -231,7 +233,7 @@ def _lowered_in(w: _Lowered) -> Any:
     arrays = {}
     for k, v in w.arrays.items():
         a = _array_in(v)
-        want = _TABLE_DTYPES.get(k)
+        want = _TABLE_DTYPES.get(k, _OPTIONAL_DTYPES.get(k))
         if want is not None and a.dtype != want:
             cast = a.astype(want)
             if not np.array_equal(cast.astype(a.dtype), a) or (a.size and (a < 0).any() != (cast < 0).any()):
@@ -278,6 +280,14 @@ def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
         x = a[name]
         if len(x) < n_nodes + 1 or np.any(np.diff(x.astype(np.int64)) < 0) or (x.size and x[0] < 0):
             raise DeserializeError(f"table {name!r} is not a valid offset table")
+    sets = [a.get(k) for k in _OPTIONAL_DTYPES]
+    if any(x is not None for x in sets):
+        start, ids, exclude = sets
+        if start is None or ids is None or exclude is None or start.ndim != 1 or len(start) < 1 \
+                or int(start[0]) != 0 or int(start[-1]) != len(ids) or bool(np.any(np.diff(start.astype(np.int64)) < 0)) \
+                or len(exclude) != len(start) - 1 or (ids.size and int(ids.min()) < 0) \
+                or (exclude.size and int(exclude.max()) > 1):
+            raise DeserializeError("the token set tables are malformed")
     temps = a.get("rule_temperature")
     if temps is not None and (temps.dtype != np.float64 or temps.shape != (n_rules,) or
                               bool(np.any(~np.isnan(temps) & ~((temps >= 0) & np.isfinite(temps))))):

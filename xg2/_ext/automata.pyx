@@ -27,7 +27,7 @@ from libc.string cimport memcmp, memcpy, memset
 
 from hashlib import blake2b as _blake2b
 
-from xg2.grammar.ir import CharClass, Choice, Literal, Repeat, RuleRef, Seq, text_bytes
+from xg2.grammar.ir import CharClass, Choice, Literal, Repeat, RuleRef, Seq, TokenSlot, text_bytes, token_slot_bytes
 
 
 cdef struct Vec:
@@ -399,8 +399,8 @@ cdef class _Builder:
                 ends.n -= 2
                 s = ends.d[ends.n]
                 t = ends.d[ends.n + 1]
-                if isinstance(e, Literal):
-                    data = text_bytes(<str>e.text)
+                if isinstance(e, Literal) or isinstance(e, TokenSlot):
+                    data = text_bytes(<str>e.text) if isinstance(e, Literal) else token_slot_bytes(e.index)
                     n = len(data)
                     p = data
                     if n == 0:

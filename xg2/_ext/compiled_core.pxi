@@ -65,6 +65,8 @@ cdef class CompiledCore:
     cdef EntryBuilder background      # a background precompute's builder while it runs, else None
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
+    cdef const uint64_t* tsets        # per token set (TokenSlot), a bitset over the vocabulary
+    cdef readonly int32_t n_tsets
 
     def __cinit__(self):
         self.entries = NULL
@@ -140,6 +142,9 @@ cdef class CompiledCore:
         self.node_closed = <uint8_t*>calloc(max(1, self.g.n_nodes), 1)
         if self.node_chain == NULL or self.node_closed == NULL:
             raise MemoryError()
+        self.n_tsets = 0
+        if "token_set_start" in keep:
+            self._token_sets(keep)
         self.fill = self._new_builder()
         self.fill_ptr = <PyObject*>self.fill
         for nd in range(self.g.n_nodes):
@@ -149,6 +154,39 @@ cdef class CompiledCore:
             self.fill._chain_nodes()
         self.cache_bytes = 0
         self.n_entries = 0
+
+    def _token_sets(self, dict keep):
+        """The grammar's token sets as vocabulary bitsets: a set's ids, or for an excluding set
+        every other id, keeping only tokens with text (what xgrammar counts: tokens without
+        text, such as its special tokens, are never a token edge; stop tokens are the matcher's
+        to allow or not, as everywhere)."""
+        cdef int32_t V = self.vc.vocab_size, W = self.vc.n_words, k, t
+        start = np.asarray(keep["token_set_start"], np.int64)
+        ids = np.asarray(keep["token_set_ids"], np.int64)
+        exclude = np.asarray(keep["token_set_exclude"], np.uint8)
+        n = len(start) - 1
+        if n < 0 or len(exclude) != n or (n and (start[0] != 0 or start[n] != len(ids) or (np.diff(start) < 0).any())):
+            raise ValueError("malformed token set tables")
+        if len(ids) and (ids.min() < 0 or ids.max() >= V):
+            from xg2.errors import GrammarError
+            bad = int(ids.max() if ids.max() >= V else ids.min())
+            raise GrammarError(f"token id {bad} in Token(...) / ExcludeToken(...) is outside the vocabulary "
+                               f"(size {V})")
+        with_text = np.array([self.vc.token_rank[t] >= 0 for t in range(V)], dtype=bool)
+        rows = np.zeros((max(1, n), W * 64), dtype=bool)
+        for k in range(n):
+            member = np.zeros(W * 64, dtype=bool)
+            member[ids[start[k]:start[k + 1]]] = True
+            if exclude[k]:
+                member[:V] = ~member[:V]
+                member[V:] = False
+            member[:V] &= with_text
+            rows[k] = member
+        # Bit t of word t >> 6 is token t, as in the masks (little-endian words).
+        table = np.ascontiguousarray(np.packbits(rows, axis=1, bitorder="little")).view("<u8").astype(np.uint64)
+        keep["_token_sets"] = table
+        self.tsets = <const uint64_t*>_ptr(keep, "_token_sets", np.uint64)
+        self.n_tsets = n
 
     cdef EntryBuilder _new_builder(self):
         """A builder wired to this core's tables."""

@@ -30,6 +30,7 @@ ctypedef uint64_t item_t
 cdef enum:
     NODE_MASK = 0x7FFFFFFF
     TOP_BIT = 0x80000000
+    TOKEN_LEAD_BYTE = 0xF9            # ir.TOKEN_LEAD: a token edge's first byte
 
 cdef enum:
     MAX_TOKEN_BYTES = 4096

@@ -29,6 +29,8 @@ cdef class MatcherCore:
     cdef uint8_t* hist                # hist[s - 1]: the byte that made state set s (for fork)
     cdef int64_t cap_hist
     cdef readonly bint terminated
+    cdef item_t* extra                # scratch: the items token edges advance to (see _edge_items)
+    cdef int64_t cap_extra
 
     def __cinit__(self):
         self.p.items = NULL
@@ -45,6 +47,8 @@ cdef class MatcherCore:
         self.mcache = NULL
         self.hist = NULL
         self.cap_hist = 0
+        self.extra = NULL
+        self.cap_extra = 0
 
     def __init__(self, CompiledCore core, stop_ids):
         self.core = core
@@ -96,6 +100,7 @@ cdef class MatcherCore:
         free(self.pbyte)
         free(self.mcache)
         free(self.hist)
+        free(self.extra)
         if self.memo.pool != NULL:
             m_free(&self.memo)
 
@@ -111,6 +116,21 @@ cdef class MatcherCore:
 
     def can_end(self):
         return bool(self.p.set_top[self.p.n_sets - 1])
+
+    def top_items(self):
+        """The items of the current state set as (rule, node, origin set, from the root), for
+        debugging: what the parse is waiting for."""
+        cdef Parser* p = &self.p
+        cdef int64_t j
+        cdef item_t it
+        out = []
+        if p.n_sets == 0:
+            return out
+        for j in range(p.set_start[p.n_sets - 1], p.n_items):
+            it = p.items[j]
+            out.append((self.g.node_rule[it & NODE_MASK], <int64_t>(it & NODE_MASK), <int64_t>(it >> 32),
+                        bool(it & TOP_BIT)))
+        return out
 
     def temperature_range(self, const double[::1] temps):
         """(lowest, highest, reaches_root): over the paths the parse can go on along, the
@@ -175,6 +195,96 @@ cdef class MatcherCore:
         free(stack)
         return lo, hi, root
 
+    cdef int64_t _edge_items(self, int32_t t) noexcept nogil:
+        """Into self.extra, the items of the current set that token `t` carries across a token
+        edge (TokenSlot: TOKEN_LEAD and two bytes naming a set that holds `t`), advanced past it.
+        Their count; -1 out of memory."""
+        cdef Parser* p = &self.p
+        cdef const GrammarC* g = self.g
+        cdef int32_t W = self.vc.n_words, ke, k1, k2, b1, b2, slot
+        cdef int64_t j, n = 0
+        cdef item_t it
+        cdef uint32_t node, n1, n2
+        cdef item_t* grown
+        for j in range(p.set_start[p.n_sets - 1], p.n_items):
+            it = p.items[j]
+            node = it & NODE_MASK
+            for ke in range(g.be_start[node], g.be_start[node + 1]):
+                if g.be_lo[ke] > TOKEN_LEAD_BYTE or g.be_hi[ke] < TOKEN_LEAD_BYTE:
+                    continue
+                n1 = g.be_target[ke]
+                for k1 in range(g.be_start[n1], g.be_start[n1 + 1]):
+                    for b1 in range(max(g.be_lo[k1], 0x80), min(g.be_hi[k1], 0xBF) + 1):
+                        n2 = g.be_target[k1]
+                        for k2 in range(g.be_start[n2], g.be_start[n2 + 1]):
+                            for b2 in range(max(g.be_lo[k2], 0x80), min(g.be_hi[k2], 0xBF) + 1):
+                                slot = ((b1 & 0x3F) << 6) | (b2 & 0x3F)
+                                if slot >= self.core.n_tsets or not (
+                                        (self.core.tsets[<int64_t>slot * W + (t >> 6)] >> (t & 63)) & 1):
+                                    continue
+                                if n == self.cap_extra:
+                                    grown = <item_t*>realloc(self.extra, max(16, 2 * self.cap_extra) * sizeof(item_t))
+                                    if grown == NULL:
+                                        return -1
+                                    self.extra, self.cap_extra = grown, max(16, 2 * self.cap_extra)
+                                self.extra[n] = (it & ~(<item_t>NODE_MASK)) | <item_t>g.be_target[k2]
+                                n += 1
+        return n
+
+    cdef void _or_token_edges(self, int32_t n_nodes) noexcept nogil:
+        """Add to the mask in self.acc every token of the sets behind the token edges of the
+        scannable nodes self.nodes[:n_nodes]."""
+        cdef const GrammarC* g = self.g
+        cdef int32_t W = self.vc.n_words, ke, k1, k2, b1, b2, slot, k, w
+        cdef uint32_t node, n1, n2
+        cdef const uint64_t* row
+        for k in range(n_nodes):
+            node = self.nodes[k]
+            for ke in range(g.be_start[node], g.be_start[node + 1]):
+                if g.be_lo[ke] > TOKEN_LEAD_BYTE or g.be_hi[ke] < TOKEN_LEAD_BYTE:
+                    continue
+                n1 = g.be_target[ke]
+                for k1 in range(g.be_start[n1], g.be_start[n1 + 1]):
+                    for b1 in range(max(g.be_lo[k1], 0x80), min(g.be_hi[k1], 0xBF) + 1):
+                        n2 = g.be_target[k1]
+                        for k2 in range(g.be_start[n2], g.be_start[n2 + 1]):
+                            for b2 in range(max(g.be_lo[k2], 0x80), min(g.be_hi[k2], 0xBF) + 1):
+                                slot = ((b1 & 0x3F) << 6) | (b2 & 0x3F)
+                                if slot < self.core.n_tsets:
+                                    row = self.core.tsets + <int64_t>slot * W
+                                    for w in range(W):
+                                        self.acc[w] |= row[w]
+
+    cdef int _feed_edges(self, const uint8_t* data, int64_t n, int64_t n_extra) noexcept nogil:
+        """A token read both ways at once: its bytes through the automata, and across the token
+        edges that hold it (self.extra, from the set before it). The edge items join the set of
+        its last byte, which every continuation starts from; the sets in between (where only
+        the bytes are) keep the token's depth in bytes, so rollback stays by depth. 1 accepted,
+        0 rejected (state restored), -1 out of memory."""
+        cdef int32_t base = self.p.n_sets
+        cdef int64_t i, need = base - 1 + n, cap
+        cdef uint8_t* grown
+        cdef int ok = 1
+        if n <= 0:
+            return 0
+        if need > self.cap_hist:
+            cap = max(need, 2 * self.cap_hist, 256)
+            grown = <uint8_t*>realloc(self.hist, cap)
+            if grown == NULL:
+                return -1
+            self.hist, self.cap_hist = grown, cap
+        for i in range(n - 1):
+            ok = p_push_byte(&self.p, self.g, data[i]) if ok > 0 else p_push_empty(&self.p)
+            if ok < 0:
+                return -1
+            self.hist[base - 1 + i] = data[i]
+        ok = p_push_with(&self.p, self.g, data[n - 1] if ok > 0 else -1, self.extra, n_extra)
+        if ok <= 0:
+            p_pop_to(&self.p, base)
+            return ok
+        self.hist[base - 1 + n - 1] = data[n - 1]
+        return 1
+
     cdef int _feed(self, const uint8_t* data, int64_t n) noexcept nogil:
         """Push bytes; on failure restore the state. 1 accepted, 0 rejected, -1 OOM. Each byte
         is also kept in `hist` (one per state set: a rollback's pop trims it too), so that a
@@ -204,7 +314,12 @@ cdef class MatcherCore:
         cdef MatcherCore m = MatcherCore(self.core, [self.stops[i] for i in range(self.n_stop)])
         cdef int ok
         with nogil:
-            ok = m._feed(self.hist, self.p.n_sets - 1) if self.p.n_sets > 1 else 1
+            if self.core.n_tsets > 0:
+                # Token edges are crossed by tokens, not bytes: the bytes alone would not replay
+                # the parse, so the sets are copied (and interned in the fork's own memo).
+                ok = 1 if p_copy_from(&m.p, &self.p) == 0 else -1
+            else:
+                ok = m._feed(self.hist, self.p.n_sets - 1) if self.p.n_sets > 1 else 1
         if ok < 0:
             raise MemoryError()
         if ok == 0 or m.p.n_sets != self.p.n_sets:     # a replay of an accepted parse cannot fail
@@ -251,9 +366,18 @@ cdef class MatcherCore:
             return True
         if v.token_rank[t] < 0:
             return False
+        cdef int64_t n_extra = 0
+        if self.core.n_tsets > 0:
+            with nogil:
+                n_extra = self._edge_items(t)
+            if n_extra < 0:
+                raise MemoryError()
         self._push_boundary()
         with nogil:
-            ok = self._feed(v.tok_data + v.tok_off[t], v.tok_off[t + 1] - v.tok_off[t])
+            if n_extra > 0:
+                ok = self._feed_edges(v.tok_data + v.tok_off[t], v.tok_off[t + 1] - v.tok_off[t], n_extra)
+            else:
+                ok = self._feed(v.tok_data + v.tok_off[t], v.tok_off[t + 1] - v.tok_off[t])
         if ok <= 0:
             self.n_bound -= 1
             if ok < 0:
@@ -387,6 +511,8 @@ cdef class MatcherCore:
                 n_checked = self._check_uncertain(WR)
                 if n_checked < 0:
                     return -1
+            if self.core.n_tsets > 0:
+                self._or_token_edges(n_nodes)
             for k in range(self.n_stop):
                 t = self.stops[k]
                 if p.set_top[cur]:

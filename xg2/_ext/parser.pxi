@@ -374,6 +374,67 @@ cdef int p_push_byte(Parser* p, const GrammarC* g, uint8_t b) noexcept nogil:
     return 1 if p.n_items > s else 0
 
 
+cdef int p_push_with(Parser* p, const GrammarC* g, int32_t b, const item_t* extra, int64_t n_extra) noexcept nogil:
+    """Like p_push_byte (b < 0: scan nothing), with `extra` items added to the new set before its
+    closure: the items a token edge advances to (see MatcherCore._feed_edges). The result depends
+    on the token, not the byte alone, so no memo transition is recorded."""
+    cdef int32_t prev = p.n_sets - 1
+    cdef int64_t j, s, e
+    cdef item_t it
+    cdef uint32_t node
+    cdef int32_t k
+    if prev < 0:
+        return -1
+    s = p.set_start[prev]
+    e = p.n_items
+    if p_begin_set(p) < 0:
+        return -1
+    if b >= 0:
+        for j in range(s, e):
+            it = p.items[j]
+            node = it & NODE_MASK
+            for k in range(g.be_start[node], g.be_start[node + 1]):
+                if g.be_lo[k] > b:
+                    break
+                if b <= g.be_hi[k]:
+                    if p_add(p, (it & ~(<item_t>NODE_MASK)) | <item_t>g.be_target[k]) < 0:
+                        return -1
+    for j in range(n_extra):
+        if p_add(p, extra[j]) < 0:
+            return -1
+    s = p.set_start[p.n_sets - 1]
+    if p_closure(p, g, s) < 0:
+        return -1
+    if p_intern_top(p) < 0:
+        return -1
+    return 1 if p.n_items > s else 0
+
+
+cdef int p_copy_from(Parser* dst, const Parser* src) noexcept nogil:
+    """Make `dst` (with its own memo) hold the sets of `src`, set by set, each interned anew."""
+    cdef int32_t k
+    cdef int64_t a, n
+    p_pop_to(dst, 0)
+    for k in range(src.n_sets):
+        if _open_set(dst) < 0:
+            return -1
+        a = src.set_start[k]
+        n = (src.set_start[k + 1] if k + 1 < src.n_sets else src.n_items) - a
+        if dst.n_items + n > dst.cap_items:
+            while dst.n_items + n > dst.cap_items:
+                dst.cap_items *= 2
+            dst.items = <item_t*>realloc(dst.items, dst.cap_items * sizeof(item_t))
+            if dst.items == NULL:
+                return -1
+        memcpy(dst.items + dst.n_items, src.items + a, n * sizeof(item_t))
+        dst.n_items += n
+        dst.set_top[k] = src.set_top[k]
+        if p_intern_top(dst) < 0:
+            return -1
+    dst.hset = -1
+    return 0
+
+
 cdef int p_complete_rule(Parser* p, const GrammarC* g, int32_t rule, int64_t origin) noexcept nogil:
     """Complete `rule` from state set `origin` into the open set, then close the new items."""
     cdef int64_t s = p.n_items, j = p.set_start[origin], e = p_set_end(p, <int32_t>origin)

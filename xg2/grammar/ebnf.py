@@ -7,8 +7,14 @@ Syntax accepted by :func:`parse_ebnf`::
     alt  := item+            # a sequence
     item := atom quantifier?
     atom := "literal" | [class] | [^class] | name | ( body ) | ( ) | TagDispatch(...) | FreeText(...)
+          | Regex(...) | Substring(...) | Token(id, ...) | ExcludeToken(id, ...) | TokenTagDispatch(...)
     quantifier := * | + | ? | {m} | {m,} | {m,n}
     name ::= body (= body)   # optional lookahead assertion, only at the very end of a rule
+    name[temperature=t] ::= body   # the sampling temperature inside the rule (Rule.temperature)
+
+``Token(...)`` is one token among the ids, whatever its text; ``ExcludeToken(...)`` one token not
+among them; ``TokenTagDispatch((id, rule), ..., excludes=(id, ...), loop_after_dispatch=true)``
+tokens one at a time where a trigger token is followed by its rule (see ir.TokenSet).
 
 ``FreeText(ends=("s", ...), excludes=("s", ...))`` is xg2's own: text up to the first end string
 (any text without ends) that holds no excluded string, the form TagDispatch and structural tags'
@@ -52,6 +58,7 @@ from xg2.grammar.ir import (
     Rule,
     RuleRef,
     Seq,
+    TokenSet,
 )
 
 __all__ = [
@@ -71,8 +78,6 @@ MAX_GRAMMAR_BYTES = 4 * 1024 * 1024
 MAX_NESTING_DEPTH = 1000
 """Deepest parenthesis nesting accepted (``(`` and ``(=`` both count)."""
 
-# xgrammar macros not supported (yet): a precise error instead of "undefined rule".
-_XGRAMMAR_MACROS = frozenset({"Token", "ExcludeToken", "TokenTagDispatch"})
 
 MAX_SUBSTRING_CHUNKS = 256
 """Most chunks a Substring(...) takes (its automaton grows with the square of their number)."""
@@ -415,7 +420,7 @@ def _tokenize(src: _Source) -> list[_Token]:
         if depth:
             depth += (tok.kind in (_LPAREN, _LOOKAHEAD)) - (tok.kind == _RPAREN)
         elif tok.kind == _LPAREN and i and toks[i - 1].kind == _NAME \
-                and toks[i - 1].value in ("TagDispatch", "FreeText", "Regex"):
+                and toks[i - 1].value in ("TagDispatch", "TokenTagDispatch", "FreeText", "Regex"):
             depth = 1
         elif tok.kind == _EQUALS:
             raise src.error("unexpected character '='", tok.off)
@@ -619,6 +624,77 @@ class _Parser:
         sub = _Source(text)
         return _Parser(sub, _tokenize(sub), self.rule_names | {"tag_dispatch"}).parse_rule().body
 
+    def _token_tag_dispatch(self) -> Expr:
+        """`TokenTagDispatch((token_id, rule), ..., excludes=(id, ...), loop_after_dispatch=true)`,
+        self.i at its name: tokens one at a time, any but the excluded and the triggers; a
+        trigger token is followed by its rule, then (looping) more of the same, or the end. As
+        token sets: ``(ExcludeToken(T + E) | Token(t1) r1 | ...)*``, or without the loop
+        ``ExcludeToken(T + E)* (Token(t1) r1 | ...)?``."""
+        src, toks = self.src, self.toks
+        start = toks[self.i].off
+        self.i += 2
+        after: dict[int, RuleRef] = {}
+        excludes: set[int] = set()
+        loop, seen = True, set()
+
+        def take(kind: str, what: str) -> _Token:
+            tok = toks[self.i]
+            if tok.kind != kind:
+                raise src.error(f"expected {what} in TokenTagDispatch, got {tok.kind}", tok.off)
+            self.i += 1
+            return tok
+
+        def token_id(tok: _Token) -> int:
+            if len(str(tok.value)) > 10 or int(str(tok.value)) >= 2**31:
+                raise src.error(f"token id {tok.value} is too large", tok.off)
+            return int(str(tok.value))
+
+        while toks[self.i].kind != _RPAREN:
+            tok = toks[self.i]
+            if tok.kind == _LPAREN:            # (token_id, rule)
+                self.i += 1
+                trigger = take(_INT, "a trigger token id")
+                take(_COMMA, "','")
+                rule = take(_NAME, "a rule name")
+                take(_RPAREN, "')'")
+                t = token_id(trigger)
+                if t in after:
+                    raise src.error(f"trigger token {t} given twice", trigger.off)
+                if rule.value not in self.rule_names:
+                    raise src.error(f"rule '{rule.value}' is not defined", rule.off)
+                after[t] = RuleRef(str(rule.value))
+            elif tok.kind == _NAME and toks[self.i + 1].kind == _EQUALS and tok.value not in seen \
+                    and tok.value in ("excludes", "loop_after_dispatch"):
+                seen.add(str(tok.value))
+                self.i += 2
+                if tok.value == "loop_after_dispatch":
+                    value = take(_NAME, "true or false")
+                    if value.value not in ("true", "false"):
+                        raise src.error("'loop_after_dispatch' takes true or false", value.off)
+                    loop = value.value == "true"
+                else:
+                    take(_LPAREN, "'('")
+                    while toks[self.i].kind != _RPAREN:
+                        excludes.add(token_id(take(_INT, "a token id")))
+                        if toks[self.i].kind != _RPAREN:
+                            take(_COMMA, "','")
+                    self.i += 1
+            else:
+                raise src.error(f"unexpected {tok.kind} in TokenTagDispatch (arguments: (token_id, rule) pairs, "
+                                "excludes=(...), loop_after_dispatch=...)", tok.off)
+            if toks[self.i].kind != _RPAREN:
+                take(_COMMA, "','")
+        self.i += 1
+        overlap = sorted(excludes & set(after))
+        if overlap:
+            raise src.error(f"token {overlap[0]} is both a trigger and excluded in TokenTagDispatch", start)
+        plain = TokenSet(tuple(sorted(excludes | set(after))), True)
+        branches = [Seq((TokenSet((t,)), r)) for t, r in sorted(after.items())]
+        if loop:
+            return Repeat(_make_choice([plain, *branches]), 0, None)
+        tail = [Repeat(_make_choice(branches), 0, 1)] if branches else []
+        return _make_seq([Repeat(plain, 0, None), *tail])
+
     def _regex(self) -> Expr:
         """xgrammar's `Regex("pattern")` / `Regex("pattern", flags="is")` macro, self.i at its
         name: the pattern's expression in place (regex.regex_to_expr; '.' stops at line ends
@@ -668,6 +744,31 @@ class _Parser:
         except RegexError as e:
             raise src.error(f"in Regex: {e.message} (column {e.column} of the pattern)", start) from None
         return inside_json_string(expr) if json_string else expr
+
+    def _token_set(self, exclude: bool) -> Expr:
+        """xgrammar's `Token(id, ...)` (one token among these ids, whatever its text) and
+        `ExcludeToken(id, ...)` (one token not among them), self.i at the name: a TokenSet."""
+        src, toks = self.src, self.toks
+        name = "ExcludeToken" if exclude else "Token"
+        start = toks[self.i].off
+        self.i += 2
+        ids: set[int] = set()
+        while toks[self.i].kind != _RPAREN:
+            tok = toks[self.i]
+            if tok.kind != _INT:
+                raise src.error(f"{name} takes token ids (non-negative integers), got {tok.kind}", tok.off)
+            if len(str(tok.value)) > 10 or int(str(tok.value)) >= 2**31:
+                raise src.error(f"token id {tok.value} is too large", tok.off)
+            ids.add(int(str(tok.value)))
+            self.i += 1
+            if toks[self.i].kind == _COMMA:
+                self.i += 1
+            elif toks[self.i].kind != _RPAREN:
+                raise src.error(f"expected ',' or ')' in {name}, got {toks[self.i].kind}", toks[self.i].off)
+        self.i += 1
+        if not ids and not exclude:
+            raise src.error("Token needs at least one token id", start)
+        return TokenSet(tuple(sorted(ids)), exclude)
 
     def _substring(self) -> Expr:
         """xgrammar's `Substring("c1", "c2", ...)` macro, self.i at its name: any contiguous run of
@@ -778,6 +879,15 @@ class _Parser:
                     top.items.append(self._regex())
                     top.quantifiable = True
                     continue
+                if ref == "TokenTagDispatch" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:
+                    top.items.append(self._token_tag_dispatch())
+                    top.quantifiable = True
+                    continue
+                if ref in ("Token", "ExcludeToken") and ref not in self.rule_names \
+                        and toks[self.i + 1].kind == _LPAREN:
+                    top.items.append(self._token_set(ref == "ExcludeToken"))
+                    top.quantifiable = True
+                    continue
                 if ref == "Substring" and ref not in self.rule_names and toks[self.i + 1].kind == _LPAREN:
                     top.items.append(self._substring())
                     top.quantifiable = True
@@ -787,8 +897,6 @@ class _Parser:
                     top.quantifiable = True
                     continue
                 if ref not in self.rule_names:
-                    if ref in _XGRAMMAR_MACROS and toks[self.i + 1].kind == _LPAREN:
-                        raise src.error(f"the xgrammar macro '{ref}(...)' is not supported", tok.off)
                     hint = ""
                     if ref == ".":
                         hint = " (there is no '.' wildcard; [^] matches any character)"
@@ -982,6 +1090,8 @@ def _print_expr(root: Expr) -> str:
             out.append(_print_class(e))
         elif isinstance(e, RuleRef):
             out.append(e.name)
+        elif isinstance(e, TokenSet):
+            out.append(f"{'ExcludeToken' if e.exclude else 'Token'}({', '.join(map(str, e.ids))})")
         elif isinstance(e, FreeText):
             args = [f"{k}=({', '.join(map(_print_literal, v))})" for k, v in
                     (("ends", e.ends), ("excludes", e.excludes), ("tokens", e.tokens)) if v]

@@ -34,8 +34,10 @@ from .ir import (
     Repeat,
     RuleRef,
     Seq,
+    TokenSlot,
     any_node,
     text_bytes,
+    token_slot_bytes,
 )
 from .text import text_graph
 
@@ -155,8 +157,8 @@ def build_nfa(body: Expr, rule_index: dict[str, int]) -> tuple[NFA, int, int]:
     stack: list[tuple[Expr, int, int]] = [(body, start, end)]
     while stack:
         e, s, t = stack.pop()
-        if isinstance(e, Literal):
-            data = text_bytes(e.text)
+        if isinstance(e, (Literal, TokenSlot)):
+            data = text_bytes(e.text) if type(e) is Literal else token_slot_bytes(e.index)
             cur = s
             for i, byte in enumerate(data):
                 nxt = t if i == len(data) - 1 else nfa.node()
@@ -604,6 +606,8 @@ def _write_tree(x: Expr, memo: dict[int, tuple[str, tuple[str, ...]]] | None,
             calls.append(y.name)
         elif t is FreeText:
             out.append(_text_key(y))
+        elif t is TokenSlot:
+            out.append(f"T{y.index}")
         else:
             known = memo.get(id(y)) if memo is not None and y is not x else None
             if known is None:

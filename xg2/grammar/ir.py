@@ -140,7 +140,37 @@ class FreeText:
     tokens: tuple[str, ...] = ()
 
 
-Expr = Union[Literal, CharClass, Seq, Choice, Repeat, RuleRef, FreeText]  # noqa: UP007 (runtime alias)
+@dataclass(frozen=True)
+class TokenSet:
+    """One token whose id is in `ids` (`exclude`: one token whose id is not), whatever its text:
+    xgrammar's token edges (EBNF's ``Token(...)`` / ``ExcludeToken(...)``). Stop tokens and tokens
+    without text never count. `ids` is sorted and distinct. Lowering numbers a grammar's sets
+    (TokenSlot) and reads each as TOKEN_LEAD and two bytes of its number: no text holds that byte,
+    so only the matcher's token step crosses it (see MatcherCore.accept_token)."""
+
+    ids: tuple[int, ...]
+    exclude: bool = False
+
+
+@dataclass(frozen=True)
+class TokenSlot:
+    """A TokenSet as lowering numbers it within one grammar: what automata are built from (the
+    set itself lives in the grammar's tables, so equal automata stay equal across grammars)."""
+
+    index: int
+
+
+#: The byte that opens a token edge inside automata (then two bytes 0x80 | 6 bits of the slot).
+TOKEN_LEAD = 0xF9
+#: Most distinct token sets one grammar may hold.
+MAX_TOKEN_SETS = 4096
+
+
+def token_slot_bytes(index: int) -> bytes:
+    return bytes((TOKEN_LEAD, 0x80 | (index >> 6), 0x80 | (index & 0x3F)))
+
+
+Expr = Union[Literal, CharClass, Seq, Choice, Repeat, RuleRef, FreeText, TokenSet, TokenSlot]  # noqa: UP007
 
 
 @dataclass

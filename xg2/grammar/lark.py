@@ -49,11 +49,12 @@ matcher has no lazy matching, captures or budgets, and xgrammar's dynamic tool-c
 built on them; structural tags express the dispatch; ``temperature`` alone is supported, see
 Rule.temperature), a suffix/stop marker on a body that matches any text (xgrammar then lets the text end
 without the marker, or makes the rule a dispatch trigger, depending on how the regex is spelled),
-the ``%grammar_options`` ``no_forcing`` and ``allow_invalid_utf8`` set to true, and special
-tokens (``<|...|>``, ``<[...]>``, exact token ids) other than
-the vocabulary's special tokens: xg2's matcher reads text, and names only special tokens by a
-character of their own (TokenizerInfo.named_special_tokens), so an ordinary token, a negated set
-or the wildcard ``<[*]>`` cannot be required by id. Special tokens need `tokenizer_info` (for
+and the ``%grammar_options`` ``no_forcing`` and ``allow_invalid_utf8`` set to true.
+
+Special tokens (``<|...|>`` by text, ``<[ids]>``, ``<[^ids]>``, the wildcard ``<[*]>``) are token
+edges (ir.TokenSet): one token by id whatever its text, which the matcher crosses by id; the
+vocabulary's own special tokens named by text keep the character xg2's grammars name them by
+(TokenizerInfo.named_special_tokens). Those by text and the wildcard need `tokenizer_info` (for
 `GrammarCompiler.compile_lark`, the compiler's).
 
 Every error is a GrammarError (GrammarLimitError for resource limits) with the 1-based line and
@@ -83,6 +84,7 @@ from xg2.grammar.ir import (
     Rule,
     RuleRef,
     Seq,
+    TokenSet,
 )
 from xg2.grammar.lark_regular import MAX_MARKER_EXPR, committed_rules, expr_size, substring_rules
 from xg2.grammar.lark_syntax import (  # the reading of the text, one layer down
@@ -471,12 +473,12 @@ class _Lowering:
         return self._lexeme(self._special(n[2], off), terminal)
 
     def _special(self, text: str, off: int) -> Expr:
-        """`<name>` (the tokens whose text it is) or `<[ids]>`: each token must be one of the
-        vocabulary's special tokens, which xg2's grammars name by a character of their own
-        (TokenizerInfo.named_special_tokens); an ordinary token cannot be required by id."""
+        """`<name>` (the tokens whose text it is) or `<[ids]>` / `<[^ids]>` / `<[*]>` (one token by
+        id, one not among the ids, any one token): token edges (ir.TokenSet), which the matcher
+        crosses by id. The vocabulary's special tokens named by text keep the character xg2's
+        grammars name them by (TokenizerInfo.named_special_tokens)."""
         src = self.src
         info = self.ctx.tokenizer_info
-        ids: list[int] | None = None
         if text.startswith("<[") and text.endswith("]>"):
             body = text[2:-2].strip()
             negated = body.startswith("^")
@@ -485,13 +487,12 @@ class _Lowering:
             parts = [p.strip() for p in body.split(",")]
             if "*" in parts:
                 if negated:
-                    raise src.error("negated wildcard special token is not supported", off)
+                    raise src.error("negated wildcard special token is not supported: it matches no token", off)
                 if len(parts) > 1:
                     raise src.error("wildcard cannot be mixed with token ids or ranges", off)
                 if info is None:
                     raise src.error("wildcard special token requires tokenizer_info", off)
-                raise src.error(f"the wildcard special token {text} is not supported by xg2: it matches "
-                                "ordinary tokens by id, while xg2's matcher reads text", off)
+                return TokenSet((), True)
             if all(not p for p in parts):
                 raise src.error("empty numeric special-token range", off)
             found: set[int] = set()
@@ -503,37 +504,23 @@ class _Lowering:
                 if hi < lo:
                     raise src.error(f"invalid numeric special-token range '{part}': its start exceeds its end",
                                     off)
-                if hi - lo > 1_000_000:
+                if hi - lo > 1_000_000 or hi >= 2**31:
                     raise src.limit_error(f"special-token range is too large: {lo}-{hi} spans more than "
                                           "1000000 ids", off)
                 found.update(range(lo, hi + 1))
-            if info is None:
-                raise src.error(f"numeric special token {text} requires tokenizer_info in xg2 (a grammar for "
-                                "one vocabulary)", off)
-            if negated:
-                raise src.error(f"the negated special-token set {text} is not supported by xg2: it matches "
-                                "ordinary tokens by id, while xg2's matcher reads text", off)
-            ids = sorted(found)
-        else:
-            if text.startswith("<[") or any(c.isspace() for c in text) or len(text) < 3:
-                raise src.error(f"invalid special token {text}", off)
-            if info is None:
-                raise src.error(f"named special token {text} requires tokenizer_info", off)
+            return TokenSet(tuple(sorted(found)), negated)
+        if text.startswith("<[") or any(c.isspace() for c in text) or len(text) < 3:
+            raise src.error(f"invalid special token {text}", off)
+        if info is None:
+            raise src.error(f"named special token {text} requires tokenizer_info", off)
         named = info.named_special_tokens
-        if ids is None:
-            want = text.encode("utf-8", "surrogatepass")
-            ids = [i for i, b in enumerate(info.decoded_vocab) if b == want]
-            if not ids:
-                raise src.error(f"unknown special token {text}", off)
-        chars = []
-        for i in ids:
-            ch = named.get(i)
-            if ch is None:
-                raise src.error(f"special tokens such as {text} are supported by xg2 only for the vocabulary's "
-                                f"special tokens, and token {i} is not one: an ordinary token cannot be "
-                                "required by id, as xg2's matcher reads text", off)
-            chars.append(Literal(ch))
-        return _alt(chars)
+        want = text.encode("utf-8", "surrogatepass")
+        ids = [i for i, b in enumerate(info.decoded_vocab) if b == want]
+        if not ids:
+            raise src.error(f"unknown special token {text}", off)
+        chars = [Literal(named[i]) for i in ids if i in named]
+        ordinary = tuple(i for i in ids if i not in named)
+        return _alt(chars + ([TokenSet(ordinary)] if ordinary else []))
 
     def _lexeme(self, e: Expr, terminal: str | None) -> Expr:
         if terminal is None and self.ignore is not None:

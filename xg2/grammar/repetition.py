@@ -41,6 +41,8 @@ from .ir import (
     Rule,
     RuleRef,
     Seq,
+    TokenSet,
+    TokenSlot,
     any_node,
 )
 
@@ -72,6 +74,8 @@ def _nullable(e: Expr, nullable_rules: set[str]) -> bool:
         return any(_nullable(x, nullable_rules) for x in e.alts)
     if isinstance(e, FreeText):
         return not e.ends       # text up to an end string holds it, so is never empty
+    if isinstance(e, (TokenSet, TokenSlot)):
+        return False            # one token, never none
     return e.min == 0 or _nullable(e.expr, nullable_rules)
 
 

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 from ..errors import GrammarError, GrammarLimitError, SchemaError, StructuralTagError, StructuralTagJSONError
-from .ir import Choice, Expr, GrammarIR, Repeat, Rule, RuleRef, Seq
+from .ir import Choice, Expr, GrammarIR, Repeat, Rule, RuleRef, Seq, TokenSet
 from .ir import Literal as Text
 from .json_common import XML_STYLES
 from .nesting import check_nesting
@@ -505,12 +505,11 @@ def _encode(tag: Any) -> str:
         return json.dumps(msgspec.to_builtins(tag))
 
 
-#: Formats `structural_tag_to_ir` lowers; `exclude_token` (exactly one token) is not: a byte-level
-#: grammar does not see where one token ends.
+#: Formats `structural_tag_to_ir` lowers (`exclude_token`, exactly one token, as a token edge).
 _LOWERED = (ConstStringFormat, JSONSchemaFormat, GrammarFormat, RegexFormat, SequenceFormat, OrFormat,
             OptionalFormat, PlusFormat, StarFormat, RepeatFormat, TagFormat, TagsWithSeparatorFormat, AnyTextFormat,
             TriggeredTagsFormat, DispatchFormat, QwenXMLParameterFormat, TokenFormat, AnyTokensFormat,
-            TokenTriggeredTagsFormat, TokenDispatchFormat)
+            TokenTriggeredTagsFormat, TokenDispatchFormat, ExcludeTokenFormat)
 _FREE = (AnyTextFormat, AnyTokensFormat)
 #: A stub's body until linking replaces its calls: one surrogate no text holds (never read).
 STUB_BODY = Text("\udfff")
@@ -586,6 +585,21 @@ class _Lowering:
         except UnicodeDecodeError:
             raise _error(f"token {i} is not whole UTF-8 text", at) from None
 
+    def token_ids(self, tokens: list, at: str) -> set[int]:
+        """The ids of `tokens` (ids, or texts the vocabulary finds), for a token edge."""
+        from ..errors import TokenizerError
+
+        if self.info is None:
+            raise _error("a token-level format needs the vocabulary: compile the tag with "
+                         "GrammarCompiler.compile_structural_tag", at)
+        out = set()
+        for i, t in enumerate(tokens):
+            try:
+                out.add(self.info.find_token(t))
+            except TokenizerError as e:
+                raise _error(str(e), f"{at}/{i}") from None
+        return out
+
     def free_tokens(self, excluded: list, at: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Free tokens but `excluded`: (the special tokens' characters free text may hold, the
         texts of excluded ordinary tokens, which it must not)."""
@@ -607,9 +621,6 @@ class _Lowering:
             f, where, done = stack.pop()
             kids = _parts(f, where)
             if not done:
-                if isinstance(f, ExcludeTokenFormat):
-                    raise _error("'exclude_token' (exactly one token) is not supported: the byte-level "
-                                 "parser does not see where one token ends", where)
                 if not isinstance(f, _LOWERED) or (isinstance(f, JSONSchemaFormat) and f.style not in _STYLES):
                     what = f"style '{f.style}' of 'json_schema'" if isinstance(f, JSONSchemaFormat) else f"'{_name(f)}'"
                     raise _error(f"{what} is not supported yet", where)
@@ -636,9 +647,17 @@ class _Lowering:
             return Repeat(parts[0], lo, None if hi == -1 else hi)      # repeat's max -1: unbounded
         if isinstance(f, TokenFormat):
             return Text(self.token(f.token, at + "/token"))
+        if isinstance(f, ExcludeTokenFormat):
+            # one token, any but these: a token edge (ir.TokenSet), which the matcher crosses by id
+            return TokenSet(tuple(sorted(self.token_ids(f.exclude_tokens, at + "/exclude_tokens"))), True)
         if isinstance(f, TagFormat):
             begin = Text(self.text_of(f.begin, at + "/begin"))
             ends = [self.text_of(f.end, at + "/end")] if isinstance(f.end, (str, TokenFormat)) else f.end
+            if isinstance(f.content, ExcludeTokenFormat) and isinstance(f.end, TokenFormat):
+                # the tag's own end token is never its content (xgrammar leaves it out too)
+                content = parts[0]
+                assert isinstance(content, TokenSet)
+                parts = [TokenSet(tuple(sorted({*content.ids, *self.token_ids([f.end.token], at + "/end")})), True)]
             if isinstance(f.content, _FREE):      # text up to the first end string
                 return Seq((begin, self._text(f.content, at + "/content", tuple(ends))))
             end = Text(ends[0]) if len(ends) == 1 else Choice(tuple(Text(e) for e in ends))

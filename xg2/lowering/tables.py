@@ -4,11 +4,11 @@ core; the compiler and linking both stand on it, neither on the other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..errors import GrammarError
+from ..errors import GrammarError, GrammarLimitError
 from ..grammar import budget
 from ..grammar.fsm import (
     RuleFSM,
@@ -21,8 +21,8 @@ from ..grammar.fsm import (
     strongly_connected,
 )
 from ..grammar.hashing import GrammarKeys, grammar_keys
-from ..grammar.ir import GrammarIR
-from ..grammar.optimize import inline_small_rules, tail_recursion_as_repetition
+from ..grammar.ir import MAX_TOKEN_SETS, Expr, GrammarIR, TokenSet, TokenSlot, any_node
+from ..grammar.optimize import inline_small_rules, map_leaves, tail_recursion_as_repetition
 from ..grammar.repetition import compress_repetitions
 
 
@@ -114,6 +114,27 @@ def _all_resumes(fsms: list[RuleFSM], sites: list[list[tuple[int, int, int]]], r
     return out
 
 
+def _numbered_token_sets(ir: GrammarIR) -> tuple[GrammarIR, list[tuple[tuple[int, ...], bool]]]:
+    """`ir` with each distinct TokenSet replaced by its TokenSlot (numbered in order of first
+    use), and the sets by number. Most grammars have none and come back as they are."""
+    if not any(any_node(r.body, lambda x: type(x) is TokenSet) for r in ir.rules):
+        return ir, []
+    slots: dict[TokenSet, TokenSlot] = {}
+
+    def leaf(x: Expr) -> Expr:
+        if type(x) is not TokenSet:
+            return x
+        if x not in slots:
+            if len(slots) == MAX_TOKEN_SETS:
+                raise GrammarLimitError(f"more than {MAX_TOKEN_SETS} distinct token sets in one grammar")
+            slots[x] = TokenSlot(len(slots))
+        return slots[x]
+
+    rules = [replace(r, body=map_leaves(r.body, leaf),
+                     lookahead=None if r.lookahead is None else map_leaves(r.lookahead, leaf)) for r in ir.rules]
+    return GrammarIR(rules, ir.root), [(x.ids, x.exclude) for x in slots]
+
+
 def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None = None,
           keep: frozenset[str] = frozenset()) -> LoweredGrammar:
     """Lower IR to per-rule automata and flatten them (CSR) for the core; `compress=False` keeps
@@ -121,6 +142,7 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
     follow (`Rule.follow`) replaces its callers as the mask builder's certain context when it
     covers `max_token_bytes` elements: then no token can read past what the declaration promises.
     Rules in `keep` stay rules (not inlined), e.g. the stubs a frame links modules in for."""
+    ir, token_sets = _numbered_token_sets(ir)
     ir = tail_recursion_as_repetition(ir)
     ir = inline_small_rules(compress_repetitions(ir) if compress else ir, keep)
     names = [r.name for r in ir.rules]
@@ -203,6 +225,11 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
         "ctx_resume": ctx_resume.reshape(-1),
         "rule_follow": np.array([r in follows for r in range(len(fsms))], np.uint8),
     }
+    if token_sets:
+        # Per TokenSlot, its set: ids (CSR) and whether it excludes them (see CompiledCore).
+        arrays["token_set_start"] = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in token_sets])]).astype(np.int32)
+        arrays["token_set_ids"] = np.array([t for ids, _ in token_sets for t in ids], np.int32)
+        arrays["token_set_exclude"] = np.array([exclude for _, exclude in token_sets], np.uint8)
     if any(rule.temperature is not None for rule in ir.rules):
         # Per rule, its `[temperature=...]` (NaN: none); only grammars that set one carry the table.
         arrays["rule_temperature"] = np.array([np.nan if rule.temperature is None else rule.temperature
