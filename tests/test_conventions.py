@@ -892,3 +892,50 @@ def test_jump_forward_stops_at_token_edges_and_debug_state_lists_items() -> None
     assert m.accept_string("ax")
     state = m._debug_print_internal_state()
     assert state.count("ParserState(") >= 2 and "rule=b" in state and "rule=c" in state, state
+
+
+# ------------------------------------------------------------------------ captures
+
+CAPTURE_CASES = [
+    ('start: "a" v "b"\nv[capture]: /[0-9]+/', ["a123b", "a1b"]),
+    ('start: outer\nouter[capture="o"]: "x" inner "!"\ninner[capture="i"]: /[a-z]+/', ["xabc!"]),
+    ('start: (item ",")* item\nitem[capture]: /[0-9]+/', ["1,22,333", "7"]),
+    ('start: lst\nlst[capture]: ITEM "," lst | ITEM\nITEM: /[0-9]+/', ["1,2,3"]),
+    ('start[capture="all"]: "a" /[0-9]+/ "b"', ["a12b"]),
+    ('start: a | c\na[capture="a"]: "x" "q"\nc[capture="c"]: "x!"', ["x!", "xq"]),
+    ('start: k "=" v\nk[capture, temperature=0.5]: /[a-z]+/\nv[capture="val"]: %json {"type": "integer"}',
+     ["ab=12", "z=-3"]),
+]
+
+
+@pytest.mark.parametrize("src, texts", CAPTURE_CASES)
+def test_captures_agree(src: str, texts: list[str]) -> None:
+    """Lark's `[capture]` / `[capture="name"]`: get_captures (deduplicated and raw) after each
+    character, after a rollback, and on a fork, as in xgrammar."""
+    vocab = [chr(c) for c in range(32, 127)]
+    infos = [module.TokenizerInfo(vocab, stop_token_ids=[]) for module in (xgr, xg2)]
+    pair = [module.GrammarCompiler(info).compile_grammar(module.Grammar.from_lark(src))
+            for module, info in zip((xgr, xg2), infos)]
+    for text in texts:
+        ms = [module.GrammarMatcher(g, terminate_without_stop_token=True) for module, g in zip((xgr, xg2), pair)]
+        for ch in text:
+            assert [m.accept_token(vocab.index(ch)) for m in ms] == [True, True], (src, text, ch)
+            for dedup in (True, False):
+                assert ms[1].get_captures(deduplicate=dedup) == ms[0].get_captures(deduplicate=dedup), \
+                    (src, text, ch, dedup)
+        fork, before = ms[1].fork(), ms[1].get_captures(deduplicate=False)
+        for m in ms:
+            m.rollback(1)
+        assert ms[1].get_captures(deduplicate=False) == ms[0].get_captures(deduplicate=False), (src, text)
+        assert fork.get_captures(deduplicate=False) == before, (src, text, "the fork keeps its captures")
+
+
+def test_ebnf_capture_attribute_reads_and_prints() -> None:
+    g = xg2.Grammar.from_ebnf('root ::= "a" v "b"\nv[capture] ::= [0-9]+\nw[capture="x-1"] ::= "q"')
+    assert 'v[capture="v"] ::=' in str(g) and 'w[capture="x-1"] ::=' in str(g)
+    assert str(xg2.Grammar.from_ebnf(str(g))) == str(g)
+    m = xg2.GrammarMatcher(xg2.GrammarCompiler(xg2.TokenizerInfo([])).compile_grammar(g))
+    assert m.accept_string("a42b") and m.get_captures() == [("v", b"42")]
+    for bad in ['root[capture=""] ::= "a"', 'root[capture="a b"] ::= "a"', "root[capture=x] ::= \"a\""]:
+        with pytest.raises(xg2.GrammarError, match="capture"):
+            xg2.Grammar.from_ebnf(bad)

@@ -135,7 +135,10 @@ CORPUS: list[tuple] = [
 REFUSED = [
     ('start: head\nhead[lazy]: TEXT "<end>"\nTEXT: /(\\n|.)*/', "lazy attribute is not supported",
      "lazy tool-call dispatch"),
-    ('start: v\nv[capture="x"]: /[a-z]+/', "capture attribute is not supported", "the matcher records no captures"),
+    ('start: v "z"\nv[capture="x", stop="b"]: /[a-z]*/', "capturing a suffix or stop rule",
+     "xgrammar's capture leaves the marker out; xg2's holds whole completions"),
+    ('start: c s\nc[capture]: "a"\ns[stop="b"]: /[a-z]*/', "captures in a grammar with a stop rule",
+     "xgrammar hides a stop marker from every enclosing capture"),
     ('start: v\nv[max_tokens=2]: /[a-z]+/', "max_tokens attribute is not supported", "no token budgets"),
     ('start: v\nv[max_chars=2]: /[a-z]+/', "max_chars attribute is not supported", "no character budgets"),
     ('start: v "z"\nv[stop="x", stop_capture="m"]: /[a-z]*/', "stop_capture attribute is not supported",

@@ -123,6 +123,7 @@ class GrammarMatcher:
             raise UsageError("default_temperature must be a finite non-negative number or None")
         self._default_temperature = None if default_temperature is None else float(default_temperature)
         self._warned_temperatures = False
+        self._captures: list[tuple[int, int, int]] = []     # see get_captures
 
     @property
     def compiled_grammar(self) -> CompiledGrammar:
@@ -168,9 +169,12 @@ class GrammarMatcher:
         if not 0 <= token_id < self._vocab_size:
             _log.warning("token id %d is out of range [0, %d); rejecting it", token_id, self._vocab_size)
             return False
+        before = self._core.n_sets
         ok = self._core.accept_token(token_id)
-        if ok and self._max_rollback >= 0:
-            self._core.forget_history(self._max_rollback)
+        if ok:
+            self._record_captures(before)
+            if self._max_rollback >= 0:
+                self._core.forget_history(self._max_rollback)
         return bool(ok)
 
     def accept_string(self, input_str: str | bytes, *, debug_print: bool = False) -> bool:
@@ -178,10 +182,43 @@ class GrammarMatcher:
         if self._core.terminated:
             return False
         data = input_str.encode("utf-8") if isinstance(input_str, str) else bytes(input_str)
+        before = self._core.n_sets
         ok = self._core.accept_bytes(data)
-        if ok and self._max_rollback >= 0:
-            self._core.forget_history(self._max_rollback)
+        if ok:
+            self._record_captures(before)
+            if self._max_rollback >= 0:
+                self._core.forget_history(self._max_rollback)
         return bool(ok)
+
+    def _record_captures(self, first: int) -> None:
+        """The captured rules that completed in the state sets from `first` on (the text just
+        accepted), kept as (capture number, start set, end set)."""
+        table = self._compiled._lowered.arrays.get("rule_capture")
+        if table is not None:
+            found = self._core.completions(first, table)
+            # within a set, the shorter occurrence (the later start) first, as xgrammar lists them
+            self._captures.extend(sorted(found, key=lambda e: (e[2], -e[1], e[0])))
+
+    def get_captures(self, deduplicate: bool = True) -> list[tuple[str, bytes]]:
+        """What the grammar's captured rules (``[capture]`` / ``[capture="name"]``) matched in the
+        text accepted so far, as (name, bytes), in the order they ended. Every completion is an
+        event (a rule ``/[0-9]+/`` completes after each digit); `deduplicate` keeps, of the
+        completions of one occurrence (the same name and start), the longest. Only accepted text
+        counts: masks record nothing, and rollback forgets what it undoes."""
+        arrays = self._compiled._lowered.arrays
+        if "capture_names" not in arrays:
+            return []
+        names = bytes(arrays["capture_names"]).decode("utf-8").split("\0")
+        events = self._captures
+        if deduplicate:
+            longest: dict[tuple[int, int], tuple[int, int, int]] = {}
+            for e in events:
+                key = (e[0], e[1])
+                if key not in longest or e[2] > longest[key][2]:
+                    longest[key] = e
+            kept = set(longest.values())
+            events = [e for e in dict.fromkeys(events) if e in kept]
+        return [(names[c], self._core.history(start, end)) for c, start, end in events]
 
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0, *, debug_print: bool = False) -> bool:
         """Write the allowed next tokens into row `index`; the mask is computed without the GIL.
@@ -226,9 +263,13 @@ class GrammarMatcher:
         if not 0 <= num_tokens <= held:
             raise UsageError(f"cannot roll back {num_tokens} tokens; {held} can be rolled back")
         self._core.rollback(num_tokens)
+        if self._captures:
+            n = self._core.n_sets
+            self._captures = [e for e in self._captures if e[2] < n]
 
     def reset(self) -> None:
         self._core.reset()
+        self._captures = []
 
     def fork(self) -> GrammarMatcher:
         """An independent matcher in this one's state (accepted tokens, rollback history, stop
@@ -237,6 +278,7 @@ class GrammarMatcher:
         other = GrammarMatcher.__new__(GrammarMatcher)
         other.__dict__.update(self.__dict__)
         other._core = self._core.fork()
+        other._captures = list(self._captures)
         other._last_row = None
         return other
 

@@ -188,6 +188,8 @@ _TABLE_DTYPES = {
 }
 #: Tables only some grammars have (token edges), read in these dtypes when present.
 _OPTIONAL_DTYPES = {"token_set_start": np.int32, "token_set_ids": np.int32, "token_set_exclude": np.uint8}
+#: The capture tables (GrammarMatcher.get_captures), read in these dtypes when present.
+_CAPTURE_DTYPES = {"rule_capture": np.int32, "capture_names": np.uint8}
 #: dtypes a table may have (a blob naming another is refused, not handed to numpy).
 _DTYPES = frozenset({"<i4", "<u4", "<i8", "<u8", "|u1", "|i1", "<i2", "<u2", "<f8"})
 
@@ -233,7 +235,7 @@ def _lowered_in(w: _Lowered) -> Any:
     arrays = {}
     for k, v in w.arrays.items():
         a = _array_in(v)
-        want = _TABLE_DTYPES.get(k, _OPTIONAL_DTYPES.get(k))
+        want = _TABLE_DTYPES.get(k, _OPTIONAL_DTYPES.get(k, _CAPTURE_DTYPES.get(k)))
         if want is not None and a.dtype != want:
             cast = a.astype(want)
             if not np.array_equal(cast.astype(a.dtype), a) or (a.size and (a < 0).any() != (cast < 0).any()):
@@ -288,6 +290,17 @@ def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
                 or len(exclude) != len(start) - 1 or (ids.size and int(ids.min()) < 0) \
                 or (exclude.size and int(exclude.max()) > 1):
             raise DeserializeError("the token set tables are malformed")
+    captures, names = a.get("rule_capture"), a.get("capture_names")
+    if (captures is None) != (names is None):
+        raise DeserializeError("the capture tables come together")
+    if captures is not None:
+        try:
+            n_names = len(bytes(names).decode("utf-8").split("\0")) if len(names) else 0
+        except UnicodeDecodeError:
+            raise DeserializeError("capture names are not UTF-8") from None
+        if captures.shape != (n_rules,) or (captures.size and (int(captures.min()) < -1
+                                                                or int(captures.max()) >= n_names)):
+            raise DeserializeError("table 'rule_capture' names a capture that is not there")
     temps = a.get("rule_temperature")
     if temps is not None and (temps.dtype != np.float64 or temps.shape != (n_rules,) or
                               bool(np.any(~np.isnan(temps) & ~((temps >= 0) & np.isfinite(temps))))):

@@ -117,6 +117,34 @@ cdef class MatcherCore:
     def can_end(self):
         return bool(self.p.set_top[self.p.n_sets - 1])
 
+    def completions(self, int32_t first, const int32_t[::1] rule_capture):
+        """The completed occurrences of captured rules in the sets from `first` on: (capture
+        number, set it started in, set it ended in), a set's in order of its items."""
+        cdef Parser* p = &self.p
+        cdef const GrammarC* g = self.g
+        cdef int32_t k, r
+        cdef int64_t j, e
+        cdef item_t it
+        cdef uint32_t node
+        if rule_capture.shape[0] != g.n_rules:
+            raise ValueError("one capture number per rule")
+        out = []
+        for k in range(max(first, 0), p.n_sets):
+            e = p_set_end(p, k)
+            for j in range(p.set_start[k], e):
+                it = p.items[j]
+                node = it & NODE_MASK
+                r = g.node_rule[node]
+                if g.node_final[node] and rule_capture[r] >= 0:
+                    out.append((rule_capture[r], 0 if it & TOP_BIT else <int64_t>(it >> 32), k))
+        return out
+
+    def history(self, int32_t a, int32_t b):
+        """The bytes that made state sets a+1 .. b (the text read between sets a and b)."""
+        if not 0 <= a <= b < self.p.n_sets:
+            raise ValueError("no such state sets")
+        return bytes(self.hist[a:b]) if b > a else b""
+
     def top_items(self):
         """The items of the current state set as (rule, node, origin set, from the root), for
         debugging: what the parse is waiting for."""

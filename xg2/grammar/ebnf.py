@@ -317,13 +317,14 @@ _ATTR_GROUP_RE = re.compile(r"\[([^\]\n]*)\](?=[ \t]*::=)")
 _ATTR_ITEM_RE = re.compile(r'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:=[ \t]*("(?:[^"\\]|\\.)*"|[^,\s"]+))?[ \t]*(,|\Z)')
 _NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\Z")
 #: xgrammar's rule attributes that xg2 reads but does not enforce yet (refused, not ignored).
-_UNSUPPORTED_ATTRS = frozenset({"lazy", "capture", "max_tokens", "max_chars", "suffix", "stop", "stop_capture"})
+_UNSUPPORTED_ATTRS = frozenset({"lazy", "max_tokens", "max_chars", "suffix", "stop", "stop_capture"})
 
 
 def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
     """The attributes of the group `[inner]` at `pos`: ``temperature=<number>`` (finite,
-    non-negative), the sampling temperature inside the rule. xgrammar's other attributes are
-    refused by name: accepting them unenforced would silently under-constrain the grammar."""
+    non-negative), the sampling temperature inside the rule, and ``capture`` / ``capture="name"``
+    (Rule.capture). xgrammar's other attributes are refused by name: accepting them unenforced
+    would silently under-constrain the grammar."""
     out: dict[str, object] = {}
     at = 0
     base = pos + 1
@@ -342,8 +343,15 @@ def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
             if not math.isfinite(t) or t < 0:
                 raise src.error("temperature must be a finite non-negative number", off)
             out[name] = t
+        elif name == "capture":
+            label = "" if value is None else value[1:-1] if value.startswith('"') else None
+            if label is None or (label and not re.fullmatch(r"[A-Za-z0-9_-]+", label)):
+                raise src.error("capture takes a name in quotes: letters, digits, underscores and hyphens", off)
+            if value is not None and not label:
+                raise src.error("capture name must not be empty", off)
+            out[name] = label
         elif name in _UNSUPPORTED_ATTRS:
-            raise src.error(f"the rule attribute '{name}' is not supported by xg2 yet (only temperature is)",
+            raise src.error(f"the rule attribute '{name}' is not supported by xg2 yet (temperature and capture are)",
                             off)
         else:
             raise src.error(f"unknown rule attribute '{name}'", off)
@@ -982,7 +990,9 @@ class _Parser:
                 shown = f"integer {tok.value}" if kind == _INT else kind
                 raise src.error(f"unexpected {shown}", tok.off)
         assert body is not None
-        return Rule(name, body, lookahead, temperature=attrs.get("temperature"))  # type: ignore[arg-type]
+        capture = attrs.get("capture")
+        return Rule(name, body, lookahead, temperature=attrs.get("temperature"),  # type: ignore[arg-type]
+                    capture=None if capture is None else str(capture) or name)
 
 
 def parse_ebnf(text: str, root_rule_name: str = "root") -> GrammarIR:
@@ -1138,7 +1148,9 @@ def print_ebnf(ir: GrammarIR) -> str:
     for rule in rules:
         if not _FULL_NAME_RE.match(rule.name):
             raise GrammarError(f"rule name {rule.name!r} cannot be written in EBNF")
-        attrs = f"[temperature={rule.temperature!r}]" if rule.temperature is not None else ""
+        parts = ([f"temperature={rule.temperature!r}"] if rule.temperature is not None else []) + \
+            ([f'capture="{rule.capture}"'] if rule.capture is not None else [])
+        attrs = f"[{', '.join(parts)}]" if parts else ""
         line = f"{rule.name}{attrs} ::= {_print_expr(rule.body)}"
         if rule.lookahead is not None:
             line += f" (= {_print_expr(rule.lookahead)})"

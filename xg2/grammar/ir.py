@@ -186,6 +186,9 @@ class Rule:
     #: ``[temperature=...]`` rule attribute, see GrammarMatcher.temperature); None: the caller's.
     #: Such a rule is never inlined, so the parser can tell when it is inside it.
     temperature: float | None = None
+    #: The name each completion of this rule is recorded under (Lark's and EBNF's ``[capture]``
+    #: attribute, see GrammarMatcher.get_captures); such a rule is never inlined either.
+    capture: str | None = None
 
 
 @dataclass

@@ -44,10 +44,10 @@ Refused with a :class:`~xg2.errors.GrammarError` naming the construct, as xgramm
 priorities (``name.2``), templates, ``%declare`` / ``%override`` / ``%extend``, imports from other
 libraries than ``common``, ``%regex {"substring_words": ...}``. Refused here although xgrammar
 supports them, because xg2 cannot build them honestly: the rule attributes whose meaning lies in
-the matcher (``lazy``, ``capture``, ``stop_capture``, ``max_tokens``, ``max_chars``: xg2's
-matcher has no lazy matching, captures or budgets, and xgrammar's dynamic tool-call dispatch is
-built on them; structural tags express the dispatch; ``temperature`` alone is supported, see
-Rule.temperature), a suffix/stop marker on a body that matches any text (xgrammar then lets the text end
+the matcher (``lazy``, ``stop_capture``, ``max_tokens``, ``max_chars``: xg2's matcher has no
+lazy matching or budgets, and xgrammar's dynamic tool-call dispatch is built on them; structural
+tags express the dispatch; ``temperature`` and ``capture`` are supported, see Rule.temperature and
+Rule.capture, and a suffix/stop rule may be captured), a suffix/stop marker on a body that matches any text (xgrammar then lets the text end
 without the marker, or makes the rule a dispatch trigger, depending on how the regex is spelled),
 and the ``%grammar_options`` ``no_forcing`` and ``allow_invalid_utf8`` set to true.
 
@@ -147,6 +147,12 @@ def _repeat(e: Expr, lo: int, hi: int | None) -> Expr:
     return Repeat(e, lo, hi)
 
 
+def _plain_capture(attrs: Any) -> bool:
+    """A rule captured (Rule.capture), with at most a temperature besides: built as any rule."""
+    return (attrs is not None and attrs.capture is not None and attrs.lazy is None and attrs.marker is None
+            and attrs.stop_capture is None and attrs.max_tokens is None and attrs.max_chars is None)
+
+
 def _temperature_only(attrs: Any) -> bool:
     """A rule whose one attribute is its sampling temperature (Rule.temperature, which the
     matcher reads): built as a rule of its own, its body a lexeme or a subgrammar."""
@@ -157,7 +163,6 @@ def _temperature_only(attrs: Any) -> bool:
 
 #: Why xg2 refuses the rule attributes whose meaning lies in the matcher.
 _UNSUPPORTED = {
-    "capture": "its matcher records no captures",
     "stop_capture": "its matcher records no captures",
     "max_tokens": "its matcher keeps no per-rule token budgets",
     "max_chars": "its matcher keeps no per-rule character budgets",
@@ -266,6 +271,12 @@ class _Lowering:
             self.ignore = RuleRef(name)
             item = _alt([self.lower(node, terminal="%ignore") for node in ast.ignores])
             ctx.rules.append(Rule(name, _repeat(item, 0, None)))
+        captured = [d for d in ast.defs.values() if d.attrs is not None and d.attrs.capture is not None]
+        if captured and any(d.attrs is not None and d.attrs.marker is not None and d.attrs.marker[0] == "stop"
+                            for d in ast.defs.values()):
+            raise src.error("captures in a grammar with a stop rule are not supported by xg2: xgrammar leaves "
+                            "the stop marker out of every enclosing capture, which xg2's captures (whole "
+                            "completions) would hold", captured[0].attrs.capture[0])
         for d in ast.defs.values():
             budget.check("lowering the grammar")
             if d.common is not None:
@@ -280,7 +291,10 @@ class _Lowering:
                 if d is start and ast.initial_skip and self.ignore is not None:
                     body = _seq([self.ignore, body])
             temperature = d.attrs.temperature[1] if d.attrs is not None and d.attrs.temperature else None
-            ctx.rules.append(Rule(self.names[d.name], body, temperature=temperature))
+            capture = None
+            if d.attrs is not None and d.attrs.capture is not None:
+                capture = d.attrs.capture[1] or d.name      # `[capture]` alone: named after the rule
+            ctx.rules.append(Rule(self.names[d.name], body, temperature=temperature, capture=capture))
         return RuleRef(self.names["start"])
 
     def _attributed(self, d: Any) -> Expr:
@@ -288,6 +302,10 @@ class _Lowering:
         character budgets, sampling temperature, lazy matching) are refused, once the rule is
         known to be well formed; `suffix` / `stop` are built exactly (see lark_regular)."""
         attrs, src = d.attrs, self.src
+        if _plain_capture(attrs):
+            # its own rule (Rule.capture), the body as any rule's: the matcher records each
+            # completion of it (GrammarMatcher.get_captures)
+            return self.lower(d.body, terminal=None)
         if _temperature_only(attrs):
             if d.body[0] in (_JSONV, _LARK, _NAMED):
                 return self.lower(d.body, terminal=None)    # a subgrammar, then what is ignored
@@ -305,8 +323,11 @@ class _Lowering:
             structured = _substring_offsets(d.body) if attrs.marker is not None else []
             if structured:
                 raise src.error("structured %regex cannot be used with suffix or stop", structured[0])
-        for off, why in ((attrs.capture and attrs.capture[0], "capture"),
-                         (attrs.stop_capture and attrs.stop_capture[0], "stop_capture"),
+        if attrs.capture is not None:
+            raise src.error("capturing a suffix or stop rule is not supported by xg2: xgrammar's capture of one "
+                            "leaves out its marker, which xg2's captures (whole completions) would hold",
+                            attrs.capture[0])
+        for off, why in ((attrs.stop_capture and attrs.stop_capture[0], "stop_capture"),
                          (attrs.max_tokens and attrs.max_tokens[0], "max_tokens"),
                          (attrs.max_chars and attrs.max_chars[0], "max_chars"),
                          (attrs.lazy, "lazy")):

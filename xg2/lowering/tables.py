@@ -230,6 +230,12 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
         arrays["token_set_start"] = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in token_sets])]).astype(np.int32)
         arrays["token_set_ids"] = np.array([t for ids, _ in token_sets for t in ids], np.int32)
         arrays["token_set_exclude"] = np.array([exclude for _, exclude in token_sets], np.uint8)
+    if any(rule.capture is not None for rule in ir.rules):
+        # Per rule, the number of its capture name (-1: none); the names, NUL-separated UTF-8.
+        names = sorted({rule.capture for rule in ir.rules if rule.capture is not None})
+        arrays["rule_capture"] = np.array([-1 if rule.capture is None else names.index(rule.capture)
+                                           for rule in ir.rules], np.int32)
+        arrays["capture_names"] = np.frombuffer("\0".join(names).encode("utf-8"), np.uint8).copy()
     if any(rule.temperature is not None for rule in ir.rules):
         # Per rule, its `[temperature=...]` (NaN: none); only grammars that set one carry the table.
         arrays["rule_temperature"] = np.array([np.nan if rule.temperature is None else rule.temperature
