@@ -135,7 +135,7 @@ CORPUS: list[tuple] = [
 REFUSED = [
     ('start: head\nhead[lazy]: TEXT "<end>"\nTEXT: /(\\n|.)*/', "lazy attribute is not supported",
      "lazy tool-call dispatch"),
-    ('start: v "z"\nv[capture="x", stop="b"]: /[a-z]*/', "capturing a suffix or stop rule",
+    ('start: v "z"\nv[capture="x", suffix="b"]: /[a-z]*/', "capturing a suffix or stop rule",
      "xgrammar's capture leaves the marker out; xg2's holds whole completions"),
     ('start: c s\nc[capture]: "a"\ns[stop="b"]: /[a-z]*/', "captures in a grammar with a stop rule",
      "xgrammar hides a stop marker from every enclosing capture"),
