@@ -993,3 +993,20 @@ def test_tail_recursion_becomes_repetition() -> None:
             assert accepts(text) == reference(text), text
     assert accepts('"' + "x\\n" * 5000 + '"')
     assert accepts("[" + "ab," * 5000 + "]")
+
+
+def test_char_budget_is_the_bounded_language() -> None:
+    """`[max_chars=n]` bounds the code points of the rule's whole text, the rules it calls
+    included, strictly (a prefix that no continuation within the budget completes is refused);
+    a rule that calls itself cannot have one (its text is not a regular language)."""
+    import xg2
+
+    g = xg2.GrammarCompiler(xg2.TokenizerInfo([])).compile_grammar(
+        'root ::= v ">"\nv[max_chars=3] ::= w ("-" w)?\nw ::= [aé]+')
+    for text, whole, prefix in [("aé>", True, True), ("a-a>", True, True), ("aa-", False, False),
+                                ("aa-a>", False, False), ("éé", False, True), ("aaaa", False, False)]:
+        m = xg2.GrammarMatcher(g)
+        assert m.accept_string(text) == prefix, text
+        assert (prefix and m.is_completed()) == whole, text
+    assert_error('root ::= v\nv[max_chars=2] ::= "a" v | "b"', 2, 1, "calls itself")
+    assert_error('root ::= v\nv[max_chars=x] ::= "a"', 2, 3, "non-negative integer")

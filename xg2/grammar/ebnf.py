@@ -317,7 +317,7 @@ _ATTR_GROUP_RE = re.compile(r"\[([^\]\n]*)\](?=[ \t]*::=)")
 _ATTR_ITEM_RE = re.compile(r'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:=[ \t]*("(?:[^"\\]|\\.)*"|[^,\s"]+))?[ \t]*(,|\Z)')
 _NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\Z")
 #: xgrammar's rule attributes that xg2 reads but does not enforce yet (refused, not ignored).
-_UNSUPPORTED_ATTRS = frozenset({"lazy", "max_tokens", "max_chars", "suffix", "stop", "stop_capture"})
+_UNSUPPORTED_ATTRS = frozenset({"lazy", "max_tokens", "suffix", "stop", "stop_capture"})
 
 
 def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
@@ -343,6 +343,10 @@ def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
             if not math.isfinite(t) or t < 0:
                 raise src.error("temperature must be a finite non-negative number", off)
             out[name] = t
+        elif name == "max_chars":
+            if value is None or not value.isdigit() or len(value) > 9:
+                raise src.error("max_chars takes a non-negative integer", off)
+            out[name] = int(value)
         elif name == "capture":
             label = "" if value is None else value[1:-1] if value.startswith('"') else None
             if label is None or (label and not re.fullmatch(r"[A-Za-z0-9_-]+", label)):
@@ -351,7 +355,7 @@ def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
                 raise src.error("capture name must not be empty", off)
             out[name] = label
         elif name in _UNSUPPORTED_ATTRS:
-            raise src.error(f"the rule attribute '{name}' is not supported by xg2 yet (temperature and capture are)",
+            raise src.error(f"the rule attribute '{name}' is not supported by xg2 yet (temperature, capture and max_chars are)",
                             off)
         else:
             raise src.error(f"unknown rule attribute '{name}'", off)
@@ -499,6 +503,7 @@ class _Parser:
         self.toks = toks
         self.rule_names = rule_names
         self.i = 0
+        self.char_budgets: dict[str, tuple[int, int]] = {}      # rule -> (max_chars, offset)
 
     def _finish(self, frame: _Frame, rule_name: str) -> Expr:
         if not frame.items:
@@ -991,8 +996,73 @@ class _Parser:
                 raise src.error(f"unexpected {shown}", tok.off)
         assert body is not None
         capture = attrs.get("capture")
+        if "max_chars" in attrs:
+            self.char_budgets[name] = (int(attrs["max_chars"]), name_tok.off)  # type: ignore[arg-type]
         return Rule(name, body, lookahead, temperature=attrs.get("temperature"),  # type: ignore[arg-type]
                     capture=None if capture is None else str(capture) or name)
+
+
+def _with_char_budgets(rules: list[Rule], budgets: dict[str, tuple[int, int]], src: _Source) -> list[Rule]:
+    """Each rule with ``[max_chars=n]``: its body, with the rules it calls written in (they must
+    not recurse: the budget is built into a regular language, see char_budget), bounded to n code
+    points. The rules it calls stay as they are for their other callers."""
+    from .char_budget import within_chars
+    from .optimize import substitute
+
+    by_name = {r.name: r for r in rules}
+    extra: list[Rule] = []
+    taken = set(by_name)
+
+    def fresh(base: str) -> str:
+        k = len(taken)
+        while f"{base}_{k}" in taken:
+            k += 1
+        taken.add(f"{base}_{k}")
+        return f"{base}_{k}"
+
+    out = []
+    for r in rules:
+        if r.name not in budgets:
+            out.append(r)
+            continue
+        n, off = budgets[r.name]
+        # The called rules written in, innermost first, on an explicit stack (a call back into a
+        # rule being written in is recursion: not a regular language).
+        written: dict[str, Expr] = {}
+        stack: list[tuple[str, bool]] = [(r.name, False)]
+        open_: set[str] = set()
+        while stack:
+            name, ready = stack.pop()
+            if name in written:
+                continue
+            refs = sorted(_refs_of(by_name[name].body))
+            if not ready:
+                if name in open_:
+                    raise src.error(f"max_chars on rule '{r.name}', whose text is not a regular language "
+                                    f"(rule '{name}' calls itself)", off)
+                open_.add(name)
+                stack.append((name, True))
+                stack.extend((x, False) for x in refs if x not in written)
+                continue
+            open_.discard(name)
+            written[name] = substitute(by_name[name].body, {x: written[x] for x in refs})
+        try:
+            body = within_chars(written[r.name], n, fresh, f"{r.name}_chars", extra)
+        except GrammarLimitError as e:
+            raise src.limit_error(f"max_chars on rule '{r.name}': {e.message}", off) from None
+        except (ValueError, TypeError, AttributeError):
+            raise src.error(f"max_chars on rule '{r.name}' needs a body of text (a regular language without "
+                            "token sets)", off) from None
+        if body is None:
+            raise src.error(f"rule '{r.name}' can never match within max_chars={n}", off)
+        out.append(Rule(r.name, body, r.lookahead, r.follow, r.temperature, r.capture))
+    return out + extra
+
+
+def _refs_of(e: Expr) -> set[str]:
+    from .optimize import expr_refs
+
+    return expr_refs(e)
 
 
 def parse_ebnf(text: str, root_rule_name: str = "root") -> GrammarIR:
@@ -1028,6 +1098,8 @@ def parse_ebnf(text: str, root_rule_name: str = "root") -> GrammarIR:
     while toks[parser.i].kind != _EOF:
         budget.check("parsing the grammar")
         rules.append(parser.parse_rule())
+    if parser.char_budgets:
+        rules = _with_char_budgets(rules, parser.char_budgets, src)
     # Stable sort: root first, the others in definition order.
     rules.sort(key=lambda r: r.name != root_rule_name)
     return GrammarIR(rules=rules, root=root_rule_name)

@@ -73,6 +73,7 @@ from typing import Any
 
 from xg2.errors import GrammarError, GrammarLimitError
 from xg2.grammar import budget
+from xg2.grammar.char_budget import within_chars
 from xg2.grammar.ebnf import MAX_GRAMMAR_BYTES
 from xg2.grammar.ir import (
     EPSILON,
@@ -165,7 +166,8 @@ def _temperature_only(attrs: Any) -> bool:
 _UNSUPPORTED = {
     "stop_capture": "its matcher records no captures",
     "max_tokens": "its matcher keeps no per-rule token budgets",
-    "max_chars": "its matcher keeps no per-rule character budgets",
+    "max_chars": "its budget is built into the rule's language, which needs a terminal-like body and no other "
+                 "matcher attribute besides",
     "lazy": "its matcher has no committed-shortest (lazy) rule matching, nor the dynamic dispatch xgrammar "
             "builds on it",
 }
@@ -302,6 +304,9 @@ class _Lowering:
         character budgets, sampling temperature, lazy matching) are refused, once the rule is
         known to be well formed; `suffix` / `stop` are built exactly (see lark_regular)."""
         attrs, src = d.attrs, self.src
+        if attrs.max_chars is not None and attrs.lazy is None and attrs.marker is None \
+                and attrs.max_tokens is None and attrs.stop_capture is None:
+            return self._char_budget(d)
         if _plain_capture(attrs):
             # its own rule (Rule.capture), the body as any rule's: the matcher records each
             # completion of it (GrammarMatcher.get_captures)
@@ -352,6 +357,27 @@ class _Lowering:
             raise src.error(f"rule '{d.name}' can never match: no text of its body is followed by its {kind} "
                             "marker", off)
         return self._lexeme(root, None)
+
+    def _char_budget(self, d: Any) -> Expr:
+        """`rule[max_chars=n]` on a terminal-like body: the body's texts of at most n code points,
+        built as a language (char_budget.within_chars)."""
+        off, n = d.attrs.max_chars
+        src = self.src
+        try:
+            body = self._inlined(self.lower(d.body, terminal=d.name), off)
+        except GrammarError as e:
+            if not e.message.startswith(("terminal cannot reference rule", "structured %regex", "%json",
+                                         "nested %lark", "named grammars", "special tokens")):
+                raise
+            raise src.error(f"max_chars is supported by xg2 on terminal-like bodies only (the texts of rule "
+                            f"'{d.name}' must be a regular language): {e.message}", off) from None
+        try:
+            out = within_chars(body, n, self.ctx.fresh, f"{self.names[d.name]}_chars", self.ctx.rules)
+        except GrammarLimitError as e:
+            raise src.limit_error(f"rule '{d.name}': {e.message}", off) from None
+        if out is None:
+            raise src.error(f"rule '{d.name}' can never match within max_chars={n}", off)
+        return self._lexeme(out, None)
 
     def _inlined(self, e: Expr, off: int) -> Expr:
         """`e` (lowered in a terminal) with every terminal reference replaced by the terminal's

@@ -493,7 +493,7 @@ class _Parser:
                 digits = str(value.value).lstrip("0") or "0"
                 if len(digits) > 9:
                     raise self.error(f"{key} value {value.value} is too large", value)
-                if int(digits) == 0:
+                if int(digits) == 0 and key == "max_tokens":     # (a rule of no characters is the empty text)
                     raise self.error(f"{key} must be positive", value)
                 setattr(attrs, key, (tok.off, int(digits)))
                 self.i += 1
