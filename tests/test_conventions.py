@@ -969,3 +969,57 @@ def test_char_budgets_agree(kind: str, src: str) -> None:
             ref_prefix, our_prefix = ref.accept_string(text), ours.accept_string(text)
             assert (our_prefix and ours.is_completed()) == (ref_prefix and ref.is_completed()), (src, text)
             assert ref_prefix or not our_prefix, (src, text)
+
+
+# ------------------------------------------------------------------------ token budgets
+
+BUDGET_VOCAB = ["ab ", "a", "b ", "</t>", "1", "<t>", " ", "ab"]
+TOKEN_BUDGETS = [
+    ("ebnf", 'root ::= "<t>" r "</t>" ans\nr[max_tokens=2] ::= ([a-z]* " ")+\nans ::= "1"'),
+    ("ebnf", 'root ::= (r ",")* "1"\nr[max_tokens=1] ::= [ab ]+'),
+    ("lark", 'start: "<t>" r "</t>" ans\nr[max_tokens=2]: /([a-z]* )+/\nans: "1"'),
+    ("lark", 'start: "<t>" r "</t>"\nr[max_tokens=3, capture]: TEXT\nTEXT: /(\\n|.)*/'),
+    ("lark", 'start: r+ "1"\nr[max_tokens=2]: /[a-z]+ /'),
+]
+
+
+@pytest.mark.parametrize("kind, src", TOKEN_BUDGETS)
+def test_token_budgets_agree(kind: str, src: str) -> None:
+    """`[max_tokens=n]`: once an occurrence has had its tokens, it ends at the first place it can
+    (the budget is relaxed while it cannot), per occurrence; strings count no token. Masks and
+    accept_token at every step of every token sequence of up to 4, then rollback and fork, as in
+    xgrammar."""
+    infos = [module.TokenizerInfo(BUDGET_VOCAB, stop_token_ids=[]) for module in (xgr, xg2)]
+    pair = [module.GrammarCompiler(info).compile_grammar(
+        module.Grammar.from_ebnf(src) if kind == "ebnf" else module.Grammar.from_lark(src))
+        for module, info in zip((xgr, xg2), infos)]
+    n = len(BUDGET_VOCAB)
+
+    def allowed(module, m) -> list[int]:
+        bm = module.allocate_token_bitmask(1, n)
+        m.fill_next_token_bitmask(bm)
+        return [i for i in range(n) if (int(bm[0, i // 32]) >> (i % 32)) & 1]
+
+    start = [5] if "<t>" in src else []
+    for path in itertools.product(range(n), repeat=4):
+        ms = [module.GrammarMatcher(g, terminate_without_stop_token=True) for module, g in zip((xgr, xg2), pair)]
+        if start and not all(m.accept_token(start[0]) for m in ms):
+            continue
+        for t in path:
+            assert allowed(xg2, ms[1]) == allowed(xgr, ms[0]), (src, path, t)
+            ok = [m.accept_token(t) for m in ms]
+            assert ok[1] == ok[0], (src, path, t)
+            if not ok[0]:
+                break
+        else:
+            fork, before = ms[1].fork(), allowed(xgr, ms[0])
+            assert allowed(xg2, fork) == before, (src, path, "fork")
+            for m in ms:
+                m.rollback(2)
+            assert allowed(xg2, ms[1]) == allowed(xgr, ms[0]), (src, path, "rollback")
+    # Text accepted as a string counts no token.
+    ms = [module.GrammarMatcher(g, terminate_without_stop_token=True) for module, g in zip((xgr, xg2), pair)]
+    for m in ms:
+        m.accept_string("<t>" if start else "")
+        m.accept_string("ab ab ab ")
+    assert allowed(xg2, ms[1]) == allowed(xgr, ms[0]), (src, "string")

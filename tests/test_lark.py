@@ -139,7 +139,6 @@ REFUSED = [
      "xgrammar's capture leaves the marker out; xg2's holds whole completions"),
     ('start: c s\nc[capture]: "a"\ns[stop="b"]: /[a-z]*/', "captures in a grammar with a stop rule",
      "xgrammar hides a stop marker from every enclosing capture"),
-    ('start: v\nv[max_tokens=2]: /[a-z]+/', "max_tokens attribute is not supported", "no token budgets"),
     ('start: v\nv[max_chars=2]: w\nw: /[a-z]+/', "max_chars is supported by xg2 on terminal-like bodies only",
      "xgrammar counts at run time; xg2 builds the bounded language, which needs a regular body"),
     ('start: v "z"\nv[stop="x", stop_capture="m"]: /[a-z]*/', "stop_capture attribute is not supported",

@@ -170,9 +170,10 @@ class GrammarMatcher:
             _log.warning("token id %d is out of range [0, %d); rejecting it", token_id, self._vocab_size)
             return False
         before = self._core.n_sets
-        ok = self._core.accept_token(token_id)
+        ok = self._core.accept_token(token_id, False)
         if ok:
             self._record_captures(before)
+            self._core.enforce_budgets()
             if self._max_rollback >= 0:
                 self._core.forget_history(self._max_rollback)
         return bool(ok)
@@ -183,9 +184,10 @@ class GrammarMatcher:
             return False
         data = input_str.encode("utf-8") if isinstance(input_str, str) else bytes(input_str)
         before = self._core.n_sets
-        ok = self._core.accept_bytes(data)
+        ok = self._core.accept_bytes(data, False)
         if ok:
             self._record_captures(before)
+            self._core.enforce_budgets()
             if self._max_rollback >= 0:
                 self._core.forget_history(self._max_rollback)
         return bool(ok)

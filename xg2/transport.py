@@ -189,7 +189,7 @@ _TABLE_DTYPES = {
 #: Tables only some grammars have (token edges), read in these dtypes when present.
 _OPTIONAL_DTYPES = {"token_set_start": np.int32, "token_set_ids": np.int32, "token_set_exclude": np.uint8}
 #: The capture tables (GrammarMatcher.get_captures), read in these dtypes when present.
-_CAPTURE_DTYPES = {"rule_capture": np.int32, "capture_names": np.uint8}
+_CAPTURE_DTYPES = {"rule_capture": np.int32, "capture_names": np.uint8, "rule_max_tokens": np.int32}
 #: dtypes a table may have (a blob naming another is refused, not handed to numpy).
 _DTYPES = frozenset({"<i4", "<u4", "<i8", "<u8", "|u1", "|i1", "<i2", "<u2", "<f8"})
 
@@ -301,6 +301,9 @@ def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
         if captures.shape != (n_rules,) or (captures.size and (int(captures.min()) < -1
                                                                 or int(captures.max()) >= n_names)):
             raise DeserializeError("table 'rule_capture' names a capture that is not there")
+    budgets = a.get("rule_max_tokens")
+    if budgets is not None and (budgets.shape != (n_rules,) or (budgets.size and int(budgets.min()) < -1)):
+        raise DeserializeError("table 'rule_max_tokens' must hold one budget (or -1) per rule")
     temps = a.get("rule_temperature")
     if temps is not None and (temps.dtype != np.float64 or temps.shape != (n_rules,) or
                               bool(np.any(~np.isnan(temps) & ~((temps >= 0) & np.isfinite(temps))))):

@@ -66,6 +66,7 @@ cdef class CompiledCore:
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
     cdef const uint64_t* tsets        # per token set (TokenSlot), a bitset over the vocabulary
+    cdef const int32_t* rule_budget   # per rule, its max_tokens (-1: none); NULL when no rule has one
     cdef readonly int32_t n_tsets
 
     def __cinit__(self):
@@ -142,6 +143,11 @@ cdef class CompiledCore:
         self.node_closed = <uint8_t*>calloc(max(1, self.g.n_nodes), 1)
         if self.node_chain == NULL or self.node_closed == NULL:
             raise MemoryError()
+        self.rule_budget = NULL
+        if "rule_max_tokens" in keep:
+            if len(keep["rule_max_tokens"]) != self.g.n_rules:
+                raise ValueError("one max_tokens per rule")
+            self.rule_budget = <const int32_t*>_ptr(keep, "rule_max_tokens", np.int32)
         self.n_tsets = 0
         if "token_set_start" in keep:
             self._token_sets(keep)

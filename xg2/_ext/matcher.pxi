@@ -31,6 +31,9 @@ cdef class MatcherCore:
     cdef readonly bint terminated
     cdef item_t* extra                # scratch: the items token edges advance to (see _edge_items)
     cdef int64_t cap_extra
+    cdef int32_t* tok_end             # the last state set of each accepted token, in order (budgets)
+    cdef int32_t n_tok
+    cdef int32_t cap_tok
 
     def __cinit__(self):
         self.p.items = NULL
@@ -49,6 +52,9 @@ cdef class MatcherCore:
         self.cap_hist = 0
         self.extra = NULL
         self.cap_extra = 0
+        self.tok_end = NULL
+        self.n_tok = 0
+        self.cap_tok = 0
 
     def __init__(self, CompiledCore core, stop_ids):
         self.core = core
@@ -101,11 +107,13 @@ cdef class MatcherCore:
         free(self.mcache)
         free(self.hist)
         free(self.extra)
+        free(self.tok_end)
         if self.memo.pool != NULL:
             m_free(&self.memo)
 
     def reset(self):
         self.n_bound = 0
+        self.n_tok = 0
         self.terminated = False
         if p_start(&self.p, self.g, TOP_BIT | <item_t>self.core.g.rule_start[self.core.root_rule]) < 0:
             raise MemoryError()
@@ -342,7 +350,7 @@ cdef class MatcherCore:
         cdef MatcherCore m = MatcherCore(self.core, [self.stops[i] for i in range(self.n_stop)])
         cdef int ok
         with nogil:
-            if self.core.n_tsets > 0:
+            if self.core.n_tsets > 0 or self.core.rule_budget != NULL:
                 # Token edges are crossed by tokens, not bytes: the bytes alone would not replay
                 # the parse, so the sets are copied (and interned in the fork's own memo).
                 ok = 1 if p_copy_from(&m.p, &self.p) == 0 else -1
@@ -360,6 +368,12 @@ cdef class MatcherCore:
             m.cap_bound = self.n_bound
         memcpy(m.boundaries, self.boundaries, self.n_bound * sizeof(int32_t))
         m.n_bound = self.n_bound
+        if self.n_tok:
+            m.tok_end = <int32_t*>malloc(self.n_tok * sizeof(int32_t))
+            if m.tok_end == NULL:
+                raise MemoryError()
+            memcpy(m.tok_end, self.tok_end, self.n_tok * sizeof(int32_t))
+            m.n_tok = m.cap_tok = self.n_tok
         m.terminated = self.terminated
         return m
 
@@ -380,7 +394,7 @@ cdef class MatcherCore:
                 return True
         return False
 
-    def accept_token(self, int32_t t):
+    def accept_token(self, int32_t t, bint enforce=True):
         """Accept a token id; False (state unchanged) if the grammar does not allow it here."""
         cdef VocabC* v = self.vc
         cdef int ok
@@ -411,9 +425,19 @@ cdef class MatcherCore:
             if ok < 0:
                 raise MemoryError()
             return False
+        if self.core.rule_budget != NULL:
+            if self.n_tok == self.cap_tok:
+                self.cap_tok = max(64, 2 * self.cap_tok)
+                self.tok_end = <int32_t*>realloc(self.tok_end, self.cap_tok * sizeof(int32_t))
+                if self.tok_end == NULL:
+                    raise MemoryError()
+            self.tok_end[self.n_tok] = self.p.n_sets - 1
+            self.n_tok += 1
+            if enforce:
+                self._enforce_budgets()
         return True
 
-    def accept_bytes(self, const uint8_t[:] data):
+    def accept_bytes(self, const uint8_t[:] data, bint enforce=True):
         cdef int ok
         if self.terminated:
             return False
@@ -425,7 +449,129 @@ cdef class MatcherCore:
             if ok < 0:
                 raise MemoryError()
             return False
+        if enforce and self.core.rule_budget != NULL:      # (text counts no token)
+            self._enforce_budgets()
         return True
+
+    def enforce_budgets(self):
+        """What accept_token / accept_bytes do last unless told not to (see _enforce_budgets): the
+        caller records what the step completed first (captures), then calls this."""
+        if self.core.rule_budget != NULL:
+            self._enforce_budgets()
+
+    cdef tuple _occurrence(self, item_t x):
+        """(rule, the set it started in; -1 for the root's) of an item: one occurrence of a rule."""
+        return (self.g.node_rule[x & NODE_MASK], -1 if x & TOP_BIT else <int64_t>(x >> 32))
+
+    cdef int32_t _tokens_after(self, int32_t o) noexcept nogil:
+        """Accepted tokens that read a byte after state set `o` (their last set is past it)."""
+        cdef int32_t lo = 0, hi = self.n_tok, mid
+        while lo < hi:                      # tok_end ascends: the first one past o
+            mid = (lo + hi) >> 1
+            if self.tok_end[mid] > o:
+                hi = mid
+            else:
+                lo = mid + 1
+        return self.n_tok - lo
+
+    cdef int _enforce_budgets(self) except -1:
+        """xgrammar's `max_tokens`: an occurrence of a budgeted rule that has had its tokens and
+        can end here must end here. Where such an occurrence is complete in the current set, the
+        items that would go on inside it are dropped: its own, and every item whose only ways up
+        to the root pass through it. (An occurrence that cannot end yet goes on: the budget is
+        enforced at the first place it can end.) The items of the stack and their callers form a
+        graph walked with explicit stacks; the current set is then interned anew."""
+        cdef Parser* p = &self.p
+        cdef const GrammarC* g = self.g
+        cdef const int32_t* budget = self.core.rule_budget
+        cdef int32_t cur = p.n_sets - 1, r, b, o32
+        cdef int64_t s, e = p.n_items, j, j2, k, kept
+        cdef item_t it, it2
+        cdef uint32_t node, n2
+        if cur < 0:
+            return 0
+        s = p.set_start[cur]
+        # The occurrences that must end: (rule, origin) of final items whose budget is spent.
+        ex = []
+        for j in range(s, e):
+            it = p.items[j]
+            node = it & NODE_MASK
+            r = g.node_rule[node]
+            b = budget[r]
+            if b >= 0 and g.node_final[node]:
+                if self._tokens_after(<int32_t>(it >> 32) if not (it & TOP_BIT) else -1) >= b:
+                    ex.append((r, <int64_t>(it >> 32) if not (it & TOP_BIT) else -1))
+        if not ex:
+            return 0
+        spent = set(ex)
+
+        # Upward closure of the current set's items (child -> callers), then liveness downward from
+        # the root items that are not inside a spent occurrence.
+        parents = {}
+        order = []
+        todo = list(range(s, e))
+        seen = set(todo)
+        while todo:
+            j = todo.pop()
+            order.append(j)
+            it = p.items[j]
+            if it & TOP_BIT:
+                parents[j] = ()
+                continue
+            r = g.node_rule[it & NODE_MASK]
+            o32 = <int32_t>(it >> 32)
+            ps = []
+            for j2 in range(p.set_start[o32], p_set_end(p, o32)):
+                n2 = p.items[j2] & NODE_MASK
+                for k in range(g.re_start[n2], g.re_start[n2 + 1]):
+                    if g.re_rule[k] == r:
+                        ps.append(j2)
+                        if j2 not in seen:
+                            seen.add(j2)
+                            todo.append(j2)
+                        break
+            parents[j] = ps
+        children = {}
+        for j, ps in parents.items():
+            for j2 in ps:
+                children.setdefault(j2, []).append(j)
+        live = set()
+        todo = [j for j in order if not parents[j] and self._occurrence(p.items[j]) not in spent]
+        live.update(todo)
+        while todo:
+            j = todo.pop()
+            for j2 in children.get(j, ()):
+                if j2 not in live and self._occurrence(p.items[j2]) not in spent:
+                    live.add(j2)
+                    todo.append(j2)
+        kept = s
+        saved = [p.items[j] for j in range(s, e)]
+        for j in range(s, e):
+            if j in live:
+                p.items[kept] = p.items[j]
+                kept += 1
+        if kept == e:
+            return 0
+        p.n_items = kept
+        p.hset = -1
+        if p_intern_top(p) < 0:
+            raise MemoryError()
+        # Ending here must leave a token to write: if no token reads on from the ended set (and
+        # the output cannot end here), the budget is relaxed for this step, as where the
+        # occurrence cannot end at all (xgrammar does the same).
+        if not p.set_top[cur]:
+            if self._fill_acc() < 0:
+                raise MemoryError()
+            for k in range(self.vc.n_words):
+                if self.acc[k]:
+                    return 0
+            for j in range(s, e):
+                p.items[j] = saved[j - s]
+            p.n_items = e
+            p.hset = -1
+            if p_intern_top(p) < 0:
+                raise MemoryError()
+        return 0
 
     def rollback(self, int32_t k):
         if k < 0 or k > self.n_bound:
@@ -434,6 +580,8 @@ cdef class MatcherCore:
             return
         self.n_bound -= k
         p_pop_to(&self.p, self.boundaries[self.n_bound])
+        while self.n_tok > 0 and self.tok_end[self.n_tok - 1] >= self.p.n_sets:
+            self.n_tok -= 1
         self.terminated = False
 
     def forget_history(self, int32_t keep):

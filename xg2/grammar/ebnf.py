@@ -317,7 +317,7 @@ _ATTR_GROUP_RE = re.compile(r"\[([^\]\n]*)\](?=[ \t]*::=)")
 _ATTR_ITEM_RE = re.compile(r'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:=[ \t]*("(?:[^"\\]|\\.)*"|[^,\s"]+))?[ \t]*(,|\Z)')
 _NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\Z")
 #: xgrammar's rule attributes that xg2 reads but does not enforce yet (refused, not ignored).
-_UNSUPPORTED_ATTRS = frozenset({"lazy", "max_tokens", "suffix", "stop", "stop_capture"})
+_UNSUPPORTED_ATTRS = frozenset({"lazy", "suffix", "stop", "stop_capture"})
 
 
 def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
@@ -343,6 +343,10 @@ def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
             if not math.isfinite(t) or t < 0:
                 raise src.error("temperature must be a finite non-negative number", off)
             out[name] = t
+        elif name == "max_tokens":
+            if value is None or not value.isdigit() or len(value) > 9 or int(value) == 0:
+                raise src.error("max_tokens takes a positive integer", off)
+            out[name] = int(value)
         elif name == "max_chars":
             if value is None or not value.isdigit() or len(value) > 9:
                 raise src.error("max_chars takes a non-negative integer", off)
@@ -355,7 +359,7 @@ def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
                 raise src.error("capture name must not be empty", off)
             out[name] = label
         elif name in _UNSUPPORTED_ATTRS:
-            raise src.error(f"the rule attribute '{name}' is not supported by xg2 yet (temperature, capture and max_chars are)",
+            raise src.error(f"the rule attribute '{name}' is not supported by xg2 yet (temperature, capture, max_chars and max_tokens are)",
                             off)
         else:
             raise src.error(f"unknown rule attribute '{name}'", off)
@@ -999,7 +1003,8 @@ class _Parser:
         if "max_chars" in attrs:
             self.char_budgets[name] = (int(attrs["max_chars"]), name_tok.off)  # type: ignore[arg-type]
         return Rule(name, body, lookahead, temperature=attrs.get("temperature"),  # type: ignore[arg-type]
-                    capture=None if capture is None else str(capture) or name)
+                    capture=None if capture is None else str(capture) or name,
+                    max_tokens=attrs.get("max_tokens"))  # type: ignore[arg-type]
 
 
 def _with_char_budgets(rules: list[Rule], budgets: dict[str, tuple[int, int]], src: _Source) -> list[Rule]:
@@ -1055,7 +1060,7 @@ def _with_char_budgets(rules: list[Rule], budgets: dict[str, tuple[int, int]], s
                             "token sets)", off) from None
         if body is None:
             raise src.error(f"rule '{r.name}' can never match within max_chars={n}", off)
-        out.append(Rule(r.name, body, r.lookahead, r.follow, r.temperature, r.capture))
+        out.append(Rule(r.name, body, r.lookahead, r.follow, r.temperature, r.capture, r.max_tokens))
     return out + extra
 
 
@@ -1220,7 +1225,8 @@ def print_ebnf(ir: GrammarIR) -> str:
     for rule in rules:
         if not _FULL_NAME_RE.match(rule.name):
             raise GrammarError(f"rule name {rule.name!r} cannot be written in EBNF")
-        parts = ([f"temperature={rule.temperature!r}"] if rule.temperature is not None else []) + \
+        parts = ([f"max_tokens={rule.max_tokens}"] if rule.max_tokens is not None else []) + \
+            ([f"temperature={rule.temperature!r}"] if rule.temperature is not None else []) + \
             ([f'capture="{rule.capture}"'] if rule.capture is not None else [])
         attrs = f"[{', '.join(parts)}]" if parts else ""
         line = f"{rule.name}{attrs} ::= {_print_expr(rule.body)}"

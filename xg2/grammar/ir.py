@@ -189,6 +189,9 @@ class Rule:
     #: The name each completion of this rule is recorded under (Lark's and EBNF's ``[capture]``
     #: attribute, see GrammarMatcher.get_captures); such a rule is never inlined either.
     capture: str | None = None
+    #: At most this many tokens inside each occurrence of this rule, where it can end (xgrammar's
+    #: ``[max_tokens=n]``, enforced by the matcher: see MatcherCore._enforce_budgets); kept a rule.
+    max_tokens: int | None = None
 
 
 @dataclass

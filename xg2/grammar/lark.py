@@ -44,10 +44,9 @@ Refused with a :class:`~xg2.errors.GrammarError` naming the construct, as xgramm
 priorities (``name.2``), templates, ``%declare`` / ``%override`` / ``%extend``, imports from other
 libraries than ``common``, ``%regex {"substring_words": ...}``. Refused here although xgrammar
 supports them, because xg2 cannot build them honestly: the rule attributes whose meaning lies in
-the matcher (``lazy``, ``stop_capture``, ``max_tokens``, ``max_chars``: xg2's matcher has no
-lazy matching or budgets, and xgrammar's dynamic tool-call dispatch is built on them; structural
-tags express the dispatch; ``temperature`` and ``capture`` are supported, see Rule.temperature and
-Rule.capture, and a suffix/stop rule may be captured), a suffix/stop marker on a body that matches any text (xgrammar then lets the text end
+the matcher (``lazy``, ``stop_capture``: xg2's matcher has no lazy matching, and xgrammar's
+dynamic tool-call dispatch is built on it; structural tags express the dispatch; ``temperature``,
+``capture``, ``max_tokens`` and ``max_chars`` are supported, see Rule and char_budget), a suffix/stop marker on a body that matches any text (xgrammar then lets the text end
 without the marker, or makes the rule a dispatch trigger, depending on how the regex is spelled),
 and the ``%grammar_options`` ``no_forcing`` and ``allow_invalid_utf8`` set to true.
 
@@ -165,7 +164,6 @@ def _temperature_only(attrs: Any) -> bool:
 #: Why xg2 refuses the rule attributes whose meaning lies in the matcher.
 _UNSUPPORTED = {
     "stop_capture": "its matcher records no captures",
-    "max_tokens": "its matcher keeps no per-rule token budgets",
     "max_chars": "its budget is built into the rule's language, which needs a terminal-like body and no other "
                  "matcher attribute besides",
     "lazy": "its matcher has no committed-shortest (lazy) rule matching, nor the dynamic dispatch xgrammar "
@@ -293,10 +291,13 @@ class _Lowering:
                 if d is start and ast.initial_skip and self.ignore is not None:
                     body = _seq([self.ignore, body])
             temperature = d.attrs.temperature[1] if d.attrs is not None and d.attrs.temperature else None
-            capture = None
+            capture = max_tokens = None
             if d.attrs is not None and d.attrs.capture is not None:
                 capture = d.attrs.capture[1] or d.name      # `[capture]` alone: named after the rule
-            ctx.rules.append(Rule(self.names[d.name], body, temperature=temperature, capture=capture))
+            if d.attrs is not None and d.attrs.max_tokens is not None:
+                max_tokens = d.attrs.max_tokens[1]
+            ctx.rules.append(Rule(self.names[d.name], body, temperature=temperature, capture=capture,
+                                  max_tokens=max_tokens))
         return RuleRef(self.names["start"])
 
     def _attributed(self, d: Any) -> Expr:
@@ -305,8 +306,13 @@ class _Lowering:
         known to be well formed; `suffix` / `stop` are built exactly (see lark_regular)."""
         attrs, src = d.attrs, self.src
         if attrs.max_chars is not None and attrs.lazy is None and attrs.marker is None \
-                and attrs.max_tokens is None and attrs.stop_capture is None:
-            return self._char_budget(d)
+                and attrs.stop_capture is None:
+            return self._char_budget(d)      # (a max_tokens beside it is Rule.max_tokens)
+        if attrs.max_tokens is not None and attrs.lazy is None and attrs.marker is None \
+                and attrs.stop_capture is None:
+            # its own rule (Rule.max_tokens), the body as any rule's: the matcher ends each
+            # occurrence where it can once its tokens are spent
+            return self.lower(d.body, terminal=None)
         if _plain_capture(attrs):
             # its own rule (Rule.capture), the body as any rule's: the matcher records each
             # completion of it (GrammarMatcher.get_captures)
@@ -333,7 +339,6 @@ class _Lowering:
                             "leaves out its marker, which xg2's captures (whole completions) would hold",
                             attrs.capture[0])
         for off, why in ((attrs.stop_capture and attrs.stop_capture[0], "stop_capture"),
-                         (attrs.max_tokens and attrs.max_tokens[0], "max_tokens"),
                          (attrs.max_chars and attrs.max_chars[0], "max_chars"),
                          (attrs.lazy, "lazy")):
             if off is not None:
