@@ -1023,3 +1023,42 @@ def test_token_budgets_agree(kind: str, src: str) -> None:
         m.accept_string("<t>" if start else "")
         m.accept_string("ab ab ab ")
     assert allowed(xg2, ms[1]) == allowed(xgr, ms[0]), (src, "string")
+
+
+STAG_BUDGET_VOCAB = ["<think>", "a", "b", "</", "think>", "a</", "é", "</think>", "<eos>", "ab"]
+STAG_BUDGETS = [{"max_tokens": 2}, {"max_tokens": 0}, {"max_chars": 2}, {"max_chars": 0},
+                {"max_tokens": 2, "max_chars": 3}, {"max_tokens": 1, "excludes": ["b"]}]
+
+
+@pytest.mark.parametrize("budget", STAG_BUDGETS)
+def test_structural_tag_text_budgets_agree(budget: dict) -> None:
+    """`any_text` with `max_tokens` / `max_chars` inside a tag: the budget ends the text (the end
+    string is forced, over several tokens if need be); masks and accept_token at every step of
+    every 4-token sequence after the opening tag, as in xgrammar."""
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<think>",
+                                                "content": {"type": "any_text", **budget}, "end": "</think>"}}
+    infos = [module.TokenizerInfo(STAG_BUDGET_VOCAB, stop_token_ids=[8]) for module in (xgr, xg2)]
+    pair = [module.GrammarCompiler(info).compile_structural_tag(tag) for module, info in zip((xgr, xg2), infos)]
+    n = len(STAG_BUDGET_VOCAB)
+
+    def allowed(module, m) -> list[int]:
+        bm = module.allocate_token_bitmask(1, n)
+        m.fill_next_token_bitmask(bm)
+        return [i for i in range(n) if (int(bm[0, i // 32]) >> (i % 32)) & 1]
+
+    for path in itertools.product(range(1, n), repeat=4):
+        ms = [module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair)]
+        assert all(m.accept_token(0) for m in ms)
+        for t in path:
+            assert allowed(xg2, ms[1]) == allowed(xgr, ms[0]), (budget, path, t)
+            ok = [m.accept_token(t) for m in ms]
+            assert ok[1] == ok[0], (budget, path, t)
+            if not ok[0] or ms[0].is_terminated():
+                break
+
+
+def test_structural_tag_budget_before_an_overlapping_end_is_refused() -> None:
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<",
+                                                "content": {"type": "any_text", "max_tokens": 2}, "end": "aba"}}
+    with pytest.raises(xg2.StructuralTagError, match="could begin in the text"):
+        xg2.GrammarCompiler(xg2.TokenizerInfo(["a"])).compile_structural_tag(tag)

@@ -422,7 +422,7 @@ def test_triggered_tool_calls_mask_like_the_reference(small_info, deepseek_info)
     ({"type": "sequence", "elements": [{"type": "any_text"}, CONST]}, "/format/elements/0", "any_text"),
     ({"type": "sequence", "elements": [{"type": "or", "elements": [CONST, {"type": "any_text"}]}, CONST]},
      "/format/elements/0/elements/1", "any_text"),
-    ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_chars": 5}, "end": "</a>"},
+    ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "max_chars": 5000}, "end": "</a>"},
      "/format/content/max_chars", "max_chars"),
     ({"type": "tag", "begin": "<a>", "content": {"type": "any_text", "excludes": ["/"]}, "end": "</a>"},
      "/format/content/excludes", "excluded"),
@@ -611,7 +611,7 @@ def test_token_level_formats(harmony_info, fmt, pieces, ok):
 @pytest.mark.parametrize(("fmt", "pointer", "words"), [
     ({"type": "token", "token": "<|call|>"}, "/format/token", "stop token"),
     ({"type": "token", "token": "<|nope|>"}, "/format/token", "no token has the text"),
-    ({"type": "any_tokens", "max_tokens": 3}, "/format/max_tokens", "max_tokens"),
+    ({"type": "any_tokens", "exclude_tokens": ["<|nope|>"]}, "/format/exclude_tokens/0", "no token has the text"),
     ({"type": "token_triggered_tags", "trigger_tokens": [CHANNEL], "tags": [
         {"type": "tag", "begin": "<|channel|>", "content": CONST, "end": "."}]}, "/format/tags/0/begin", "token"),
 ])

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ..errors import GrammarLimitError
 from .ir import EPSILON, CharClass, Expr, Literal, Repeat, Rule
-from .regular import MAX_CODEPOINT, MAX_STATES, KeyDFA, from_expr, intersect, to_rules
+from .regular import MAX_CODEPOINT, MAX_STATES, KeyDFA, avoiding, from_expr, intersect, to_rules
 
 #: Largest budget the product automaton is built for (the short forms take any).
 MAX_PRODUCT_BUDGET = 1024
@@ -44,3 +44,17 @@ def _spelled(cc: CharClass) -> Expr:
     if len(cc.ranges) == 1 and cc.ranges[0][0] == cc.ranges[0][1] and not cc.negated:
         return Literal(chr(cc.ranges[0][0]))
     return cc
+
+
+def text_within_chars(avoid: tuple[str, ...], n: int, fresh: Callable[[str], str], base: str,
+                      rules: list[Rule]) -> Expr | None:
+    """Text holding none of `avoid` and at most `n` code points (free text with a character
+    budget, before its end string): a bounded repetition without strings to avoid, else the
+    product of their Aho–Corasick automaton and the counter, as rules."""
+    if not avoid:
+        return Repeat(CharClass(((0, MAX_CODEPOINT),)), 0, n) if n else EPSILON
+    d = avoiding(avoid)
+    if n > MAX_PRODUCT_BUDGET or (n + 2) * len(d.moves) > 4 * MAX_STATES:
+        raise GrammarLimitError(f"a max_chars budget of {n} on text that must avoid {len(avoid)} strings needs an "
+                                f"automaton of more than {MAX_STATES} states")
+    return to_rules(intersect(d, _at_most(n)), _spelled, lambda _: fresh(base), rules)

@@ -782,9 +782,8 @@ class _Lowering:
         holding its excluded strings nor `never`."""
         from .text import text_until
 
-        for name in ("max_tokens", "max_chars"):
-            if getattr(f, name, None) is not None:
-                raise _error(f"'{name}' of '{_name(f)}' is not supported yet", f"{at}/{name}")
+        budget = getattr(f, "max_tokens", None)
+        chars = getattr(f, "max_chars", None)
         if isinstance(f, AnyTextFormat):
             excludes, tokens = tuple(f.excludes), ()
         else:
@@ -793,6 +792,8 @@ class _Lowering:
         if "" in ends or "" in never:
             raise _error("free text needs non-empty end strings: an empty one would end it anywhere",
                          at.rsplit("/", 1)[0] + "/end" if ends else at)
+        if budget is not None or chars is not None:
+            return self._budgeted_text(budget, chars, ends, excludes, tokens, at)
         try:
             text = text_until(ends, excludes, tokens)
         except ValueError as e:     # GrammarError among them
@@ -800,6 +801,48 @@ class _Lowering:
         if text is None:
             raise _error("every end string of the tag contains an excluded string", at + "/excludes")
         return text
+
+    def _budgeted_text(self, budget: int | None, chars: int | None, ends: tuple[str, ...],
+                       excludes: tuple[str, ...], tokens: tuple[str, ...], at: str) -> Expr:
+        """Free text with a token budget (`max_tokens`) and/or a character budget (`max_chars`):
+        the text that never holds an end string, as a rule of its own (Rule.max_tokens: once it has
+        had its tokens it ends where it can, so the end string comes next; the character budget is
+        built into its language, see char_budget), then the end. That is the text up to the first
+        end string exactly when no string the text must not hold (an end, an excluded string) can
+        begin inside the text and finish inside an end string; otherwise it is refused."""
+        from .char_budget import text_within_chars
+        from .text import text_until
+
+        for x in (*ends, *excludes):
+            for e in ends:
+                for cut in range(1, len(x)):
+                    v = x[cut:]
+                    if e.startswith(v) and (v != e or x in excludes):
+                        raise _error(f"a token budget on free text before the end string {e!r} is not "
+                                     f"supported: {x!r} could begin in the text and end in it", at + "/max_tokens")
+        self.n_embedded += 1
+        name = f"budgeted_text{self.n_embedded}"
+        try:
+            if chars is None:
+                body = text_until((), excludes + tuple(ends), tokens)
+            elif tokens:
+                raise _error("a character budget on text that may hold special tokens is not supported yet",
+                             at + "/max_chars")
+            else:
+                counter = iter(range(1 << 30))
+                body = text_within_chars(tuple(sorted({*excludes, *ends})), chars,
+                                         lambda b: f"{name}_{b}{next(counter)}", "chars", self.rules)
+        except GrammarLimitError as e:
+            raise _error(e.message, at + "/max_chars") from None
+        except ValueError as e:
+            raise _error(str(e), at) from None
+        if body is None:
+            raise _error("the free text can hold nothing", at)
+        self.rules.append(Rule(name, body, max_tokens=budget))
+        if not ends:
+            return RuleRef(name)
+        end = Text(ends[0]) if len(ends) == 1 else Choice(tuple(Text(e) for e in sorted(set(ends))))
+        return Seq((RuleRef(name), end))
 
     def named(self, body: Expr) -> Expr:
         """A rule of its own for an expression that other forms repeat (a tag's content, the tags
