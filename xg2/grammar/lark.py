@@ -328,6 +328,9 @@ class _Lowering:
                 raise src.error("temperature is only supported on terminals and subgrammars (the body of a "
                                 "rule with a temperature may reference terminals only, or be one subgrammar: "
                                 "%json, %lark or @name)", attrs.temperature[0]) from None
+        if attrs.lazy is not None and attrs.marker is None and attrs.stop_capture is None \
+                and attrs.max_chars is None:
+            return self._lazy(d)
         if attrs.lazy is not None or attrs.marker is not None:
             # The body must be terminal-like: checked before anything else is said about the rule.
             body = self.lower(d.body, terminal=d.name)
@@ -361,6 +364,27 @@ class _Lowering:
         if root is None:
             raise src.error(f"rule '{d.name}' can never match: no text of its body is followed by its {kind} "
                             "marker", off)
+        return self._lexeme(root, None)
+
+    def _lazy(self, d: Any) -> Expr:
+        """`rule[lazy]` on a terminal-like body: the body's texts cut at their first end (the
+        body's automaton with no edge out of an accepting state), as xgrammar commits to the
+        shortest match. A body that begins with any text is refused: xgrammar then also lets the
+        text end without what follows it, or builds a tool-call dispatch around the rule."""
+        off, src = d.attrs.lazy, self.src
+        body = self._inlined(self.lower(d.body, terminal=d.name), off)
+        if type(body) is Seq and len(body.items) > 1 and from_expr(body.items[0]).complement().is_empty():
+            raise src.error("the lazy attribute on a body that begins with any text is not supported by xg2: "
+                            "xgrammar lets such text end without the rest (or builds a tool-call dispatch on the "
+                            "rule), which xg2 does not build", off)
+        try:
+            if expr_size(body, MAX_MARKER_EXPR) > MAX_MARKER_EXPR:
+                raise GrammarLimitError(f"the body is larger than {MAX_MARKER_EXPR} nodes")
+            root = committed_rules(body, EPSILON, self.ctx.fresh, f"{self.names[d.name]}_lazy", self.ctx.rules)
+        except GrammarLimitError as e:
+            raise src.limit_error(f"lazy rule '{d.name}': {e.message}", off) from None
+        if root is None:
+            raise src.error(f"lazy rule '{d.name}' can never match", off)
         return self._lexeme(root, None)
 
     def _char_budget(self, d: Any) -> Expr:
