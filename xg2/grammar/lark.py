@@ -76,6 +76,7 @@ from xg2.grammar.char_budget import within_chars
 from xg2.grammar.ebnf import MAX_GRAMMAR_BYTES
 from xg2.grammar.ir import (
     EPSILON,
+    CharClass,
     Choice,
     Expr,
     GrammarIR,
@@ -86,6 +87,7 @@ from xg2.grammar.ir import (
     Seq,
     TokenSet,
 )
+from xg2.grammar.lark_dispatch import find_dispatches
 from xg2.grammar.lark_regular import MAX_MARKER_EXPR, committed_rules, expr_size, substring_rules
 from xg2.grammar.lark_syntax import (  # the reading of the text, one layer down
     _ALT,
@@ -151,6 +153,20 @@ def _plain_capture(attrs: Any) -> bool:
     """A rule captured (Rule.capture), with at most a temperature besides: built as any rule."""
     return (attrs is not None and attrs.capture is not None and attrs.lazy is None and attrs.marker is None
             and attrs.stop_capture is None and attrs.max_tokens is None and attrs.max_chars is None)
+
+
+def _literal(e: Expr) -> str | None:
+    """The one string `e` matches, if it is a fixed string (literals and one-character classes)."""
+    parts = e.items if type(e) is Seq else (e,)
+    out = []
+    for p in parts:
+        if type(p) is Literal:
+            out.append(p.text)
+        elif type(p) is CharClass and not p.negated and len(p.ranges) == 1 and p.ranges[0][0] == p.ranges[0][1]:
+            out.append(chr(p.ranges[0][0]))
+        else:
+            return None
+    return "".join(out)
 
 
 def _temperature_only(attrs: Any) -> bool:
@@ -271,6 +287,7 @@ class _Lowering:
             self.ignore = RuleRef(name)
             item = _alt([self.lower(node, terminal="%ignore") for node in ast.ignores])
             ctx.rules.append(Rule(name, _repeat(item, 0, None)))
+        dispatched = self._dispatches()
         captured = [d for d in ast.defs.values() if d.attrs is not None and d.attrs.capture is not None]
         if captured and any(d.attrs is not None and d.attrs.marker is not None and d.attrs.marker[0] == "stop"
                             for d in ast.defs.values()):
@@ -279,8 +296,12 @@ class _Lowering:
                             "completions) would hold", captured[0].attrs.capture[0])
         for d in ast.defs.values():
             budget.check("lowering the grammar")
+            if d.name in dispatched and dispatched[d.name] is None:
+                continue        # a head or tool of a dispatch (below): built into it, used nowhere else
             if d.common is not None:
                 body = regex_to_expr(COMMON_TERMINALS[d.common])
+            elif d.name in dispatched:
+                body = dispatched[d.name]
             elif d.terminal:
                 body = self.lower(d.body, terminal=d.name)
             else:
@@ -299,6 +320,73 @@ class _Lowering:
             ctx.rules.append(Rule(self.names[d.name], body, temperature=temperature, capture=capture,
                                   max_tokens=max_tokens))
         return RuleRef(self.names["start"])
+
+    def _dispatches(self) -> dict[str, Expr | None]:
+        """xgrammar's dynamic tool-call dispatch (see lark_dispatch): per rule of that shape, its
+        TagDispatch; its tools and heads map to None (not built). Shapes whose pieces are not as
+        expected (a trigger that is not a fixed string, a tail that is not any text) are left to
+        the ordinary lowering, which refuses the heads."""
+        out: dict[str, Expr | None] = {}
+        for x in find_dispatches(self.ast.defs):
+            expr = self._dispatch(x)
+            if expr is not None:
+                out[x.rule] = expr
+                for tool, head, _rest in x.tools:
+                    out.setdefault(tool, None)
+                    out.setdefault(head, None)
+        return out
+
+    def _any_text_ref(self, name: str) -> bool:
+        """Whether the rule or terminal `name` (or the one it is an alias of) reads any text."""
+        for _ in range(8):
+            d = self.ast.defs.get(name)
+            if d is None:
+                return False
+            if d.terminal or d.common is not None:
+                try:
+                    expr = (regex_to_expr(COMMON_TERMINALS[d.common]) if d.common is not None else
+                            self._inlined(self.lower(d.body, terminal=d.name), d.off))
+                    return from_expr(expr).complement().is_empty()
+                except (GrammarError, ValueError, TypeError):
+                    return False
+            if d.attrs is not None or d.body is None or d.body[0] != _REF:
+                return False
+            name = d.body[2]
+        return False
+
+    def _trigger(self, head: Any) -> str | None:
+        """The fixed string a dispatch head waits for: its marker (suffix/stop over any text), or
+        what follows the any text its lazy body begins with; None if it is not one string."""
+        try:
+            if head.attrs.marker is not None:
+                body = self._inlined(self.lower(head.body, terminal=head.name), head.off)
+                if not from_expr(body).complement().is_empty():
+                    return None
+                return _literal(self._inlined(self.lower(head.attrs.marker[2], terminal=head.name), head.off))
+            body = self._inlined(self.lower(head.body, terminal=head.name), head.off)
+        except (GrammarError, ValueError, TypeError):
+            return None
+        if type(body) is not Seq or not from_expr(body.items[0]).complement().is_empty():
+            return None
+        rest = body.items[1:]
+        return _literal(rest[0] if len(rest) == 1 else Seq(tuple(rest)))
+
+    def _dispatch(self, x: Any) -> Expr | None:
+        from .text import dispatching
+
+        if not self._any_text_ref(x.tail):
+            return None
+        after: dict[str, list[Expr]] = {}
+        for _tool, head, rest in x.tools:
+            trigger = self._trigger(self.ast.defs[head])
+            if not trigger:
+                return None
+            node = rest[0] if len(rest) == 1 else (_SEQ, rest)
+            after.setdefault(trigger, []).append(self.lower(node, terminal=None) if rest else EPSILON)
+        try:
+            return dispatching({k: _alt(v) for k, v in after.items()}, (), (), True, True)
+        except ValueError as e:
+            raise self.src.error(f"tool-call dispatch of rule '{x.rule}': {e}", self.ast.defs[x.rule].off) from None
 
     def _attributed(self, d: Any) -> Expr:
         """A rule with attributes. Those whose meaning lies in the matcher (captures, token and
