@@ -758,15 +758,15 @@ def test_lazy_rules_commit_at_the_shortest_match(source: str) -> None:
 
 
 DISPATCH_GRAMMARS = [
-    ('start: tool* tail\ntail: TEXT\ntool_head[lazy]: TEXT "<t>"\ntool: tool_head %json {"type": "integer"} "</t>"\n'
-     'TEXT: /(\\n|.)*/', ["a", "<t>", "12", "</t>", "<t", "x"]),
-    ('start: (foo | bar)* tail\ntail: TEXT\nfoo_head[lazy]: TEXT "<f"\nfoo: foo_head "=a>" /[a-z]+/ "</f>"\n'
-     'bar_head[lazy]: TEXT "<f"\nbar: bar_head "=b>" /[0-9]+/ "</f>"\nTEXT: /(\\n|.)*/',
+    (('start: tool* tail\ntail: TEXT\ntool_head[lazy]: TEXT "<t>"\ntool: tool_head %json {"type": "integer"} "</t>"\n'
+     'TEXT: /(\\n|.)*/'), ["a", "<t>", "12", "</t>", "<t", "x"]),
+    (('start: (foo | bar)* tail\ntail: TEXT\nfoo_head[lazy]: TEXT "<f"\nfoo: foo_head "=a>" /[a-z]+/ "</f>"\n'
+     'bar_head[lazy]: TEXT "<f"\nbar: bar_head "=b>" /[0-9]+/ "</f>"\nTEXT: /(\\n|.)*/'),
      ["<f", "=a>", "=b>", "x", "1", "</f>"]),
     ('start: tool* tail\ntail: TEXT\nhead[lazy]: /(\\n|.)*<c>/\ntool: head /[0-9]+/ "</c>"\nTEXT: /(\\n|.)*/',
      ["<c>", "1", "</c>", "z", "<c"]),
-    ('start: tool* tail\ntail: FREE\nhead[suffix="<t>"]: FREE\ntool: head /[a-z]+/ "</t>"\nFREE: TEXT\n'
-     'TEXT: /(\\n|.)*/', ["<t>", "ab", "</t>", "1", "<"]),
+    (('start: tool* tail\ntail: FREE\nhead[suffix="<t>"]: FREE\ntool: head /[a-z]+/ "</t>"\nFREE: TEXT\n'
+     'TEXT: /(\\n|.)*/'), ["<t>", "ab", "</t>", "1", "<"]),
 ]
 
 
