@@ -124,6 +124,7 @@ class GrammarMatcher:
         self._default_temperature = None if default_temperature is None else float(default_temperature)
         self._warned_temperatures = False
         self._captures: list[tuple[int, int, int]] = []     # see get_captures
+        self._capture_table = compiled_grammar._lowered.arrays.get("rule_capture")
 
     @property
     def compiled_grammar(self) -> CompiledGrammar:
@@ -169,11 +170,15 @@ class GrammarMatcher:
         if not 0 <= token_id < self._vocab_size:
             _log.warning("token id %d is out of range [0, %d); rejecting it", token_id, self._vocab_size)
             return False
-        before = self._core.n_sets
-        ok = self._core.accept_token(token_id, False)
+        if self._capture_table is None:         # (the common case: the core enforces any budget)
+            ok = self._core.accept_token(token_id)
+        else:
+            before = self._core.n_sets
+            ok = self._core.accept_token(token_id, False)
+            if ok:
+                self._record_captures(before)
+                self._core.enforce_budgets()
         if ok:
-            self._record_captures(before)
-            self._core.enforce_budgets()
             if self._max_rollback >= 0:
                 self._core.forget_history(self._max_rollback)
         return bool(ok)
@@ -183,11 +188,15 @@ class GrammarMatcher:
         if self._core.terminated:
             return False
         data = input_str.encode("utf-8") if isinstance(input_str, str) else bytes(input_str)
-        before = self._core.n_sets
-        ok = self._core.accept_bytes(data, False)
+        if self._capture_table is None:
+            ok = self._core.accept_bytes(data)
+        else:
+            before = self._core.n_sets
+            ok = self._core.accept_bytes(data, False)
+            if ok:
+                self._record_captures(before)
+                self._core.enforce_budgets()
         if ok:
-            self._record_captures(before)
-            self._core.enforce_budgets()
             if self._max_rollback >= 0:
                 self._core.forget_history(self._max_rollback)
         return bool(ok)
@@ -195,7 +204,7 @@ class GrammarMatcher:
     def _record_captures(self, first: int) -> None:
         """The captured rules that completed in the state sets from `first` on (the text just
         accepted), kept as (capture number, start set, end set)."""
-        table = self._compiled._lowered.arrays.get("rule_capture")
+        table = self._capture_table
         if table is not None:
             found = self._core.completions(first, table)
             # within a set, the shorter occurrence (the later start) first, as xgrammar lists them
