@@ -178,9 +178,8 @@ class GrammarMatcher:
             if ok:
                 self._record_captures(before)
                 self._core.enforce_budgets()
-        if ok:
-            if self._max_rollback >= 0:
-                self._core.forget_history(self._max_rollback)
+        if ok and self._max_rollback >= 0:
+            self._core.forget_history(self._max_rollback)
         return bool(ok)
 
     def accept_string(self, input_str: str | bytes, *, debug_print: bool = False) -> bool:
@@ -196,9 +195,8 @@ class GrammarMatcher:
             if ok:
                 self._record_captures(before)
                 self._core.enforce_budgets()
-        if ok:
-            if self._max_rollback >= 0:
-                self._core.forget_history(self._max_rollback)
+        if ok and self._max_rollback >= 0:
+            self._core.forget_history(self._max_rollback)
         return bool(ok)
 
     def _record_captures(self, first: int) -> None:
