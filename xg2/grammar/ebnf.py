@@ -317,7 +317,7 @@ _ATTR_GROUP_RE = re.compile(r"\[([^\]\n]*)\](?=[ \t]*::=)")
 _ATTR_ITEM_RE = re.compile(r'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:=[ \t]*("(?:[^"\\]|\\.)*"|[^,\s"]+))?[ \t]*(,|\Z)')
 _NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\Z")
 #: xgrammar's rule attributes that xg2 reads but does not enforce yet (refused, not ignored).
-_UNSUPPORTED_ATTRS = frozenset({"lazy", "suffix", "stop", "stop_capture"})
+_UNSUPPORTED_ATTRS = frozenset({"suffix", "stop", "stop_capture"})
 
 
 def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
@@ -343,6 +343,10 @@ def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
             if not math.isfinite(t) or t < 0:
                 raise src.error("temperature must be a finite non-negative number", off)
             out[name] = t
+        elif name == "lazy":
+            if value is not None:
+                raise src.error("lazy takes no value", off)
+            out[name] = True
         elif name == "max_tokens":
             if value is None or not value.isdigit() or len(value) > 9 or int(value) == 0:
                 raise src.error("max_tokens takes a positive integer", off)
@@ -359,7 +363,7 @@ def _rule_attributes(src: _Source, pos: int, inner: str) -> dict[str, object]:
                 raise src.error("capture name must not be empty", off)
             out[name] = label
         elif name in _UNSUPPORTED_ATTRS:
-            raise src.error(f"the rule attribute '{name}' is not supported by xg2 yet (temperature, capture, max_chars and max_tokens are)",
+            raise src.error(f"the rule attribute '{name}' is not supported by xg2 yet (temperature, capture, lazy, max_chars and max_tokens are)",
                             off)
         else:
             raise src.error(f"unknown rule attribute '{name}'", off)
@@ -507,7 +511,8 @@ class _Parser:
         self.toks = toks
         self.rule_names = rule_names
         self.i = 0
-        self.char_budgets: dict[str, tuple[int, int]] = {}      # rule -> (max_chars, offset)
+        # rule -> (max_chars or -1, offset, lazy): the attributes built into the rule's language
+        self.char_budgets: dict[str, tuple[int, int, bool]] = {}
 
     def _finish(self, frame: _Frame, rule_name: str) -> Expr:
         if not frame.items:
@@ -1000,19 +1005,24 @@ class _Parser:
                 raise src.error(f"unexpected {shown}", tok.off)
         assert body is not None
         capture = attrs.get("capture")
-        if "max_chars" in attrs:
-            self.char_budgets[name] = (int(attrs["max_chars"]), name_tok.off)  # type: ignore[arg-type]
+        if "max_chars" in attrs or "lazy" in attrs:
+            self.char_budgets[name] = (int(attrs.get("max_chars", -1)), name_tok.off,  # type: ignore[arg-type]
+                                       bool(attrs.get("lazy")))
         return Rule(name, body, lookahead, temperature=attrs.get("temperature"),  # type: ignore[arg-type]
                     capture=None if capture is None else str(capture) or name,
                     max_tokens=attrs.get("max_tokens"))  # type: ignore[arg-type]
 
 
-def _with_char_budgets(rules: list[Rule], budgets: dict[str, tuple[int, int]], src: _Source) -> list[Rule]:
-    """Each rule with ``[max_chars=n]``: its body, with the rules it calls written in (they must
-    not recurse: the budget is built into a regular language, see char_budget), bounded to n code
-    points. The rules it calls stay as they are for their other callers."""
+def _with_char_budgets(rules: list[Rule], budgets: dict[str, tuple[int, int, bool]], src: _Source) -> list[Rule]:
+    """Each rule with ``[max_chars=n]`` and/or ``[lazy]``: its body, with the rules it calls
+    written in (they must not recurse: these are built into a regular language), bounded to n
+    code points (see char_budget) and/or cut at its first end (lazy: committed to the shortest
+    match, as xgrammar; see lark_regular.committed_rules). The rules it calls stay as they are for
+    their other callers."""
     from .char_budget import within_chars
+    from .lark_regular import committed_rules
     from .optimize import substitute
+    from .regular import from_expr
 
     by_name = {r.name: r for r in rules}
     extra: list[Rule] = []
@@ -1030,7 +1040,7 @@ def _with_char_budgets(rules: list[Rule], budgets: dict[str, tuple[int, int]], s
         if r.name not in budgets:
             out.append(r)
             continue
-        n, off = budgets[r.name]
+        n, off, lazy = budgets[r.name]
         # The called rules written in, innermost first, on an explicit stack (a call back into a
         # rule being written in is recursion: not a regular language).
         written: dict[str, Expr] = {}
@@ -1051,15 +1061,25 @@ def _with_char_budgets(rules: list[Rule], budgets: dict[str, tuple[int, int]], s
                 continue
             open_.discard(name)
             written[name] = substitute(by_name[name].body, {x: written[x] for x in refs})
+        what = "lazy" if n < 0 else "max_chars"
         try:
-            body = within_chars(written[r.name], n, fresh, f"{r.name}_chars", extra)
+            body: Expr | None = written[r.name]
+            if lazy:
+                if type(body) is Seq and len(body.items) > 1 and from_expr(body.items[0]).complement().is_empty():
+                    raise src.error(f"lazy on rule '{r.name}', whose body begins with any text, is not supported by "
+                                    "xg2 (xgrammar lets such text end without the rest)", off)
+                body = committed_rules(body, EPSILON, fresh, f"{r.name}_lazy", extra)
+            if lazy and n >= 0:
+                raise src.error(f"lazy and max_chars together on rule '{r.name}' are not supported yet", off)
+            if n >= 0:
+                body = within_chars(body, n, fresh, f"{r.name}_chars", extra)
         except GrammarLimitError as e:
-            raise src.limit_error(f"max_chars on rule '{r.name}': {e.message}", off) from None
+            raise src.limit_error(f"{what} on rule '{r.name}': {e.message}", off) from None
         except (ValueError, TypeError, AttributeError):
-            raise src.error(f"max_chars on rule '{r.name}' needs a body of text (a regular language without "
+            raise src.error(f"{what} on rule '{r.name}' needs a body of text (a regular language without "
                             "token sets)", off) from None
         if body is None:
-            raise src.error(f"rule '{r.name}' can never match within max_chars={n}", off)
+            raise src.error(f"rule '{r.name}' can never match" + (f" within max_chars={n}" if n >= 0 else ""), off)
         out.append(Rule(r.name, body, r.lookahead, r.follow, r.temperature, r.capture, r.max_tokens))
     return out + extra
 
