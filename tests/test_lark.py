@@ -135,10 +135,8 @@ CORPUS: list[tuple] = [
 REFUSED = [
     ('start: head\nhead[lazy]: TEXT "<end>"\nTEXT: /(\\n|.)*/', "lazy attribute on a body that begins with any",
      "xgrammar lets such text end without the marker, or builds a tool-call dispatch on it"),
-    ('start: v "z"\nv[capture="x", suffix="b"]: /[a-z]*/', "capturing a suffix or stop rule",
-     "xgrammar's capture leaves the marker out; xg2's holds whole completions"),
-    ('start: c s\nc[capture]: "a"\ns[stop="b"]: /[a-z]*/', "captures in a grammar with a stop rule",
-     "xgrammar hides a stop marker from every enclosing capture"),
+    ('start: v "z"\nv[capture="x", suffix=/b+/]: /[a-z]*/', "not a fixed string",
+     "a capture leaves its rule's marker out, which a marker of varying length does not allow"),
     ('start: v\nv[max_chars=2]: w\nw: /[a-z]+/', "max_chars is supported by xg2 on terminal-like bodies only",
      "xgrammar counts at run time; xg2 builds the bounded language, which needs a regular body"),
     ('start: v "z"\nv[stop="x", stop_capture="m"]: /[a-z]*/', "stop_capture attribute is not supported",
@@ -783,3 +781,40 @@ def test_tool_call_dispatch_agrees(source: str, pieces: list[str]) -> None:
             ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
             assert ours.accept_string(text) == ref.accept_string(text), (source, text)
             assert ours.is_completed() == ref.is_completed(), (source, text)
+
+
+MARKER_CAPTURES = [
+    ('start[capture="outer"]: r "z"\nr[capture="inner", suffix="!"]: /[a-z]*/', ["xy!z", "!z"]),
+    ('start[capture="outer"]: r "z"\nr[capture="inner", stop="!"]: /[a-z]*/', ["xy!z"]),
+    ('start[capture="outer"]: r "z"\nr[capture="inner", stop="💥"]: /[a-z]*/', ["xy💥z"]),
+    ('start[capture="outer"]: item item "z"\nitem[stop="!"]: /[ab]*/', ["a!b!z", "!!z"]),
+    ('start[capture="outer"]: item item "z"\nitem[suffix="!"]: /[ab]*/', ["a!b!z"]),
+    ('start: a | c\na[capture="a"]: b "q"\nb[stop="!"]: "x"\nc[capture="c"]: "x!"', ["x!", "x!q"]),
+    ('start[capture="outer"]: r "z"\nr[capture="inner", lazy, stop="!"]: /[ab]*/', ["a!z"]),
+]
+
+
+@pytest.mark.parametrize("source, texts", MARKER_CAPTURES)
+def test_marker_captures_agree(source: str, texts: list[str]) -> None:
+    """Captures around suffix/stop rules with a fixed marker: a rule's own capture leaves its
+    marker out, and a stop marker is left out of every capture it lies inside (not of captures on
+    other parse branches); get_captures after each character, raw and deduplicated, as xgrammar."""
+    pair = [module.GrammarCompiler(module.TokenizerInfo([])).compile_grammar(module.Grammar.from_lark(source))
+            for module in (xgr, xg2)]
+    for text in texts:
+        ms = [module.GrammarMatcher(g, terminate_without_stop_token=True) for module, g in zip((xgr, xg2), pair)]
+        for ch in text:
+            oks = [m.accept_string(ch) for m in ms]
+            assert oks[1] == oks[0], (source, text, ch)
+            if not oks[0]:
+                break
+            for dedup in (True, False):
+                assert ms[1].get_captures(deduplicate=dedup) == ms[0].get_captures(deduplicate=dedup), \
+                    (source, text, ch, dedup)
+
+
+def test_a_varying_marker_cannot_be_captured_around() -> None:
+    for source in ['start: r "z"\nr[capture, suffix=/!+/]: /[a-z]*/',
+                   'start[capture]: r "z"\nr[stop=/!+/]: /[a-z]*/']:
+        with pytest.raises(xg2.GrammarError, match="not a fixed string"):
+            xg2.Grammar.from_lark(source)

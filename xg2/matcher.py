@@ -123,7 +123,8 @@ class GrammarMatcher:
             raise UsageError("default_temperature must be a finite non-negative number or None")
         self._default_temperature = None if default_temperature is None else float(default_temperature)
         self._warned_temperatures = False
-        self._captures: list[tuple[int, int, int]] = []     # see get_captures
+        self._captures: list[tuple] = []       # see _record_captures and get_captures
+        self._hidden: list[tuple] = []
         self._capture_table = compiled_grammar._lowered.arrays.get("rule_capture")
 
     @property
@@ -200,13 +201,20 @@ class GrammarMatcher:
         return bool(ok)
 
     def _record_captures(self, first: int) -> None:
-        """The captured rules that completed in the state sets from `first` on (the text just
-        accepted), kept as (capture number, start set, end set)."""
-        table = self._capture_table
-        if table is not None:
-            found = self._core.completions(first, table)
-            # within a set, the shorter occurrence (the later start) first, as xgrammar lists them
-            self._captures.extend(sorted(found, key=lambda e: (e[2], -e[1], e[0])))
+        """The captured rules (and stop rules, whose markers enclosing captures leave out) that
+        completed in the state sets from `first` on (the text just accepted): captures as
+        (capture number, start set, end set, rule, occurrence), stop markers as (end set, bytes,
+        the occurrences they lie inside)."""
+        arrays = self._compiled._lowered.arrays
+        captures, hide = self._capture_table, arrays.get("rule_hide")
+        wanted = captures if hide is None else np.where((captures >= 0) | (hide > 0), 0, -1).astype(np.int32)
+        found = self._core.completions(first, wanted)
+        # within a set, the shorter occurrence (the later start) first, as xgrammar lists them
+        for rule, start, end, item, top in sorted(found, key=lambda e: (e[2], -e[1], e[0])):
+            if captures[rule] >= 0:
+                self._captures.append((int(captures[rule]), start, end, rule, (rule, -1 if top else start)))
+            if hide is not None and hide[rule] > 0:
+                self._hidden.append((end, int(hide[rule]), frozenset(self._core.occurrences_above(item))))
 
     def get_captures(self, deduplicate: bool = True) -> list[tuple[str, bytes]]:
         """What the grammar's captured rules (``[capture]`` / ``[capture="name"]``) matched in the
@@ -218,16 +226,26 @@ class GrammarMatcher:
         if "capture_names" not in arrays:
             return []
         names = bytes(arrays["capture_names"]).decode("utf-8").split("\0")
+        trim = arrays.get("rule_capture_trim")
         events = self._captures
         if deduplicate:
-            longest: dict[tuple[int, int], tuple[int, int, int]] = {}
+            longest: dict[tuple[int, int], tuple] = {}
             for e in events:
                 key = (e[0], e[1])
                 if key not in longest or e[2] > longest[key][2]:
                     longest[key] = e
             kept = set(longest.values())
             events = [e for e in dict.fromkeys(events) if e in kept]
-        return [(names[c], self._core.history(start, end)) for c, start, end in events]
+        out = []
+        for c, start, end, rule, occurrence in events:
+            stop = end - (int(trim[rule]) if trim is not None else 0)     # a suffix/stop rule's own marker
+            text = bytearray(self._core.history(start, max(start, stop)))
+            # stop markers inside this occurrence: left out, last first so offsets hold
+            for h_end, n, inside in sorted(self._hidden, reverse=True):
+                if occurrence in inside and start <= h_end - n and h_end <= stop:
+                    del text[h_end - n - start:h_end - start]
+            out.append((names[c], bytes(text)))
+        return out
 
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0, *, debug_print: bool = False) -> bool:
         """Write the allowed next tokens into row `index`; the mask is computed without the GIL.
@@ -272,13 +290,15 @@ class GrammarMatcher:
         if not 0 <= num_tokens <= held:
             raise UsageError(f"cannot roll back {num_tokens} tokens; {held} can be rolled back")
         self._core.rollback(num_tokens)
-        if self._captures:
+        if self._captures or self._hidden:
             n = self._core.n_sets
             self._captures = [e for e in self._captures if e[2] < n]
+            self._hidden = [e for e in self._hidden if e[0] < n]
 
     def reset(self) -> None:
         self._core.reset()
         self._captures = []
+        self._hidden = []
 
     def fork(self) -> GrammarMatcher:
         """An independent matcher in this one's state (accepted tokens, rollback history, stop
@@ -287,7 +307,7 @@ class GrammarMatcher:
         other = GrammarMatcher.__new__(GrammarMatcher)
         other.__dict__.update(self.__dict__)
         other._core = self._core.fork()
-        other._captures = list(self._captures)
+        other._captures, other._hidden = list(self._captures), list(self._hidden)
         other._last_row = None
         return other
 

@@ -189,7 +189,8 @@ _TABLE_DTYPES = {
 #: Tables only some grammars have (token edges), read in these dtypes when present.
 _OPTIONAL_DTYPES = {"token_set_start": np.int32, "token_set_ids": np.int32, "token_set_exclude": np.uint8}
 #: The capture tables (GrammarMatcher.get_captures), read in these dtypes when present.
-_CAPTURE_DTYPES = {"rule_capture": np.int32, "capture_names": np.uint8, "rule_max_tokens": np.int32}
+_CAPTURE_DTYPES = {"rule_capture": np.int32, "capture_names": np.uint8, "rule_max_tokens": np.int32,
+                   "rule_capture_trim": np.int32, "rule_hide": np.int32}
 #: dtypes a table may have (a blob naming another is refused, not handed to numpy).
 _DTYPES = frozenset({"<i4", "<u4", "<i8", "<u8", "|u1", "|i1", "<i2", "<u2", "<f8"})
 
@@ -301,6 +302,10 @@ def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
         if captures.shape != (n_rules,) or (captures.size and (int(captures.min()) < -1
                                                                 or int(captures.max()) >= n_names)):
             raise DeserializeError("table 'rule_capture' names a capture that is not there")
+    for name in ("rule_capture_trim", "rule_hide"):
+        x = a.get(name)
+        if x is not None and (x.shape != (n_rules,) or (x.size and int(x.min()) < 0)):
+            raise DeserializeError(f"table {name!r} must hold one byte count per rule")
     budgets = a.get("rule_max_tokens")
     if budgets is not None and (budgets.shape != (n_rules,) or (budgets.size and int(budgets.min()) < -1)):
         raise DeserializeError("table 'rule_max_tokens' must hold one budget (or -1) per rule")

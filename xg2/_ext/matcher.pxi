@@ -125,17 +125,18 @@ cdef class MatcherCore:
     def can_end(self):
         return bool(self.p.set_top[self.p.n_sets - 1])
 
-    def completions(self, int32_t first, const int32_t[::1] rule_capture):
-        """The completed occurrences of captured rules in the sets from `first` on: (capture
-        number, set it started in, set it ended in), a set's in order of its items."""
+    def completions(self, int32_t first, const int32_t[::1] wanted):
+        """The completed occurrences, in the sets from `first` on, of the rules `wanted` marks
+        (>= 0): (rule, the set it started in, the set it ended in, the item's index, whether it is
+        the root's), a set's in order of its items."""
         cdef Parser* p = &self.p
         cdef const GrammarC* g = self.g
         cdef int32_t k, r
         cdef int64_t j, e
         cdef item_t it
         cdef uint32_t node
-        if rule_capture.shape[0] != g.n_rules:
-            raise ValueError("one capture number per rule")
+        if wanted.shape[0] != g.n_rules:
+            raise ValueError("one entry per rule")
         out = []
         for k in range(max(first, 0), p.n_sets):
             e = p_set_end(p, k)
@@ -143,8 +144,40 @@ cdef class MatcherCore:
                 it = p.items[j]
                 node = it & NODE_MASK
                 r = g.node_rule[node]
-                if g.node_final[node] and rule_capture[r] >= 0:
-                    out.append((rule_capture[r], 0 if it & TOP_BIT else <int64_t>(it >> 32), k))
+                if g.node_final[node] and wanted[r] >= 0:
+                    out.append((r, 0 if it & TOP_BIT else <int64_t>(it >> 32), k, j, bool(it & TOP_BIT)))
+        return out
+
+    def occurrences_above(self, int64_t j0):
+        """The occurrences (rule, the set it started in; -1 for the root's) the item at index `j0`
+        lies inside: its callers, theirs, up to the root, each item visited once."""
+        cdef Parser* p = &self.p
+        cdef const GrammarC* g = self.g
+        cdef int64_t j, j2, k
+        cdef int32_t r, o
+        cdef item_t it
+        cdef uint32_t n2
+        out = set()
+        seen = {j0}
+        todo = [j0]
+        while todo:
+            j = todo.pop()
+            it = p.items[j]
+            r = g.node_rule[it & NODE_MASK]
+            if it & TOP_BIT:
+                out.add((r, -1))
+                continue
+            o = <int32_t>(it >> 32)
+            if j != j0:
+                out.add((r, o))
+            for j2 in range(p.set_start[o], p_set_end(p, o)):
+                n2 = p.items[j2] & NODE_MASK
+                for k in range(g.re_start[n2], g.re_start[n2 + 1]):
+                    if g.re_rule[k] == r:
+                        if j2 not in seen:
+                            seen.add(j2)
+                            todo.append(j2)
+                        break
         return out
 
     def history(self, int32_t a, int32_t b):

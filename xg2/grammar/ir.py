@@ -192,6 +192,10 @@ class Rule:
     #: At most this many tokens inside each occurrence of this rule, where it can end (xgrammar's
     #: ``[max_tokens=n]``, enforced by the matcher: see MatcherCore._enforce_budgets); kept a rule.
     max_tokens: int | None = None
+    #: Bytes left out at the end of this rule's own captures (the marker of a suffix/stop rule).
+    capture_trim: int = 0
+    #: Bytes at the end of each completion left out of every enclosing capture (a stop marker).
+    hide_tail: int = 0
 
 
 @dataclass

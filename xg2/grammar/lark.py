@@ -268,6 +268,7 @@ class _Lowering:
         self.names: dict[str, str] = {}
         self.ignore: RuleRef | None = None
         self._regular_terminals: dict[str, Expr] = {}
+        self.markers: dict[str, tuple[str, int | None]] = {}     # suffix/stop rule -> (kind, fixed marker bytes)
 
     def run(self) -> RuleRef:
         ast, ctx, src = self.ast, self.ctx, self.src
@@ -289,11 +290,6 @@ class _Lowering:
             ctx.rules.append(Rule(name, _repeat(item, 0, None)))
         dispatched = self._dispatches()
         captured = [d for d in ast.defs.values() if d.attrs is not None and d.attrs.capture is not None]
-        if captured and any(d.attrs is not None and d.attrs.marker is not None and d.attrs.marker[0] == "stop"
-                            for d in ast.defs.values()):
-            raise src.error("captures in a grammar with a stop rule are not supported by xg2: xgrammar leaves "
-                            "the stop marker out of every enclosing capture, which xg2's captures (whole "
-                            "completions) would hold", captured[0].attrs.capture[0])
         for d in ast.defs.values():
             budget.check("lowering the grammar")
             if d.name in dispatched and dispatched[d.name] is None:
@@ -317,8 +313,14 @@ class _Lowering:
                 capture = d.attrs.capture[1] or d.name      # `[capture]` alone: named after the rule
             if d.attrs is not None and d.attrs.max_tokens is not None:
                 max_tokens = d.attrs.max_tokens[1]
+            kind, marker_bytes = self.markers.get(d.name, ("", 0))
+            if kind == "stop" and marker_bytes is None and captured:
+                raise src.error("a stop rule whose marker is not a fixed string, in a grammar with captures, is not "
+                                "supported by xg2: enclosing captures leave a stop marker out, whose length then "
+                                "varies", d.attrs.marker[1])
             ctx.rules.append(Rule(self.names[d.name], body, temperature=temperature, capture=capture,
-                                  max_tokens=max_tokens))
+                                  max_tokens=max_tokens, capture_trim=(marker_bytes or 0) if capture else 0,
+                                  hide_tail=(marker_bytes or 0) if kind == "stop" else 0))
         return RuleRef(self.names["start"])
 
     def _dispatches(self) -> dict[str, Expr | None]:
@@ -425,13 +427,9 @@ class _Lowering:
             structured = _substring_offsets(d.body) if attrs.marker is not None else []
             if structured:
                 raise src.error("structured %regex cannot be used with suffix or stop", structured[0])
-        if attrs.capture is not None:
-            raise src.error("capturing a suffix or stop rule is not supported by xg2: xgrammar's capture of one "
-                            "leaves out its marker, which xg2's captures (whole completions) would hold",
-                            attrs.capture[0])
+        # (`lazy` beside a marker changes nothing: the marker already commits at its first match)
         for off, why in ((attrs.stop_capture and attrs.stop_capture[0], "stop_capture"),
-                         (attrs.max_chars and attrs.max_chars[0], "max_chars"),
-                         (attrs.lazy, "lazy")):
+                         (attrs.max_chars and attrs.max_chars[0], "max_chars")):
             if off is not None:
                 raise src.error(f"the {why} attribute is not supported by xg2: {_UNSUPPORTED[why]}", off)
         kind, off, marker_node = attrs.marker
@@ -452,6 +450,13 @@ class _Lowering:
         if root is None:
             raise src.error(f"rule '{d.name}' can never match: no text of its body is followed by its {kind} "
                             "marker", off)
+        # A fixed marker's bytes end every match: captures leave them out (the rule's own; for a
+        # stop marker, every enclosing one's too). A marker of varying length cannot be cut so.
+        fixed = _literal(regular[1])
+        self.markers[d.name] = (kind, None if fixed is None else len(fixed.encode("utf-8")))
+        if attrs.capture is not None and fixed is None:
+            raise src.error("capturing a suffix or stop rule whose marker is not a fixed string is not supported "
+                            "by xg2: its captures leave the marker out, whose length then varies", attrs.capture[0])
         return self._lexeme(root, None)
 
     def _lazy(self, d: Any) -> Expr:

@@ -230,6 +230,11 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
         arrays["token_set_start"] = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in token_sets])]).astype(np.int32)
         arrays["token_set_ids"] = np.array([t for ids, _ in token_sets for t in ids], np.int32)
         arrays["token_set_exclude"] = np.array([exclude for _, exclude in token_sets], np.uint8)
+    if any(rule.capture_trim or rule.hide_tail for rule in ir.rules):
+        # Per rule, the marker bytes its own captures leave out, and those every enclosing capture
+        # leaves out (GrammarMatcher.get_captures).
+        arrays["rule_capture_trim"] = np.array([rule.capture_trim for rule in ir.rules], np.int32)
+        arrays["rule_hide"] = np.array([rule.hide_tail for rule in ir.rules], np.int32)
     if any(rule.max_tokens is not None for rule in ir.rules):
         # Per rule, its token budget (-1: none); the matcher enforces it (MatcherCore._enforce_budgets).
         arrays["rule_max_tokens"] = np.array([-1 if rule.max_tokens is None else rule.max_tokens
