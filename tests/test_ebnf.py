@@ -1029,3 +1029,24 @@ def test_lazy_rules_agree_with_xgrammar(src: str) -> None:
             ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
             assert ours.accept_string(text) == ref.accept_string(text), (src, text)
             assert ours.is_completed() == ref.is_completed(), (src, text)
+
+
+@pytest.mark.parametrize("pattern", [r"a\\b", r"(a)\\1", "(?<=a)b", "[]", r"\\uZZ", "+a"])
+def test_regex_macro_errors_come_at_compile_time_as_in_xgrammar(pattern: str) -> None:
+    """A Regex(...) whose pattern xg2 cannot build is read (the grammar prints back as written)
+    and refused when compiled, with the rule and the pattern's column, where xgrammar refuses it:
+    at first use."""
+    import xgrammar as xgr
+
+    import xg2
+
+    src = f'root ::= "x" Regex("{pattern}")'
+    for module in (xgr, xg2):
+        grammar = module.Grammar.from_ebnf(src)
+        with pytest.raises(RuntimeError, match="Failed to build the automaton for rule root"):
+            module.GrammarCompiler(module.TokenizerInfo([])).compile_grammar(grammar)
+    ours = xg2.Grammar.from_ebnf(src)
+    assert str(xg2.Grammar.from_ebnf(str(ours))) == str(ours) and f'Regex("{pattern}")' in str(ours)
+    with pytest.raises(xg2.GrammarError) as info:
+        xg2.GrammarCompiler(xg2.TokenizerInfo([])).compile_grammar(ours)
+    assert (info.value.line, info.value.column) == (1, 14)

@@ -59,6 +59,7 @@ from xg2.grammar.ir import (
     RuleRef,
     Seq,
     TokenSet,
+    Unbuildable,
 )
 
 __all__ = [
@@ -764,7 +765,10 @@ class _Parser:
         try:
             expr = regex_to_expr(str(pattern.value), flags=flags)
         except RegexError as e:
-            raise src.error(f"in Regex: {e.message} (column {e.column} of the pattern)", start) from None
+            # Read, not built: the grammar compiles to this error (as xgrammar's, at first use).
+            line, col = src.pos(start)
+            return Unbuildable(src.text[start:toks[self.i - 1].off + 1], f"in Regex: {e.message} (column "
+                               f"{e.column} of the pattern)", line, col)
         return inside_json_string(expr) if json_string else expr
 
     def _token_set(self, exclude: bool) -> Expr:
@@ -1199,6 +1203,8 @@ def _print_expr(root: Expr) -> str:
             out.append(e.name)
         elif isinstance(e, TokenSet):
             out.append(f"{'ExcludeToken' if e.exclude else 'Token'}({', '.join(map(str, e.ids))})")
+        elif isinstance(e, Unbuildable):
+            out.append(e.source)
         elif isinstance(e, FreeText):
             args = [f"{k}=({', '.join(map(_print_literal, v))})" for k, v in
                     (("ends", e.ends), ("excludes", e.excludes), ("tokens", e.tokens)) if v]

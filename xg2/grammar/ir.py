@@ -160,6 +160,19 @@ class TokenSlot:
     index: int
 
 
+@dataclass(frozen=True)
+class Unbuildable:
+    """A part of a grammar that was read but cannot be built (EBNF's ``Regex(...)`` with a
+    pattern that is no regular language xg2 builds): its source, printed back as it was, and the
+    error it raises when the grammar is compiled (xgrammar reports such patterns at first use,
+    so reading the grammar succeeds)."""
+
+    source: str
+    message: str
+    line: int
+    column: int
+
+
 #: The byte that opens a token edge inside automata (then two bytes 0x80 | 6 bits of the slot).
 TOKEN_LEAD = 0xF9
 #: Most distinct token sets one grammar may hold.
@@ -170,7 +183,7 @@ def token_slot_bytes(index: int) -> bytes:
     return bytes((TOKEN_LEAD, 0x80 | (index >> 6), 0x80 | (index & 0x3F)))
 
 
-Expr = Union[Literal, CharClass, Seq, Choice, Repeat, RuleRef, FreeText, TokenSet, TokenSlot]  # noqa: UP007
+Expr = Union[Literal, CharClass, Seq, Choice, Repeat, RuleRef, FreeText, TokenSet, TokenSlot, Unbuildable]  # noqa: UP007
 
 
 @dataclass

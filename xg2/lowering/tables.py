@@ -21,7 +21,7 @@ from ..grammar.fsm import (
     strongly_connected,
 )
 from ..grammar.hashing import GrammarKeys, grammar_keys
-from ..grammar.ir import MAX_TOKEN_SETS, Expr, GrammarIR, TokenSet, TokenSlot, any_node
+from ..grammar.ir import MAX_TOKEN_SETS, Expr, GrammarIR, TokenSet, TokenSlot, Unbuildable, any_node
 from ..grammar.optimize import inline_small_rules, map_leaves, tail_recursion_as_repetition
 from ..grammar.repetition import compress_repetitions
 
@@ -114,10 +114,29 @@ def _all_resumes(fsms: list[RuleFSM], sites: list[list[tuple[int, int, int]]], r
     return out
 
 
+def _first_unbuildable(e: Expr) -> Unbuildable | None:
+    found: list[Unbuildable] = []
+
+    def test(x: Expr) -> bool:
+        if type(x) is Unbuildable:
+            found.append(x)
+            return True
+        return False
+
+    any_node(e, test)
+    return found[0] if found else None
+
+
 def _numbered_token_sets(ir: GrammarIR) -> tuple[GrammarIR, list[tuple[tuple[int, ...], bool]]]:
     """`ir` with each distinct TokenSet replaced by its TokenSlot (numbered in order of first
     use), and the sets by number. Most grammars have none and come back as they are."""
-    if not any(any_node(r.body, lambda x: type(x) is TokenSet) for r in ir.rules):
+    marked = [r for r in ir.rules if any_node(r.body, lambda x: type(x) in (TokenSet, Unbuildable))]
+    for r in marked:
+        bad = _first_unbuildable(r.body)
+        if bad is not None:
+            raise GrammarError(f"Failed to build the automaton for rule {r.name}: {bad.message}", bad.line,
+                               bad.column)
+    if not marked:
         return ir, []
     slots: dict[TokenSet, TokenSlot] = {}
 
