@@ -139,8 +139,8 @@ REFUSED = [
      "a capture leaves its rule's marker out, which a marker of varying length does not allow"),
     ('start: v\nv[max_chars=2]: w\nw: /[a-z]+/', "max_chars is supported by xg2 on terminal-like bodies only",
      "xgrammar counts at run time; xg2 builds the bounded language, which needs a regular body"),
-    ('start: v "z"\nv[stop="x", stop_capture="m"]: /[a-z]*/', "stop_capture attribute is not supported",
-     "no captures, even where the marker itself is built"),
+    ('start: v "z"\nv[stop=/x+/, stop_capture="m"]: /[a-z]*/', "not a fixed string",
+     "the marker's text is what stop_capture records; a marker of varying length has no fixed end"),
     ('start: v "z"\nv[stop="b"]: /(\\n|.)*/', "matches any text",
      "xgrammar lets free text end without the marker (a TagDispatch), chosen by the regex's spelling"),
     ('start: v "z"\nv[suffix="b"]: /(a|[^a])*/', "matches any text",
@@ -791,14 +791,17 @@ MARKER_CAPTURES = [
     ('start[capture="outer"]: item item "z"\nitem[suffix="!"]: /[ab]*/', ["a!b!z"]),
     ('start: a | c\na[capture="a"]: b "q"\nb[stop="!"]: "x"\nc[capture="c"]: "x!"', ["x!", "x!q"]),
     ('start[capture="outer"]: r "z"\nr[capture="inner", lazy, stop="!"]: /[ab]*/', ["a!z"]),
+    ('start[capture="outer"]: r "z"\nr[capture="inner", stop="<e>", stop_capture="m"]: /[a-z]*/', ["ab<e>z"]),
+    ('start: r "z"\nr[suffix="!!", stop_capture="marker"]: /[ab]*/', ["ab!!z", "!!z"]),
 ]
 
 
 @pytest.mark.parametrize("source, texts", MARKER_CAPTURES)
 def test_marker_captures_agree(source: str, texts: list[str]) -> None:
     """Captures around suffix/stop rules with a fixed marker: a rule's own capture leaves its
-    marker out, and a stop marker is left out of every capture it lies inside (not of captures on
-    other parse branches); get_captures after each character, raw and deduplicated, as xgrammar."""
+    marker out, a stop marker is left out of every capture it lies inside (not of captures on
+    other parse branches), and `stop_capture` records the marker itself; get_captures after each
+    character, raw and deduplicated, as xgrammar."""
     pair = [module.GrammarCompiler(module.TokenizerInfo([])).compile_grammar(module.Grammar.from_lark(source))
             for module in (xgr, xg2)]
     for text in texts:

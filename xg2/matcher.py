@@ -207,14 +207,26 @@ class GrammarMatcher:
         the occurrences they lie inside)."""
         arrays = self._compiled._lowered.arrays
         captures, hide = self._capture_table, arrays.get("rule_hide")
-        wanted = captures if hide is None else np.where((captures >= 0) | (hide > 0), 0, -1).astype(np.int32)
-        found = self._core.completions(first, wanted)
-        # within a set, the shorter occurrence (the later start) first, as xgrammar lists them
-        for rule, start, end, item, top in sorted(found, key=lambda e: (e[2], -e[1], e[0])):
-            if captures[rule] >= 0:
-                self._captures.append((int(captures[rule]), start, end, rule, (rule, -1 if top else start)))
+        marks, trim = arrays.get("rule_stop_capture"), arrays.get("rule_capture_trim")
+        mask = captures >= 0
+        if marks is not None:
+            mask = mask | (marks >= 0)
+        if hide is not None:
+            mask = mask | (hide > 0)
+        found = self._core.completions(first, np.where(mask, 0, -1).astype(np.int32))
+        events = []
+        for rule, start, end, item, top in found:
+            occurrence = (rule, -1 if top else start)
+            marker = int(max(trim[rule], hide[rule])) if trim is not None else 0
+            if captures[rule] >= 0:             # the rule's text, its own marker left out
+                events.append((int(captures[rule]), start, end - (int(trim[rule]) if trim is not None else 0), end,
+                               occurrence))
+            if marks is not None and marks[rule] >= 0:      # the marker itself
+                events.append((int(marks[rule]), end - marker, end, end, (rule, "marker")))
             if hide is not None and hide[rule] > 0:
                 self._hidden.append((end, int(hide[rule]), frozenset(self._core.occurrences_above(item))))
+        # within a set, the shorter occurrence (the later start) first, as xgrammar lists them
+        self._captures.extend(sorted(events, key=lambda e: (e[3], -e[1], e[0])))
 
     def get_captures(self, deduplicate: bool = True) -> list[tuple[str, bytes]]:
         """What the grammar's captured rules (``[capture]`` / ``[capture="name"]``) matched in the
@@ -226,19 +238,17 @@ class GrammarMatcher:
         if "capture_names" not in arrays:
             return []
         names = bytes(arrays["capture_names"]).decode("utf-8").split("\0")
-        trim = arrays.get("rule_capture_trim")
         events = self._captures
         if deduplicate:
             longest: dict[tuple[int, int], tuple] = {}
             for e in events:
                 key = (e[0], e[1])
-                if key not in longest or e[2] > longest[key][2]:
+                if key not in longest or e[3] > longest[key][3]:
                     longest[key] = e
             kept = set(longest.values())
             events = [e for e in dict.fromkeys(events) if e in kept]
         out = []
-        for c, start, end, rule, occurrence in events:
-            stop = end - (int(trim[rule]) if trim is not None else 0)     # a suffix/stop rule's own marker
+        for c, start, stop, _end, occurrence in events:
             text = bytearray(self._core.history(start, max(start, stop)))
             # stop markers inside this occurrence: left out, last first so offsets hold
             for h_end, n, inside in sorted(self._hidden, reverse=True):
@@ -292,7 +302,7 @@ class GrammarMatcher:
         self._core.rollback(num_tokens)
         if self._captures or self._hidden:
             n = self._core.n_sets
-            self._captures = [e for e in self._captures if e[2] < n]
+            self._captures = [e for e in self._captures if e[3] < n]
             self._hidden = [e for e in self._hidden if e[0] < n]
 
     def reset(self) -> None:

@@ -190,7 +190,7 @@ _TABLE_DTYPES = {
 _OPTIONAL_DTYPES = {"token_set_start": np.int32, "token_set_ids": np.int32, "token_set_exclude": np.uint8}
 #: The capture tables (GrammarMatcher.get_captures), read in these dtypes when present.
 _CAPTURE_DTYPES = {"rule_capture": np.int32, "capture_names": np.uint8, "rule_max_tokens": np.int32,
-                   "rule_capture_trim": np.int32, "rule_hide": np.int32}
+                   "rule_capture_trim": np.int32, "rule_hide": np.int32, "rule_stop_capture": np.int32}
 #: dtypes a table may have (a blob naming another is refused, not handed to numpy).
 _DTYPES = frozenset({"<i4", "<u4", "<i8", "<u8", "|u1", "|i1", "<i2", "<u2", "<f8"})
 
@@ -299,9 +299,10 @@ def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
             n_names = len(bytes(names).decode("utf-8").split("\0")) if len(names) else 0
         except UnicodeDecodeError:
             raise DeserializeError("capture names are not UTF-8") from None
-        if captures.shape != (n_rules,) or (captures.size and (int(captures.min()) < -1
-                                                                or int(captures.max()) >= n_names)):
-            raise DeserializeError("table 'rule_capture' names a capture that is not there")
+        for table in (captures, a.get("rule_stop_capture")):
+            if table is not None and (table.shape != (n_rules,) or (table.size and (
+                    int(table.min()) < -1 or int(table.max()) >= n_names))):
+                raise DeserializeError("a capture table names a capture that is not there")
     for name in ("rule_capture_trim", "rule_hide"):
         x = a.get(name)
         if x is not None and (x.shape != (n_rules,) or (x.size and int(x.min()) < 0)):

@@ -1084,7 +1084,8 @@ def _with_char_budgets(rules: list[Rule], budgets: dict[str, tuple[int, int, boo
                             "token sets)", off) from None
         if body is None:
             raise src.error(f"rule '{r.name}' can never match" + (f" within max_chars={n}" if n >= 0 else ""), off)
-        out.append(Rule(r.name, body, r.lookahead, r.follow, r.temperature, r.capture, r.max_tokens, r.capture_trim, r.hide_tail))
+        out.append(Rule(r.name, body, r.lookahead, r.follow, r.temperature, r.capture, r.max_tokens, r.capture_trim, r.hide_tail,
+                  r.stop_capture))
     return out + extra
 
 

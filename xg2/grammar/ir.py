@@ -209,6 +209,9 @@ class Rule:
     capture_trim: int = 0
     #: Bytes at the end of each completion left out of every enclosing capture (a stop marker).
     hide_tail: int = 0
+    #: The capture name each completion's marker (its last `capture_trim` or `hide_tail` bytes) is
+    #: recorded under (Lark's ``stop_capture``).
+    stop_capture: str | None = None
 
 
 @dataclass

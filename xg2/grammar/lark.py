@@ -179,7 +179,6 @@ def _temperature_only(attrs: Any) -> bool:
 
 #: Why xg2 refuses the rule attributes whose meaning lies in the matcher.
 _UNSUPPORTED = {
-    "stop_capture": "its matcher records no captures",
     "max_chars": "its budget is built into the rule's language, which needs a terminal-like body and no other "
                  "matcher attribute besides",
     "lazy": "its matcher has no committed-shortest (lazy) rule matching, nor the dynamic dispatch xgrammar "
@@ -318,9 +317,10 @@ class _Lowering:
                 raise src.error("a stop rule whose marker is not a fixed string, in a grammar with captures, is not "
                                 "supported by xg2: enclosing captures leave a stop marker out, whose length then "
                                 "varies", d.attrs.marker[1])
+            stop_capture = d.attrs.stop_capture[1] if d.attrs is not None and d.attrs.stop_capture else None
             ctx.rules.append(Rule(self.names[d.name], body, temperature=temperature, capture=capture,
-                                  max_tokens=max_tokens, capture_trim=(marker_bytes or 0) if capture else 0,
-                                  hide_tail=(marker_bytes or 0) if kind == "stop" else 0))
+                                  max_tokens=max_tokens, capture_trim=(marker_bytes or 0) if kind else 0,
+                                  hide_tail=(marker_bytes or 0) if kind == "stop" else 0, stop_capture=stop_capture))
         return RuleRef(self.names["start"])
 
     def _dispatches(self) -> dict[str, Expr | None]:
@@ -428,8 +428,7 @@ class _Lowering:
             if structured:
                 raise src.error("structured %regex cannot be used with suffix or stop", structured[0])
         # (`lazy` beside a marker changes nothing: the marker already commits at its first match)
-        for off, why in ((attrs.stop_capture and attrs.stop_capture[0], "stop_capture"),
-                         (attrs.max_chars and attrs.max_chars[0], "max_chars")):
+        for off, why in ((attrs.max_chars and attrs.max_chars[0], "max_chars"),):
             if off is not None:
                 raise src.error(f"the {why} attribute is not supported by xg2: {_UNSUPPORTED[why]}", off)
         kind, off, marker_node = attrs.marker
@@ -454,9 +453,10 @@ class _Lowering:
         # stop marker, every enclosing one's too). A marker of varying length cannot be cut so.
         fixed = _literal(regular[1])
         self.markers[d.name] = (kind, None if fixed is None else len(fixed.encode("utf-8")))
-        if attrs.capture is not None and fixed is None:
+        if (attrs.capture is not None or attrs.stop_capture is not None) and fixed is None:
             raise src.error("capturing a suffix or stop rule whose marker is not a fixed string is not supported "
-                            "by xg2: its captures leave the marker out, whose length then varies", attrs.capture[0])
+                            "by xg2: its captures leave the marker out, whose length then varies",
+                            (attrs.capture or attrs.stop_capture)[0])
         return self._lexeme(root, None)
 
     def _lazy(self, d: Any) -> Expr:

@@ -195,7 +195,8 @@ def embedded(ir: GrammarIR, prefix: str) -> tuple[list[Rule], RuleRef]:
     renamed = {r.name: RuleRef(prefix + r.name) for r in ir.rules}
     rules = [Rule(prefix + r.name, substitute(r.body, renamed),
                   None if r.lookahead is None else substitute(r.lookahead, renamed),
-                  None if r.follow is None else (prefix + r.follow[0], r.follow[1]), r.temperature, r.capture, r.max_tokens, r.capture_trim, r.hide_tail)
+                  None if r.follow is None else (prefix + r.follow[0], r.follow[1]), r.temperature, r.capture, r.max_tokens, r.capture_trim, r.hide_tail,
+                  r.stop_capture)
              for r in ir.rules]
     return rules, renamed[ir.root]
 
@@ -240,11 +241,12 @@ def tail_recursion_as_repetition(ir: GrammarIR) -> GrammarIR:
     for r in ir.rules:
         # (a captured rule keeps its recursion: every level is an occurrence of its own)
         body = (_unrolled_tail(r.name, r.body) if r.capture is None and r.max_tokens is None and not r.hide_tail
-                else None)
+                and r.stop_capture is None else None)
         if body is None:
             out.append(r)
         else:
-            out.append(Rule(r.name, body, r.lookahead, r.follow, r.temperature, r.capture, r.max_tokens, r.capture_trim, r.hide_tail))
+            out.append(Rule(r.name, body, r.lookahead, r.follow, r.temperature, r.capture, r.max_tokens, r.capture_trim, r.hide_tail,
+                  r.stop_capture))
             changed = True
     return GrammarIR(out, ir.root) if changed else ir
 
@@ -300,7 +302,7 @@ def inline_small_rules(ir: GrammarIR, keep: frozenset[str] = frozenset()) -> Gra
         r = rules[name]
         if (name == ir.root or r.lookahead is not None or name in followed or name in keep
                 or r.temperature is not None or r.capture is not None or r.max_tokens is not None
-                or r.hide_tail):
+                or r.hide_tail or r.stop_capture is not None):
             continue
         body = substitute(r.body, inlined) if refs[name] else r.body
         if _more_nodes_than(body, INLINE_LIMIT):
@@ -323,7 +325,8 @@ def inline_small_rules(ir: GrammarIR, keep: frozenset[str] = frozenset()) -> Gra
         touched = any(n in inlined for n in refs[r.name])
         body = substitute(r.body, inlined) if touched else r.body
         la = substitute(r.lookahead, inlined) if r.lookahead is not None else None
-        new_rules.append(Rule(r.name, body, la, r.follow, r.temperature, r.capture, r.max_tokens, r.capture_trim, r.hide_tail))
+        new_rules.append(Rule(r.name, body, la, r.follow, r.temperature, r.capture, r.max_tokens, r.capture_trim, r.hide_tail,
+                  r.stop_capture))
         # inlined bodies call no rule, so the calls left are the ones not inlined
         new_refs[r.name] = [n for n in refs[r.name] if n not in inlined] + (_ref_sites(la) if la is not None else []) \
             + ([r.follow[0]] if r.follow is not None else [])

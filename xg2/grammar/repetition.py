@@ -274,5 +274,6 @@ def compress_repetitions(ir: GrammarIR) -> GrammarIR:
     rules = []
     for r, rewrite in zip(ir.rules, todo):
         budget.check("compressing repetitions")
-        rules.append(Rule(r.name, comp.expr(r.body) if rewrite else r.body, r.lookahead, r.follow, r.temperature, r.capture, r.max_tokens, r.capture_trim, r.hide_tail))
+        rules.append(Rule(r.name, comp.expr(r.body) if rewrite else r.body, r.lookahead, r.follow, r.temperature, r.capture, r.max_tokens, r.capture_trim, r.hide_tail,
+                  r.stop_capture))
     return GrammarIR(rules + comp.rules, ir.root)

@@ -258,11 +258,14 @@ def lower(ir: GrammarIR, *, compress: bool = True, max_token_bytes: int | None =
         # Per rule, its token budget (-1: none); the matcher enforces it (MatcherCore._enforce_budgets).
         arrays["rule_max_tokens"] = np.array([-1 if rule.max_tokens is None else rule.max_tokens
                                               for rule in ir.rules], np.int32)
-    if any(rule.capture is not None for rule in ir.rules):
-        # Per rule, the number of its capture name (-1: none); the names, NUL-separated UTF-8.
-        names = sorted({rule.capture for rule in ir.rules if rule.capture is not None})
+    if any(rule.capture is not None or rule.stop_capture is not None for rule in ir.rules):
+        # Per rule, the number of its capture name (-1: none) and of its marker's; the names,
+        # NUL-separated UTF-8.
+        names = sorted({n for rule in ir.rules for n in (rule.capture, rule.stop_capture) if n is not None})
         arrays["rule_capture"] = np.array([-1 if rule.capture is None else names.index(rule.capture)
                                            for rule in ir.rules], np.int32)
+        arrays["rule_stop_capture"] = np.array([-1 if rule.stop_capture is None else names.index(rule.stop_capture)
+                                                for rule in ir.rules], np.int32)
         arrays["capture_names"] = np.frombuffer("\0".join(names).encode("utf-8"), np.uint8).copy()
     if any(rule.temperature is not None for rule in ir.rules):
         # Per rule, its `[temperature=...]` (NaN: none); only grammars that set one carry the table.
