@@ -139,3 +139,19 @@ def test_masks_after_round_trip_of_a_tokenizer(json_info):
     assert m.accept_string("abab") and m.is_completed()
     assert np.array_equal(np.frombuffer(b"".join(_masks(m, b"", back)), np.uint8),
                           np.frombuffer(b"".join(_masks(xg2.GrammarMatcher(compiled), b"abab", json_info)[-1:]), np.uint8))
+
+
+def test_a_padded_vocabulary_comes_back_the_same() -> None:
+    """A TokenizerInfo whose vocab_size passes its vocabulary (padding ids) reads back the same:
+    its decoded vocabulary (not padded out), its JSON, its fingerprint and its special tokens."""
+    import xg2
+
+    vocab = ["1", "212", "a", "A", "b", "一", "-", "aBc", "abc"]
+    for size in (None, 10, 64):
+        info = xg2.TokenizerInfo(vocab, vocab_type=xg2.VocabType.BYTE_FALLBACK, vocab_size=size,
+                                 stop_token_ids=[0, 1], add_prefix_space=True)
+        back = xg2.TokenizerInfo.deserialize_json(info.serialize_json())
+        assert back.decoded_vocab == info.decoded_vocab
+        assert back.serialize_json() == info.serialize_json()
+        assert back.fingerprint == info.fingerprint
+        assert back.special_token_ids == info.special_token_ids and back.vocab_size == info.vocab_size

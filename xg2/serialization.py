@@ -95,13 +95,16 @@ def tokenizer_info_from_json(text: Any) -> TokenizerInfo:
         raise DeserializeError("serialized tokenizer_info: decoded_vocab holds a non-string")
     try:
         decoded = [t.encode("latin-1") for t in vocab]
-        return TokenizerInfo._from_decoded(
-            decoded, VocabType(_field(obj, "vocab_type", int, kind)),
-            vocab_size=_field(obj, "vocab_size", int, kind),
-            stop_token_ids=_field(obj, "stop_token_ids", list, kind),
-            special_token_ids=_field(obj, "special_token_ids", list, kind),
-            add_prefix_space=_field(obj, "add_prefix_space", bool, kind),
-            detect_stop_among=None)
+        # The vocabulary exactly as it was (ids past it are padding up to vocab_size, as they were):
+        # the same tokenizer, down to its fingerprint.
+        info = TokenizerInfo.__new__(TokenizerInfo)
+        info._setup(decoded, VocabType(_field(obj, "vocab_type", int, kind)),
+                    _field(obj, "vocab_size", int, kind), _field(obj, "stop_token_ids", list, kind),
+                    [i for i in _field(obj, "special_token_ids", list, kind) if not (isinstance(i, int)
+                                                                                       and i >= len(decoded))],
+                    _field(obj, "add_prefix_space", bool, kind),
+                    detect_stop_among=None)
+        return info
     except (ValueError, TypeError, UnicodeEncodeError) as e:
         raise DeserializeError(f"serialized tokenizer_info refused: {e}") from None
 

@@ -395,7 +395,8 @@ def _parse(p: str, start: int = 0, dot: Expr = _DOT) -> list[tuple[bool, Expr, b
             if end < n and p[end] == "?":
                 end += 1  # lazy: the same language
             elif end < n and p[end] == "+":
-                raise _err("possessive quantifiers are not supported", end)
+                raise _err("Two consecutive repetition modifiers are not allowed: possessive quantifiers (a++, a*+) are "
+                           "not supported", end)
             top.items[-1] = _repeat(top.items[-1], lo, hi)
             top.quantifiable = False
             i = end
