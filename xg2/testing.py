@@ -190,3 +190,13 @@ def _ebnf_to_grammar_no_normalization(ebnf_string: str, root_rule_name: str = "r
     """The grammar as written (xgrammar's helper parses without its normalisation passes; xg2's
     reader runs none, so this is Grammar.from_ebnf)."""
     return Grammar.from_ebnf(ebnf_string, root_rule_name=root_rule_name)
+
+
+def _get_allow_empty_rule_ids(compiled_grammar: Any) -> list[int]:
+    """The numbers of the rules that accept the empty string, rules numbered as the grammar lists
+    them (its root first, then the others in the order they were written)."""
+    from .grammar.repetition import nullable_rule_names
+
+    ir = compiled_grammar.grammar.ir
+    nullable = nullable_rule_names(ir)
+    return [i for i, rule in enumerate(ir.rules) if rule.name in nullable]

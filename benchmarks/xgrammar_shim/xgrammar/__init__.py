@@ -46,8 +46,8 @@ tests comparing them with xgrammar's exact text fail, as they should.
 Not implementable on xg2's public API (and absent from ``xg2.testing``), so each raises
 NotImplementedError naming itself when called (they are defined, rather than left out, only so
 that a test file's module-level import of them does not also fail that file's other tests):
-``GrammarFunctor`` (its passes), ``_is_rule_fsm_accept_string``, ``_get_allow_empty_rule_ids``,
-``_print_grammar_fsms``. (``_ebnf_to_grammar_no_normalization``, ``_generate_range_regex`` and
+``GrammarFunctor`` (its passes), ``_is_rule_fsm_accept_string``, ``_print_grammar_fsms``.
+(``_ebnf_to_grammar_no_normalization``, ``_get_allow_empty_rule_ids``, ``_generate_range_regex`` and
 ``_generate_float_regex`` are xg2.testing's.)
 """
 
@@ -328,7 +328,7 @@ TESTING_IMPLEMENTED = (
     "bitmask_to_bool_mask", "_traverse_draft_tree", "_json_schema_to_ebnf", "_regex_to_ebnf",
 )
 TESTING_UNAVAILABLE = (
-    "GrammarFunctor", "_is_rule_fsm_accept_string", "_get_allow_empty_rule_ids", "_print_grammar_fsms",
+    "GrammarFunctor", "_is_rule_fsm_accept_string", "_print_grammar_fsms",
 )
 
 _HERE_HELPERS = dict(
