@@ -194,7 +194,8 @@ def _ebnf_to_grammar_no_normalization(ebnf_string: str, root_rule_name: str = "r
 
 def _get_allow_empty_rule_ids(compiled_grammar: Any) -> list[int]:
     """The numbers of the rules that accept the empty string, rules numbered as the grammar lists
-    them (its root first, then the others in the order they were written)."""
+    them (its root first, then the others in the order they were written). xgrammar numbers the
+    rules of its normalised grammar, which can add some (for a repeated group) after these."""
     from .grammar.repetition import nullable_rule_names
 
     ir = compiled_grammar.grammar.ir
