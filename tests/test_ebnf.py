@@ -1050,3 +1050,11 @@ def test_regex_macro_errors_come_at_compile_time_as_in_xgrammar(pattern: str) ->
     with pytest.raises(xg2.GrammarError) as info:
         xg2.GrammarCompiler(xg2.TokenizerInfo([])).compile_grammar(ours)
     assert (info.value.line, info.value.column) == (1, 14)
+
+
+@pytest.mark.parametrize("trigger", ["abc", "abcq"])
+def test_tag_dispatch_refuses_an_excluded_prefix_of_a_trigger(trigger: str) -> None:
+    """An excluded string that begins a trigger would keep the trigger from ever being written
+    (the dispatch would silently never fire): refused, as xgrammar refuses it."""
+    assert_error(f'root ::= TagDispatch(("{trigger}", body), excludes=("abc"))\nbody ::= "!"', 1, 10,
+                 "must not be a prefix of trigger")

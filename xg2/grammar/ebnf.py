@@ -637,6 +637,11 @@ class _Parser:
         self.i += 1
         if not opts["stop_eos"] and not opts["stop_str"]:
             raise src.error("TagDispatch needs stop_eos=true or a stop string to end", start)
+        for tag in after:
+            for x in opts["excludes"]:  # type: ignore[attr-defined]
+                if tag.startswith(x):   # the free text could never reach the trigger
+                    raise src.error(f"Exclude string must not be a prefix of trigger string: {tag} (the excluded "
+                                    f"{x!r} would keep the trigger from ever being written)", start)
         try:
             expr = dispatching(after, opts["excludes"], opts["stop_str"], opts["stop_eos"], opts["loop_after_dispatch"])
         except ValueError as e:
