@@ -1062,3 +1062,30 @@ def test_structural_tag_budget_before_an_overlapping_end_is_refused() -> None:
                                                 "content": {"type": "any_text", "max_tokens": 2}, "end": "aba"}}
     with pytest.raises(xg2.StructuralTagError, match="could begin in the text"):
         xg2.GrammarCompiler(xg2.TokenizerInfo(["a"])).compile_structural_tag(tag)
+
+
+def test_any_tokens_without_an_end_agree() -> None:
+    """A token-triggered tag whose `any_tokens` content has the end "": the tokens stop anywhere
+    and the next trigger token starts the next tag (the content excludes it), as in xgrammar."""
+    vocab = ["<s>", "</s>", "<tool>", "hello", "world", "<bad>", "x"]
+    tag = {"type": "structural_tag", "format": {
+        "type": "token_triggered_tags", "trigger_tokens": ["<tool>"],
+        "tags": [{"type": "tag", "begin": {"type": "token", "token": "<tool>"},
+                  "content": {"type": "any_tokens", "exclude_tokens": ["<tool>", "<bad>"]}, "end": ""}]}}
+    infos = [module.TokenizerInfo(vocab) for module in (xgr, xg2)]
+    pair = [module.GrammarCompiler(info).compile_structural_tag(tag) for module, info in zip((xgr, xg2), infos)]
+    n = len(vocab)
+
+    def allowed(module, m) -> list[int]:
+        bm = module.allocate_token_bitmask(1, n)
+        m.fill_next_token_bitmask(bm)
+        return [i for i in range(n) if (int(bm[0, i // 32]) >> (i % 32)) & 1]
+
+    for path in itertools.product(range(n), repeat=4):
+        ms = [module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair)]
+        for t in path:
+            assert allowed(xg2, ms[1]) == allowed(xgr, ms[0]), (path, t)
+            ok = [m.accept_token(t) for m in ms]
+            assert ok[1] == ok[0], (path, t)
+            if not ok[0] or ms[0].is_terminated():
+                break

@@ -659,6 +659,10 @@ class _Lowering:
                 assert isinstance(content, TokenSet)
                 parts = [TokenSet(tuple(sorted({*content.ids, *self.token_ids([f.end.token], at + "/end")})), True)]
             if isinstance(f.content, _FREE):      # text up to the first end string
+                if list(ends) == [""] and isinstance(f.content, AnyTokensFormat):
+                    # no end string: the tokens may stop anywhere, and what follows the tag goes on
+                    # (say the next trigger token, which they exclude), as xgrammar reads it
+                    return Seq((begin, self._text(f.content, at + "/content", ())))
                 return Seq((begin, self._text(f.content, at + "/content", tuple(ends))))
             end = Text(ends[0]) if len(ends) == 1 else Choice(tuple(Text(e) for e in ends))
             return Seq((begin, self.named(parts[0]), end))
