@@ -821,3 +821,20 @@ def test_a_varying_marker_cannot_be_captured_around() -> None:
                    'start[capture]: r "z"\nr[stop=/!+/]: /[a-z]*/']:
         with pytest.raises(xg2.GrammarError, match="not a fixed string"):
             xg2.Grammar.from_lark(source)
+
+
+@pytest.mark.parametrize("source", ['start: r "!"\nr[max_chars=2, suffix=">"]: TEXT\nTEXT: /(\\n|.)*/',
+                                    'start: r "!"\nr[max_chars=2, suffix=">"]: /[a-z]*/'])
+def test_marker_rules_with_a_char_budget_agree(source: str) -> None:
+    """`r[max_chars=n, suffix=M]`: the marker within the budget, or, once the budget is spent
+    before it, the rule ends without it where its body could (any text: anywhere); every string
+    of up to 5 characters as xgrammar, for one-character markers. (A longer marker that the budget
+    runs out inside: xgrammar lets it finish past the budget, xg2's budget stays strict; a stop
+    rule's budget leaves its marker out: refused yet.)"""
+    pair = [module.GrammarCompiler(module.TokenizerInfo([])).compile_grammar(module.Grammar.from_lark(source))
+            for module in (xgr, xg2)]
+    for n in range(6):
+        for text in map("".join, itertools.product("ab<>!", repeat=n)):
+            ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
+            assert (ours.accept_string(text) and ours.is_completed()) == (ref.accept_string(text)
+                                                                           and ref.is_completed()), (source, text)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import GrammarLimitError
-from .ir import EPSILON, CharClass, Expr, Literal, Repeat, Rule
+from .ir import EPSILON, CharClass, Expr, Literal, Repeat, Rule, Seq
 from .regular import MAX_CODEPOINT, MAX_STATES, KeyDFA, avoiding, from_expr, intersect, to_rules
 
 #: Largest budget the product automaton is built for (the short forms take any).
@@ -58,3 +58,49 @@ def text_within_chars(avoid: tuple[str, ...], n: int, fresh: Callable[[str], str
         raise GrammarLimitError(f"a max_chars budget of {n} on text that must avoid {len(avoid)} strings needs an "
                                 f"automaton of more than {MAX_STATES} states")
     return to_rules(intersect(d, _at_most(n)), _spelled, lambda _: fresh(base), rules)
+
+
+def committed_within_chars(body: Expr, marker: Expr, n: int, fresh: Callable[[str], str], base: str,
+                           rules: list[Rule]) -> Expr | None:
+    """A suffix/stop rule with a character budget (``r[max_chars=n, suffix=M]: B``), as xgrammar
+    reads it: the body's text up to the first completion of the marker within n code points,
+    marker included; and, where the budget runs out before the marker, the rule ends there
+    without it if its text so far is a whole text of the body (not inside the marker). A body
+    that reads any text may also end without the marker anywhere within the budget (xgrammar's
+    language for such bodies). Built as the product of the committed automaton, the body's and a
+    counter, written as rules."""
+    from .regular import _co_reachable, _step
+
+    d = from_expr(Seq((body, marker)))
+    dead = len(d.moves)
+    cut = tuple(((0, MAX_CODEPOINT, dead),) if s in d.finals else row for s, row in enumerate(d.moves))
+    c = KeyDFA(cut + (((0, MAX_CODEPOINT, dead),),), d.finals)
+    b = from_expr(body)
+    anywhere = b.complement().is_empty()
+    live = _co_reachable(c)
+    if n > MAX_PRODUCT_BUDGET or (n + 2) * len(c.moves) * len(b.moves) > 4 * MAX_STATES:
+        raise GrammarLimitError(f"a max_chars budget of {n} with a marker needs an automaton of more than "
+                                f"{MAX_STATES} states")
+    sink = (dead, 0, n + 1)
+    index: dict[tuple[int, int, int], int] = {(0, 0, 0): 0}
+    order = [(0, 0, 0)]
+    moves: list[tuple[tuple[int, int, int], ...]] = []
+    i = 0
+    while i < len(order):
+        cs, bs, k = order[i]
+        i += 1
+        points = sorted({lo for lo, _, _ in c.moves[cs]} | {lo for lo, _, _ in b.moves[bs]})
+        row = []
+        for j, lo in enumerate(points):
+            hi = points[j + 1] - 1 if j + 1 < len(points) else MAX_CODEPOINT
+            t = _step(c.moves[cs], lo)
+            key = (t, _step(b.moves[bs], lo), k + 1) if k < n and t in live and cs != dead else sink
+            if key not in index:
+                index[key] = len(order)
+                order.append(key)
+            row.append((lo, hi, index[key]))
+        moves.append(tuple(row))
+    finals = frozenset(
+        j for j, (cs, bs, k) in enumerate(order)
+        if k <= n and cs != dead and (cs in c.finals or (bs in b.finals and cs in live and (k == n or anywhere))))
+    return to_rules(KeyDFA(tuple(moves), finals), _spelled, lambda _: fresh(base), rules)

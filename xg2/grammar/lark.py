@@ -72,7 +72,7 @@ from typing import Any
 
 from xg2.errors import GrammarError, GrammarLimitError
 from xg2.grammar import budget
-from xg2.grammar.char_budget import within_chars
+from xg2.grammar.char_budget import committed_within_chars, within_chars
 from xg2.grammar.ebnf import MAX_GRAMMAR_BYTES
 from xg2.grammar.ir import (
     EPSILON,
@@ -428,22 +428,27 @@ class _Lowering:
             if structured:
                 raise src.error("structured %regex cannot be used with suffix or stop", structured[0])
         # (`lazy` beside a marker changes nothing: the marker already commits at its first match)
-        for off, why in ((attrs.max_chars and attrs.max_chars[0], "max_chars"),):
-            if off is not None:
-                raise src.error(f"the {why} attribute is not supported by xg2: {_UNSUPPORTED[why]}", off)
         kind, off, marker_node = attrs.marker
         marker = self.lower(marker_node, terminal=d.name)
         try:
             regular = [self._inlined(e, off) for e in (body, marker)]
             if sum(expr_size(e, MAX_MARKER_EXPR) for e in regular) > MAX_MARKER_EXPR:
                 raise GrammarLimitError(f"the body and marker are larger than {MAX_MARKER_EXPR} nodes")
-            if from_expr(regular[0]).complement().is_empty():
+            if attrs.max_chars is not None and kind == "stop":
+                raise src.error("a character budget on a stop rule is not supported by xg2 yet (xgrammar counts "
+                                "its text but not its marker)", attrs.max_chars[0])
+            if attrs.max_chars is not None:
+                # a character budget: the marker within it, or the budget's end without it
+                root = committed_within_chars(regular[0], regular[1], attrs.max_chars[1], self.ctx.fresh,
+                                              f"{self.names[d.name]}_{kind}", self.ctx.rules)
+            elif from_expr(regular[0]).complement().is_empty():
                 raise src.error(
                     f"a {kind} marker on a rule whose body matches any text is not supported by xg2: xgrammar "
                     "gives such a rule a language of its own (the text may also end without the marker, and a "
                     "rule heading a repeated item becomes a dynamic dispatch), which xg2 does not build", off)
-            root = committed_rules(regular[0], regular[1], self.ctx.fresh, f"{self.names[d.name]}_{kind}",
-                                   self.ctx.rules)
+            else:
+                root = committed_rules(regular[0], regular[1], self.ctx.fresh, f"{self.names[d.name]}_{kind}",
+                                       self.ctx.rules)
         except GrammarLimitError as e:
             raise src.limit_error(f"rule '{d.name}' with a {kind} marker: {e.message}", off) from None
         if root is None:
@@ -451,7 +456,8 @@ class _Lowering:
                             "marker", off)
         # A fixed marker's bytes end every match: captures leave them out (the rule's own; for a
         # stop marker, every enclosing one's too). A marker of varying length cannot be cut so.
-        fixed = _literal(regular[1])
+        # (under a character budget the rule may end without its marker: no fixed end to cut)
+        fixed = _literal(regular[1]) if attrs.max_chars is None else None
         self.markers[d.name] = (kind, None if fixed is None else len(fixed.encode("utf-8")))
         if (attrs.capture is not None or attrs.stop_capture is not None) and fixed is None:
             raise src.error("capturing a suffix or stop rule whose marker is not a fixed string is not supported "
