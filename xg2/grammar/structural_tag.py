@@ -41,6 +41,17 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 PREFIX = "Invalid structural tag error: "
 
 
+def _decoded(text: str | bytes | bytearray) -> Any:
+    """A structural tag's JSON text as plain data (typed errors: not JSON, nested too deep)."""
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError as e:
+        raise _error(f"Failed to parse JSON: {e}", cls=StructuralTagJSONError) from None
+    except RecursionError:
+        raise GrammarLimitError(f"structural tag nested deeper than {MAX_TAG_NESTING} levels",
+                                pointer="") from None
+
+
 def _error(message: str, pointer: str = "", cls: type = StructuralTagError) -> StructuralTagError:
     """A StructuralTagError (or `cls`) with the common prefix."""
     return cls(PREFIX + message, pointer)
@@ -70,14 +81,7 @@ class _Pydantic:
 
     @classmethod
     def model_validate_json(cls, text: str | bytes) -> Any:
-        try:
-            data = msgspec.json.decode(text)
-        except msgspec.DecodeError as e:
-            raise _error(f"Failed to parse JSON: {e}", cls=StructuralTagJSONError) from None
-        except RecursionError:
-            raise GrammarLimitError(f"structural tag nested deeper than {MAX_TAG_NESTING} levels",
-                                    pointer="") from None
-        return _validate(cls, data)
+        return _validate(cls, _decoded(text))
 
 
 class _Format(_Pydantic, msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
@@ -226,13 +230,7 @@ def parse_structural_tag(tag: Any) -> StructuralTag:
         tag = tag.model_dump(mode="json", by_alias=True)
     if isinstance(tag, (str, bytes, bytearray)):
         # decoded as plain data first, so that a type error can be explained with the data around it
-        try:
-            tag = msgspec.json.decode(tag)
-        except msgspec.DecodeError as e:
-            raise _error(f"Failed to parse JSON: {e}", cls=StructuralTagJSONError) from None
-        except RecursionError:
-            raise GrammarLimitError(f"structural tag nested deeper than {MAX_TAG_NESTING} levels",
-                                    pointer="") from None
+        tag = _decoded(tag)
     check_nesting(tag, MAX_TAG_NESTING, "structural tag")
     try:
         try:
