@@ -203,8 +203,8 @@ class GrammarMatcher:
     def _record_captures(self, first: int) -> None:
         """The captured rules (and stop rules, whose markers enclosing captures leave out) that
         completed in the state sets from `first` on (the text just accepted): captures as
-        (capture number, start set, end set, rule, occurrence), stop markers as (end set, bytes,
-        the occurrences they lie inside)."""
+        (capture number, start set, end of its text, end set, occurrence), stop markers as (end
+        set, bytes, the occurrences they lie inside)."""
         arrays = self._compiled._lowered.arrays
         captures, hide = self._capture_table, arrays.get("rule_hide")
         marks, trim = arrays.get("rule_stop_capture"), arrays.get("rule_capture_trim")
