@@ -1058,3 +1058,24 @@ def test_tag_dispatch_refuses_an_excluded_prefix_of_a_trigger(trigger: str) -> N
     (the dispatch would silently never fire): refused, as xgrammar refuses it."""
     assert_error(f'root ::= TagDispatch(("{trigger}", body), excludes=("abc"))\nbody ::= "!"', 1, 10,
                  "must not be a prefix of trigger")
+
+
+def test_every_combination_of_rule_attributes_reads_or_is_refused() -> None:
+    """EBNF's rule attributes, up to three at once, on a regular body, a rule reference and a
+    recursive rule: each grammar compiles or raises a located GrammarError, never anything else."""
+    import itertools
+
+    import xg2
+
+    attrs = ["lazy", "capture", 'capture="x"', "max_tokens=2", "max_chars=2", "temperature=0.5", "suffix=\"!\"",
+             "bogus"]
+    bodies = ["[ab]+", '"a" s', '"a" r | "b"']
+    compiler = xg2.GrammarCompiler(xg2.TokenizerInfo(["a", "b", "z"]))
+    for k in (1, 2, 3):
+        for combo in itertools.combinations(attrs, k):
+            for body in bodies:
+                src = f'root ::= r "z"\nr[{", ".join(combo)}] ::= {body}\ns ::= "b"'
+                try:
+                    compiler.compile_grammar(xg2.Grammar.from_ebnf(src))
+                except xg2.GrammarError as e:
+                    assert e.line is not None, src

@@ -838,3 +838,21 @@ def test_marker_rules_with_a_char_budget_agree(source: str) -> None:
             ref, ours = (module.GrammarMatcher(g) for module, g in zip((xgr, xg2), pair))
             assert (ours.accept_string(text) and ours.is_completed()) == (ref.accept_string(text)
                                                                            and ref.is_completed()), (source, text)
+
+
+def test_every_combination_of_rule_attributes_builds_or_is_refused() -> None:
+    """No combination of up to three rule attributes, on a regular body, on any text or on a rule
+    reference, crashes: each builds (and compiles) or raises a located GrammarError."""
+    attrs = ["lazy", "capture", 'capture="x"', "max_tokens=2", "max_chars=2", "temperature=0.5", 'suffix="!"',
+             'stop="!"', "suffix=/!+/", 'stop_capture="m"']
+    bodies = ["/[ab]+/", "TEXT", '"a" s']
+    info = xg2.TokenizerInfo(["a", "b", "!", "z"])
+    compiler = xg2.GrammarCompiler(info)
+    for k in (1, 2, 3):
+        for combo in itertools.combinations(attrs, k):
+            for body in bodies:
+                src = f'start: r "z"\nr[{", ".join(combo)}]: {body}\ns: "b"\nTEXT: /(\\n|.)*/'
+                try:
+                    compiler.compile_grammar(xg2.Grammar.from_lark(src, tokenizer_info=info))
+                except xg2.GrammarError as e:
+                    assert e.line is not None, src
