@@ -11,6 +11,7 @@ the rule whose entry it builds and for the context it checks leftover bytes agai
 from libc.stdint cimport uint8_t, int8_t, int32_t, uint32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, realloc, free, calloc, qsort
 from libc.string cimport memset, memcpy, memcmp, memmove
+from libc.math cimport NAN
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
