@@ -76,18 +76,24 @@ _REST = Seq((Repeat(CHAR, 0, None), Literal('"')))
 _WIDE_REST = Seq((CharClass(((0, 0x7F),), negated=True), _REST))
 
 
-def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rule) -> Expr:
-    """A JSON string whose value is none of `keys` (spelt canonically; see the module notes).
 
-    `rest` is the rest of any string once it has left the keys' trie and `nonascii_rest` a non-ASCII
-    character followed by `rest`, both shared rules: the trie's nodes then do not each carry a copy
-    of the string loop or of the UTF-8 automaton, which made these rules the slowest to compile."""
+def _trie(keys) -> dict:
+    """The keys as nested dicts, one level per character; "" marks where a key ends."""
     trie: dict = {}
     for k in keys:
         node = trie
         for c in k:
             node = node.setdefault(c, {})
         node[""] = True
+    return trie
+
+def _string_excluding(keys: list[str], rest: Expr, nonascii_rest: Expr, make_rule) -> Expr:
+    """A JSON string whose value is none of `keys` (spelt canonically; see the module notes).
+
+    `rest` is the rest of any string once it has left the keys' trie and `nonascii_rest` a non-ASCII
+    character followed by `rest`, both shared rules: the trie's nodes then do not each carry a copy
+    of the string loop or of the UTF-8 automaton, which made these rules the slowest to compile."""
+    trie = _trie(keys)
     # post-order over the trie without recursion; every 50th level becomes its own rule so the
     # expression nesting stays shallow for very long keys
     built: dict[int, Expr] = {}
@@ -119,12 +125,7 @@ def _excluding_dfa(keys: list[str]) -> KeyDFA:
     rest of the string, to which every trie node leaves: in the expression each node has its own
     copy, which subset construction keeps apart (tens of thousands of states for forty long keys,
     where the trie has about a thousand nodes)."""
-    trie: dict = {}
-    for k in keys:
-        node = trie
-        for c in k:
-            node = node.setdefault(c, {})
-        node[""] = True
+    trie = _trie(keys)
     start, end, rest, root = 0, 1, 2, 3
     pieces: list[tuple[Expr, int, int]] = [(Literal('"'), start, root), (_REST, rest, end)]
     n = 4
