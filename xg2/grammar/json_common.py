@@ -40,8 +40,7 @@ ANNOTATIONS = frozenset({
     "contentEncoding", "contentMediaType", "contentSchema",
 })
 UNSUPPORTED = frozenset({
-    "dependentSchemas", "contains", "minContains", "maxContains", "not", "if", "then",
-    "else", "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
+    "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
 })
 HANDLED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items",
@@ -49,7 +48,8 @@ HANDLED = frozenset({
     "oneOf", "allOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "uniqueItems", "pattern", "format", "multipleOf", "patternProperties", "propertyNames",
     "minProperties", "maxProperties", "dependentRequired", "dependencies", "unevaluatedProperties",
-    "unevaluatedItems",
+    "unevaluatedItems", "not", "if", "then", "else", "contains", "minContains", "maxContains",
+    "dependentSchemas",
 })
 #: Keywords whose meaning depends on each other: merged as one function from a key (an index) to
 #: the schema its member (its item) must meet.
@@ -190,6 +190,10 @@ def _canon_str(s: str) -> str:
 _CANNOT = object()
 #: Internal keyword carrying a oneOf/anyOf over required-sets down to the object lowering.
 PRESENCE = "\x00presence"
+#: Internal keywords holding the `if`/`then`/`else` groups and `contains` groups of merged
+#: schemas beyond the first (each a list of dicts with those keywords; merging concatenates them).
+CONDITIONS = "\x00conditions"
+MORE_CONTAINS = "\x00contains"
 
 
 # --- small helpers shared by the JSON and the XML lowerings ------------------------------------

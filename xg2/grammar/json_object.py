@@ -18,6 +18,7 @@ from .json_common import (
     ANNOTATIONS,
     CHAR,
     CLOSING,
+    CONDITIONS,
     EMPTY,
     MAX_ANY_ORDER,
     MAX_KEY_PATTERNS,
@@ -31,6 +32,7 @@ from .json_common import (
     _canon_str,
     _ptr,
 )
+from .json_negation import leaves
 from .json_string import json_string_body
 from .regex import regex_to_expr
 from .regular import KeyDFA, intersect, to_rules
@@ -145,6 +147,57 @@ def _excluding_dfa(keys: list[str]) -> KeyDFA:
     return determinize(pieces, n, start, {end})
 
 
+#: Most alternatives written for where the member a `not` asks for sits among the counted others.
+MAX_FOUND_PLACES = 32
+
+
+def _run_with(extra: Expr | None, found: Expr, sep: Expr, lead: Expr | None, lo: int, hi: int | None) -> Expr | None:
+    """A run of between max(lo, 1) and hi members (each after `sep`, the first after `lead`, or
+    nothing when `lead` is None), one of them `found`, the others `extra`: for each number a of
+    members before it, ``extra{a} found extra{b}`` with a + 1 + b in range (None when hi is 0)."""
+    if hi is not None and hi < 1:
+        return None
+    first = EMPTY if lead is None else lead
+
+    def block(n_min: int, n_max: int | None, starts: bool) -> Expr:
+        """n_min..n_max extra members, each after `sep` (the first after `first` if `starts`)."""
+        if extra is None:
+            return EMPTY if n_min == 0 else NEVER
+        if not starts or n_max == 0:
+            return Repeat(Seq((sep, extra)), n_min, n_max)
+        head = Seq((first, extra, Repeat(Seq((sep, extra)), max(n_min - 1, 0), None if n_max is None else n_max - 1)))
+        return head if n_min > 0 else Choice((EMPTY, head))
+
+    def place(a_min: int, a_max: int | None, b_min: int, b_max: int | None) -> Expr:
+        before = block(a_min, a_max, True)
+        if a_max == 0:
+            return Seq((first, found, block(b_min, b_max, False)))
+        if a_min == 0:      # nothing before it: the found member takes the lead
+            return Choice((Seq((first, found, block(b_min, b_max, False))),
+                           Seq((block(1, a_max, True), sep, found, block(b_min, b_max, False)))))
+        return Seq((before, sep, found, block(b_min, b_max, False)))
+
+    need = max(lo - 1, 0)   # members besides the found one
+    alts: list[Expr] = []
+    if hi is None:
+        for a in range(need):
+            alts.append(place(a, a, need - a, None))
+        alts.append(place(need, None, 0, None))
+    else:
+        for a in range(hi):
+            alts.append(place(a, a, max(need - a, 0), hi - 1 - a))
+    if len(alts) > MAX_FOUND_PLACES:
+        raise GrammarLimitError(f"a member that must exist among up to {hi} counted members needs more than "
+                                f"{MAX_FOUND_PLACES} alternatives")
+    return _choice(alts)
+
+
+def _has_schema_dependencies(s: dict) -> bool:
+    deps = s.get("dependencies")
+    return isinstance(deps, dict) and any(isinstance(v, dict) and set(v) - ANNOTATIONS - {"required"}
+                                          or v is False for v in deps.values())
+
+
 class ObjectLowering:
     """The object half of the converter; see the module notes."""
 
@@ -157,8 +210,9 @@ class ObjectLowering:
         keywords the same way). Then `unevaluatedProperties` means `additionalProperties`, or
         nothing if `s` has one: that keyword evaluates every member the others leave; likewise
         `unevaluatedItems` means the items after the positional ones, or nothing if those are
-        already covered. `anyOf`/`oneOf` (and `contains`, for items) would make the evaluated set
-        depend on which subschemas hold, so there they are not supported."""
+        already covered. `anyOf`/`oneOf`, `if` and schema dependencies (and `contains`, for items)
+        would make the evaluated set depend on which subschemas hold, so there they are not
+        supported (`not` evaluates nothing: its complement is met after closing)."""
         if not isinstance(s, dict) or ("unevaluatedProperties" not in s and "unevaluatedItems" not in s):
             return s
         if "unevaluatedItems" in s and not isinstance(s["unevaluatedItems"], (bool, dict)):
@@ -179,8 +233,10 @@ class ObjectLowering:
             if kw not in s:
                 continue
             extra = s.pop(kw)
-            blocker = next((k for k in ("anyOf", "oneOf", "contains") if k in s
+            blocker = next((k for k in ("anyOf", "oneOf", "contains", "if", "dependentSchemas", CONDITIONS) if k in s
                             and (k != "contains" or kw == "unevaluatedItems")), None)
+            if blocker is None and _has_schema_dependencies(s):
+                blocker = "dependencies"
             if blocker is not None:
                 self.unsupported(kw, _ptr(ptr, kw), f"{kw} next to {blocker} (the evaluated "
                                  f"{'members' if kw == 'unevaluatedProperties' else 'items'} depend on which "
@@ -240,9 +296,11 @@ class ObjectLowering:
             entries.append((k, member, k in required))
         return entries
 
-    def object_of(self, schema: dict, ptr: str, d: int, entries: list, extra: Expr | None) -> Expr | None:
-        """The object of its named members and the member for the others (`extra`), under
-        min/maxProperties, the dependencies and the presence branches."""
+    def object_of(self, schema: dict, ptr: str, d: int, entries: list, extra: Expr | None,
+                  found: Expr | None = None) -> Expr | None:
+        """The object of its named members and the member for the others (`extra`; `found`: one of
+        them that must be there), under min/maxProperties, the dependencies and the presence
+        branches."""
         lo = self.bound(schema, "minProperties", ptr, 0)
         hi = self.bound(schema, "maxProperties", ptr, None)
         if hi is not None and lo > hi:
@@ -262,10 +320,57 @@ class ObjectLowering:
             index = {k: i for i, (k, _m, _r) in enumerate(entries)}
             # every key of a group is named, so one missing from the entries cannot appear at all
             presence = (mode, [{index[k] for k in group} for group in sets if all(k in index for k in group)])
-        return self.members(entries, extra, lo, hi, d, ptr, deps, presence)
+        return self.members(entries, extra, lo, hi, d, ptr, deps, presence, found)
 
-    def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
-        """An object written as JSON (XML-style arguments are the converter's `xml_obj`)."""
+    def witness(self, leaf: dict, ptr: str) -> tuple[KeyDFA, Any]:
+        """What ``not leaf`` asks of an object (json_negation.py): a member whose key is in the
+        returned language and whose value meets the returned schema (or _CANNOT as the schema)."""
+        where = _ptr(ptr, "not")
+        universe = _key_dfa(Repeat(CharClass(((0, 0x10FFFF),)), 0, None))
+        if "propertyNames" in leaf:
+            names = self.key_language(leaf["propertyNames"], _ptr(where, "propertyNames"))
+            return (_key_dfa(NEVER) if names is None else names.complement()), True
+        if "patternProperties" in leaf and "additionalProperties" not in leaf:
+            (pat, sub), = leaf["patternProperties"].items()
+            dfa, _sub, _w = self.pattern_languages({"patternProperties": {pat: sub}}, where)[0]
+            return dfa, self.complement(sub, _ptr(where, "patternProperties", pat))
+        keys = universe
+        listed = [k for k in leaf.get("properties", {})]
+        if listed:
+            keys = intersect(keys, _key_dfa(Choice(tuple(Literal(k) for k in listed))).complement())
+        for dfa, _sub, _w in self.pattern_languages({"patternProperties": leaf.get("patternProperties", {})}, where):
+            keys = intersect(keys, dfa.complement())
+        return keys, self.complement(leaf["additionalProperties"], _ptr(where, "additionalProperties"))
+
+    def obj(self, schema: dict, ptr: str, d: int, witness: tuple[KeyDFA, Any] | None = None) -> Expr | None:
+        """An object written as JSON (XML-style arguments are the converter's `xml_obj`).
+
+        Leaf negations under `not` each ask for a member that must exist (a *witness*): it is one
+        of the named members whose key fits (that member then required, its value also under the
+        witness's schema), or one of the others; the first is placed each way in turn, the rest
+        recursively. Among the other members one witness at a time is supported (`witness`)."""
+        if "not" in schema:
+            rest = {k: v for k, v in schema.items() if k != "not"}
+            first, *others = leaves(schema["not"])
+            if others:
+                rest["not"] = others[0] if len(others) == 1 else {"anyOf": others}
+            keys, value = self.witness(first, ptr)
+            if value is _CANNOT:
+                return self.unsupported("not", _ptr(ptr, "not"), "the value a 'not' asks a member to have has no "
+                                        "positive form that can be enforced", fallback=self.obj(rest, ptr, d, witness))
+            if value is False:
+                return self.nothing("'not' asks for a member no value fits", _ptr(ptr, "not"))
+            _addl, names = self.object_names(rest, ptr)
+            alts = [self.lower(self.merge({**rest, "type": "object"}, {"required": [k], "properties": {k: value}}, ptr),
+                               ptr, d) for k in names if keys.accepts(k)]
+            if witness is not None or others:
+                if not keys.is_empty() and not intersect(keys, _key_dfa(Choice(tuple(Literal(k) for k in names)))
+                                                         .complement() if names else keys).is_empty():
+                    self.unsupported("not", _ptr(ptr, "not"), "more than one member that must exist among the "
+                                     "members the schema does not name")
+            else:
+                alts.append(self.obj(rest, ptr, d, (keys, value)))
+            return _choice(alts)
         addl, names = self.object_names(schema, ptr)
         addl_ptr = _ptr(ptr, "additionalProperties")
         allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
@@ -279,13 +384,34 @@ class ObjectLowering:
         if entries is None:
             return None
         extra = None
+        found = None    # the member that must exist among the others (`witness`)
         if "patternProperties" in schema or "propertyNames" in schema:
             extra = self.key_regions(schema, names, addl, ptr, d, allowed)
             if extra is _CANNOT:
                 return None
+            if witness is not None:
+                found = self.key_regions(schema, names, addl, ptr, d, allowed, witness)
+                if found is None:
+                    return None
             addl_value = None
         else:
             addl_value = self.lower(addl, addl_ptr, d + 1)
+            if witness is not None:
+                keys = witness[0]
+                if names:
+                    keys = intersect(keys, _key_dfa(Choice(tuple(Literal(k) for k in names))).complement())
+                value = None if addl_value is None else self.lower(_both(addl, witness[1]), addl_ptr, d + 1)
+                if value is None or keys.is_empty():
+                    return None
+                if self.excl is None:
+                    key = self.cached(("key", keys), "key", lambda: to_rules(keys, json_string_body, self.new_name,
+                                                                            self.rules))
+                else:
+                    key = self.cached(("key", keys), "key", lambda: self.excluded(lambda: self.excl.avoid_spelled(
+                        keys, json_string_body, self.new_name, self.rules), addl_ptr))
+                if key is None:
+                    return None
+                found = self.add_rule("m_found", Seq((Literal('"'), key, Literal('"'), self.colon(), value)))
         if addl_value is not None and self.excl is not None:
             # a key that is none of the names and holds no excluded string (any free string without names)
             def other_key():
@@ -301,7 +427,7 @@ class ObjectLowering:
             key = self.cached(("key_excluding", tuple(names)), "other_key",
                               lambda: _string_excluding(names, rest, wide, self.add_rule))
             extra = self.add_rule("m_other", Seq((key, self.colon(), addl_value)))
-        return self.object_of(schema, ptr, d, entries, extra)
+        return self.object_of(schema, ptr, d, entries, extra, found)
 
     def lower_allows_extra(self, schema: dict) -> bool:
         return schema.get("additionalProperties", self.open_by_default(schema)) is not False or \
@@ -343,13 +469,16 @@ class ObjectLowering:
 
     def members(self, entries: list[tuple[str, Expr, bool]], extra: Expr | None, lo: int, hi: int | None,
                 d: int, ptr: str, deps: dict[int, set[int]] | None = None,
-                presence: tuple[str, list[set[int]]] | None = None) -> Expr | None:
+                presence: tuple[str, list[set[int]]] | None = None, found: Expr | None = None) -> Expr | None:
         """The object body as an automaton of rules over (what has been written, how many members).
 
         In schema order (the default), a state is the last named entry written; with `any_order`,
         the set of named entries written (additional members may then come anywhere). Counting
-        members, for minProperties/maxProperties, stops at the largest bound that matters."""
+        members, for minProperties/maxProperties, stops at the largest bound that matters.
+        `found`: an additional member that must be among the others (at least one of them)."""
         sep = self.sep(d)
+        if found is not None and self.any_order:
+            return self.unsupported("not", ptr, "'not' asking for a member among the unnamed ones, with any_order")
         n = len(entries)
         cap = hi if hi is not None else lo
         required = [i for i, (_k, _m, req) in enumerate(entries) if req]
@@ -415,7 +544,11 @@ class ObjectLowering:
                 owed = {b for a, bs in deps.items() if written >> a & 1 for b in bs if not written >> b & 1}
                 alts: list[Expr | None] = []
                 if not later and not owed and present_ok(written):
-                    if extra is not None and (lead is not None or c < (hi if hi is not None else c + 1)):
+                    if found is not None:
+                        run = _run_with(extra, found, sep, lead, max(0, lo - c), None if hi is None else hi - c)
+                        if run is not None:
+                            alts.append(run)
+                    elif extra is not None and (lead is not None or c < (hi if hi is not None else c + 1)):
                         more_min = max(0, lo - c)
                         more_max = None if hi is None else hi - c
                         if lead is not None:
@@ -466,7 +599,7 @@ class ObjectLowering:
         body = _choice(first)
         if body is not None:
             out.append(_seq(self.open("{", d), body, self.close("}", d)))
-        if not required and lo == 0 and present_ok(0):
+        if not required and lo == 0 and present_ok(0) and found is None:
             out.append(self.empty("{}", d))
         return _choice(out)
 
@@ -496,13 +629,13 @@ class ObjectLowering:
                     claims.setdefault(k, []).append(sub)
         return claims
 
-    def regions(self, pats: list, addl: Any, names: list[str], allowed: KeyDFA | None, universe: Expr):
+    def regions(self, pats: list, addl: Any, names: list[str], allowed: KeyDFA | None, universe: Expr | KeyDFA):
         """(region, its value schema, whether a pattern matched it) for each non-empty region of
         the keys in `universe` other than `names` (within propertyNames), split by the patterns
         that match them: a region's value is the conjunction of its patterns' schemas, or
         additionalProperties where none matches (regions need intersections and complements, see
         regular.py)."""
-        base = _key_dfa(universe)
+        base = universe if isinstance(universe, KeyDFA) else _key_dfa(universe)
         if names:
             base = intersect(base, _key_dfa(Choice(tuple(Literal(k) for k in names))).complement())
         if allowed is not None:
@@ -521,20 +654,24 @@ class ObjectLowering:
                 value_schema = _both(value_schema, sub)
             yield region, value_schema, bool(schemas)
 
-    def key_regions(self, schema: dict, names: list[str], addl: Any, ptr: str, d: int, allowed: KeyDFA | None):
+    def key_regions(self, schema: dict, names: list[str], addl: Any, ptr: str, d: int, allowed: KeyDFA | None,
+                    witness: tuple[KeyDFA, Any] | None = None):
         """Members whose key is not a named property: the keys split into regions by which
         patterns match them (regions need intersections and complements, see regular.py), each
         region's value under the conjunction of its patterns' schemas, or additionalProperties
         where none matches; all keys restricted by propertyNames. _CANNOT when a named required
-        key is ruled out by propertyNames."""
+        key is ruled out by propertyNames. With `witness` (keys, schema): only those keys, the
+        values also under that schema."""
         pats = self.pattern_languages(schema, ptr)
         if allowed is not None:
             required = schema.get("required", [])
             if any(not allowed.accepts(k) for k in required):
                 return _CANNOT
         members: list[Expr] = []
-        for region, value_schema, matched in self.regions(pats, addl, names, allowed,
-                                                          Repeat(CharClass(((0, 0x10FFFF),)), 0, None)):
+        universe = Repeat(CharClass(((0, 0x10FFFF),)), 0, None) if witness is None else witness[0]
+        for region, value_schema, matched in self.regions(pats, addl, names, allowed, universe):
+            if witness is not None:
+                value_schema = _both(value_schema, witness[1])
             value = self.lower(value_schema, ptr if matched else _ptr(ptr, "additionalProperties"), d + 1)
             if value is None:
                 continue
@@ -546,7 +683,7 @@ class ObjectLowering:
                                      ptr)
             key = self.cached(("key", region), "key", keys)
             members.append(Seq((Literal('"'), key, Literal('"'), self.colon(), value)))
-        return self.add_rule("m_other", _choice(members)) if members else None
+        return self.add_rule("m_found" if witness else "m_other", _choice(members)) if members else None
 
     def key_language(self, names_schema: Any, ptr: str) -> KeyDFA | None:
         """The keys `propertyNames` allows, as an automaton (None: every key)."""
@@ -572,6 +709,26 @@ class ObjectLowering:
                             out = dfa if out is None else intersect(out, dfa)
                 finally:
                     self.level -= 1
+                continue
+            if k in ("not", "anyOf"):
+                # keys are strings: `not` is the complement among them, `anyOf` the union
+                self.enter(ptr)
+                try:
+                    subs = [self.key_language(sub, _ptr(ptr, k, *([i] if k == "anyOf" else [])))
+                            for i, sub in enumerate(v if k == "anyOf" and isinstance(v, list) else [v])]
+                finally:
+                    self.level -= 1
+                every = _key_dfa(Repeat(CharClass(((0, 0x10FFFF),)), 0, None))
+                if k == "not":
+                    dfa = _key_dfa(NEVER) if subs[0] is None else subs[0].complement()
+                elif any(x is None for x in subs):
+                    continue
+                else:
+                    none = every
+                    for x in subs:
+                        none = intersect(none, x.complement())
+                    dfa = none.complement()
+                out = dfa if out is None else intersect(out, dfa)
                 continue
             if k == "type":
                 if "string" not in ([v] if isinstance(v, str) else v):

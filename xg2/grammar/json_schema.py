@@ -66,6 +66,7 @@ from .json_common import (
     ANNOTATIONS,
     BOUNDS,
     CHAR,
+    CONDITIONS,
     EMPTY,
     HANDLED,
     ITEM_KEYWORDS,
@@ -76,6 +77,7 @@ from .json_common import (
     MAX_SCHEMA_DEPTH,
     MAX_SCHEMA_NESTING,
     MEMBER_KEYWORDS,
+    MORE_CONTAINS,
     NEVER,
     ONE_OF_OVERLAP,
     PRESENCE,
@@ -91,13 +93,14 @@ from .json_common import (
     _ptr,
 )
 from .json_excludes import Excluder
-from .json_object import ObjectLowering
+from .json_negation import NegationLowering, leaf_kind, leaves
+from .json_object import ObjectLowering, _key_dfa
 from .json_string import json_string_body
 from .json_xml import XMLLowering
 from .nesting import check_nesting
 from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
 from .regex import ANY_CHAR, regex_to_expr
-from .regular import intersect
+from .regular import KeyDFA, intersect, residue_dfa, to_rules
 from .schema_merge import both as _both
 from .schema_merge import embedded_resource as _embedded_resource
 from .schema_merge import merge_items as _merge_items
@@ -105,7 +108,7 @@ from .validator import MAX_VALIDATION_DEPTH, Validator, json_equal
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
-class _Converter(XMLLowering, ObjectLowering):
+class _Converter(XMLLowering, ObjectLowering, NegationLowering):
     def __init__(self, root: Any, any_whitespace: bool, indent: int | str | None,
                  separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None,
                  any_order: bool = False, lenient: bool = False, style: str = "json", excludes=()):
@@ -143,6 +146,9 @@ class _Converter(XMLLowering, ObjectLowering):
         self.level = 0
         self.where = ""     # the schema being lowered, for an error that has no better pointer
         self.embedded = _embedded_resource(root)
+        # drafts 4 to 7: "$ref" stands alone, the keywords beside it are ignored
+        draft = root.get("$schema") if isinstance(root, dict) else None
+        self.ref_alone = isinstance(draft, str) and any(f"draft-0{n}/" in draft for n in (3, 4, 6, 7))
         self.raw_open: set[tuple] = set()   # ref branches whose raw strings are being built (json_xml.py)
         self.why_empty: tuple[str, str] | None = None   # the first part found to accept nothing
 
@@ -312,40 +318,92 @@ class _Converter(XMLLowering, ObjectLowering):
         hi = self.bound(schema, "maxLength", ptr, None)
         if hi is not None and lo > hi:
             return None
-        value: Expr | None = None
-        where = ""
+        values: list[Expr] = []
         fmt = schema.get("format")
         if fmt is not None:
             if not isinstance(fmt, str):
                 raise SchemaError("format must be a string", _ptr(ptr, "format"))
-            value = format_expr(fmt)  # unknown formats are annotations, as the specification says
-            where = _ptr(ptr, "format")
+            fx = format_expr(fmt)  # unknown formats are annotations, as the specification says
+            if fx is not None:
+                values.append(fx)
         if "pattern" in schema:
             pattern = schema["pattern"]
             if not isinstance(pattern, str):
                 raise SchemaError("pattern must be a string", _ptr(ptr, "pattern"))
             try:
-                expr = regex_to_expr(pattern, search=True)
+                values.append(regex_to_expr(pattern, search=True))
             except GrammarLimitError:
                 raise
             except GrammarError as exc:
                 return self.unsupported("pattern", _ptr(ptr, "pattern"), f"pattern {pattern!r}: {exc}",
                                         fallback=plain(lo, hi))
-            if value is not None:
-                return self.unsupported("format", where, "format together with pattern cannot be enforced",
-                                        fallback=self.quoted(expr, lo, hi, ptr, raw))
-            value, where = expr, _ptr(ptr, "pattern")
-        if value is None:
+        excluded = leaves(schema["not"]) if "not" in schema else []
+        if excluded or len(values) > 1:
+            return self.string_automaton(values, lo, hi, excluded, ptr, raw)
+        if not values:
             return plain(lo, hi)
-        return self.quoted(value, lo, hi, ptr, raw)
+        return self.quoted(values[0], lo, hi, ptr, raw)
+
+    def string_automaton(self, values: list[Expr], lo: int, hi: int | None, excluded: list[dict], ptr: str,
+                         raw: bool = False) -> Expr | None:
+        """A string meeting every pattern/format in `values`, the length bounds, and none of the
+        `excluded` leaves (`pattern`, `format`, string `enum`/`const`): the languages met and
+        complemented on automata over the decoded text (regular.py), then spelled as JSON (or,
+        `raw`, as raw text without `<`). For what the plain path cannot build: two patterns, a
+        length bound a pattern's structure does not carry, a negation."""
+        dfa = None
+
+        def meet(x: KeyDFA) -> None:
+            nonlocal dfa
+            dfa = x if dfa is None else intersect(dfa, x)
+
+        try:
+            for v in values:
+                meet(_key_dfa(v))
+            if lo > 0 or hi is not None:
+                meet(_key_dfa(Repeat(ANY_CHAR, lo, hi)))
+            if raw:
+                meet(_key_dfa(Repeat(CharClass(((0x3C, 0x3C),), negated=True), 0, None)))
+            for leaf in excluded:
+                (k, v), = ((k, v) for k, v in leaf.items() if k not in ANNOTATIONS)
+                if k == "pattern":
+                    try:
+                        e = regex_to_expr(v, search=True)
+                    except GrammarLimitError:
+                        raise
+                    except GrammarError as exc:
+                        return self.unsupported("not", _ptr(ptr, "not"), f"pattern {v!r}: {exc}", fallback=None)
+                elif k == "format":
+                    e = format_expr(v) if isinstance(v, str) else None
+                    if e is None:
+                        return None     # a format that is an annotation: every string has it
+                else:
+                    e = _choice([Literal(x) for x in (v if k == "enum" else [v])]) or NEVER
+                meet(_key_dfa(e).complement())
+        except GrammarLimitError as exc:
+            if exc.pointer is not None:
+                raise
+            raise GrammarLimitError(f"{exc.message} (the string language of pattern, format, length and 'not' "
+                                    "met on an automaton)", pointer=ptr) from None
+        if dfa is None:
+            dfa = _key_dfa(Repeat(ANY_CHAR, 0, None))
+        if raw:
+            return to_rules(dfa, lambda cc: cc, self.new_name, self.rules)
+
+        def build():
+            if self.excl is None:
+                body = to_rules(dfa, json_string_body, self.new_name, self.rules)
+            else:
+                body = self.excluded(lambda: self.excl.avoid_spelled(dfa, json_string_body, self.new_name,
+                                                                     self.rules), ptr)
+            return None if body is None else Seq((Literal('"'), body, Literal('"')))
+        return self.cached_or_none(("string_automaton", dfa), "string_value", build)
 
     def quoted(self, value: Expr, lo: int, hi: int | None, ptr: str, raw: bool = False) -> Expr | None:
         if lo > 0 or hi is not None:
             limited = _with_length(value, lo, hi)
             if limited is _CANNOT:
-                kw = "maxLength" if hi is not None else "minLength"
-                return self.unsupported(kw, _ptr(ptr, kw), f"{kw} together with pattern/format cannot be "
-                                        "enforced for this pattern", fallback=self.quoted(value, 0, None, ptr, raw))
+                return self.string_automaton([value], lo, hi, [], ptr, raw)
             if limited is None:
                 return None
             value = limited
@@ -411,16 +469,20 @@ class _Converter(XMLLowering, ObjectLowering):
         finally:
             self.level -= 1
 
-    def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
+    def obj(self, schema: dict, ptr: str, d: int, witness=None) -> Expr | None:
         if self.xml_at(d):
+            if "not" in schema:
+                schema = self.unsupported("not", _ptr(ptr, "not"), "'not' asking for a member cannot be enforced "
+                                          "in an XML style", fallback={k: v for k, v in schema.items() if k != "not"})
             return self.xml_obj(schema, ptr, d)
-        return super().obj(schema, ptr, d)
+        return super().obj(schema, ptr, d, witness)
 
     # schema lowering --------------------------------------------------------------------------
     def checker(self) -> Validator:
         """A validator for listed values, with the stack the lowering has left it: each nested
         schema costs the lowering about 4 interpreter frames and the validator about 6."""
-        return Validator(self.root, self.resolve, max(8, min(MAX_VALIDATION_DEPTH, (700 - 4 * self.level) // 6)))
+        return Validator(self.root, self.resolve, max(8, min(MAX_VALIDATION_DEPTH, (700 - 4 * self.level) // 6)),
+                         self.ref_alone)
 
     def enter(self, ptr: str) -> None:
         self.level += 1
@@ -464,8 +526,15 @@ class _Converter(XMLLowering, ObjectLowering):
         finally:
             self.level -= 1
 
+    def alone(self, s: Any) -> Any:
+        """`s` as its draft reads it: before 2019-09 a `$ref` hides the keywords beside it."""
+        if self.ref_alone and isinstance(s, dict) and "$ref" in s and len(s) > 1:
+            return {"$ref": s["$ref"]}
+        return s
+
     def merge(self, a: dict, b: dict, ptr: str) -> dict:
         """One schema valid exactly where both `a` and `b` are (or SchemaError)."""
+        a, b = self.alone(a), self.alone(b)
         self.enter(ptr)
         try:
             return self._merge(a, b, ptr)
@@ -548,7 +617,7 @@ class _Converter(XMLLowering, ObjectLowering):
         # sees only its own members, so it is settled before the members of `a` join them.
         b = self.close_unevaluated(b, ptr)
         for k in b:
-            if k in UNSUPPORTED and k != "not" and not _inert(k, b):  # `not`: see `negate`
+            if k in UNSUPPORTED and not _inert(k, b):
                 self.unsupported(k, _ptr(ptr, k))
         # inline references first so that properties keep the order they are written in (a target
         # may itself be a reference with siblings: followed, a bounded number of hops)
@@ -569,6 +638,17 @@ class _Converter(XMLLowering, ObjectLowering):
             self.merge_members(out, bb, ptr)
         if any(k in out for k in ITEM_KEYWORDS) and any(k in bb for k in ITEM_KEYWORDS):
             _merge_items(out, bb, ptr)
+        # a second `if` (or `contains`) group waits in a list of its own, lowered with the first
+        for group, more in ((("if", "then", "else"), CONDITIONS), (("contains", "minContains", "maxContains"),
+                                                                    MORE_CONTAINS)):
+            for side in (out, bb):
+                if group[0] not in side:
+                    for g in group[1:]:
+                        side.pop(g, None)   # inert without its partner
+            if group[0] in out and group[0] in bb and not all(json_equal(out.get(g), bb.get(g)) for g in group):
+                out[more] = [*out.get(more, []), {g: bb.pop(g) for g in group if g in bb}]
+            if more in bb:
+                out[more] = [*out.get(more, []), *bb.pop(more)]
         for k, v in bb.items():
             if k not in out or json_equal(out[k], v):
                 out[k] = v
@@ -604,10 +684,13 @@ class _Converter(XMLLowering, ObjectLowering):
             elif k in ("anyOf", "oneOf"):
                 out[k] = self.cross_branches(k, out[k], v, ptr)
             elif k == "not":
-                if self.negate({"not": v}, ptr) is _CANNOT:
-                    self.unsupported(k, _ptr(ptr, k))  # lenient: this one is dropped, the other kept
+                if self.complement(v, _ptr(ptr, k)) is _CANNOT:
+                    self.unsupported(k, _ptr(ptr, k), "this form of 'not' has no positive equivalent that can be "
+                                     "enforced")    # lenient: this one is dropped, the other kept
                 else:
                     out[k] = {"anyOf": [out[k], v]}  # neither holds
+            elif k == "dependentSchemas" and isinstance(out[k], dict) and isinstance(v, dict):
+                out[k] = {a: _both(out[k].get(a, True), v.get(a, True)) for a in {**out[k], **v}}
             elif k == "multipleOf" and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
                                            for x in (out[k], v)):
                 out[k] = math.lcm(out[k], v)
@@ -623,6 +706,7 @@ class _Converter(XMLLowering, ObjectLowering):
         return out
 
     def lower(self, schema: Any, ptr: str, d: int) -> Expr | None:
+        schema = self.alone(schema)
         self.enter(ptr)
         try:
             return self._lower(schema, ptr, d)
@@ -646,10 +730,12 @@ class _Converter(XMLLowering, ObjectLowering):
             alts = [self.const(v, d, where) for v in values if checker.valid(v, schema, ptr)
                     and (self.excl is None or self.excl.value_ok(v, self.xml_at(d)))]
             return _choice(factor_literals([a for a in alts if a is not None], self.add_rule, MAX_INLINE_CHARS))
-        if "not" in schema:
-            positive = self.negate(schema, ptr)
-            if positive is not _CANNOT:
-                return None if positive is None else self.lower(positive, ptr, d)
+        if "not" in schema and not self.leaf_applies(schema, ptr):
+            return self.lower_not(schema, ptr, d)
+        if "if" in schema or CONDITIONS in schema:
+            return self.lower_conditions(schema, ptr, d)
+        if "dependentSchemas" in schema or _schema_dependencies(schema):
+            return self.lower_dependent_schemas(schema, ptr, d)
         for k in schema:
             if k in UNSUPPORTED and not _inert(k, schema):
                 self.unsupported(k, _ptr(ptr, k))
@@ -686,8 +772,8 @@ class _Converter(XMLLowering, ObjectLowering):
                         kept = ["object"] if "object" in kept else []
                     rest["type"] = kept
                     return self.lower({**rest, PRESENCE: (kw, sets)}, ptr, d)
-                if kw == "oneOf" and not self.one_of_disjoint(subs, ptr, rest):
-                    self.unsupported("oneOf", _ptr(ptr, kw), ONE_OF_OVERLAP)
+                if kw == "oneOf":
+                    subs = self.exactly_one(subs, ptr, rest)
                 alts = []
                 for i, s in enumerate(subs):
                     p = _ptr(ptr, kw, i)
@@ -709,6 +795,78 @@ class _Converter(XMLLowering, ObjectLowering):
                 return _choice(alts)
         return self.typed(self.close_unevaluated(schema, ptr), ptr, d)
 
+    def contains_array(self, group: dict, prefix: list, prefix_ptr: str, rest: Any, rest_ptr: str, lo: int,
+                       hi: int | None, ptr: str, d: int) -> Expr | None:
+        """An array under `contains` with minContains/maxContains: rules over (items written, items
+        matching counted up to what the bounds need). Each position's schema splits into its
+        matching values and, when there is a maximum, the others (the complement of `contains`);
+        without one any item may be read as not matching, so at least the minimum really match."""
+        where = _ptr(ptr, "contains")
+        want = group["contains"]
+        mn = self.bound(group, "minContains", ptr, 1)
+        mx = self.bound(group, "maxContains", ptr, None)
+        if mx is not None and mn > mx:
+            return self.nothing(f"minContains is greater than maxContains: {mn} > {mx}", ptr)
+        other = True
+        if mx is not None:
+            other = self.complement(want, where)
+            if other is _CANNOT:
+                relaxed = {x: v for x, v in group.items() if x != "maxContains"}
+                return self.unsupported("maxContains", _ptr(ptr, "maxContains"), "maxContains of a schema whose "
+                                        "complement has no positive form that can be enforced",
+                                        fallback=self.contains_array(relaxed, prefix, prefix_ptr, rest, rest_ptr,
+                                                                     lo, hi, ptr, d))
+        k = len(prefix)
+        cap = mn if mx is None else mx
+        last = max(k, lo, 1) if hi is None else hi     # positions from `last` on are alike (hi: none left)
+        if (last + 1) * (cap + 1) > MAX_CONTAINS_STATES:
+            raise GrammarLimitError(f"contains on an array with {last} counted positions and counts up to {cap} "
+                                    f"needs more than {MAX_CONTAINS_STATES} states", pointer=where)
+        items: dict[tuple[int, bool], Expr | None] = {}
+
+        def item(p: int, match: bool) -> Expr | None:
+            at = min(p, k)
+            if (at, match) not in items:
+                base, bp = (prefix[at], _ptr(prefix_ptr, at)) if at < k else (rest, rest_ptr)
+                both = _both(base, want if match else other)
+                items[at, match] = self.add_rule("item", self.lower(both, bp, d + 1)) if both is not False else None
+            return items[at, match]
+
+        refs: dict[tuple[int, int], RuleRef] = {}
+        pending: list[tuple[int, int]] = []
+
+        def state(p: int, c: int) -> RuleRef:
+            key = (min(p, last) if hi is None else p, c)
+            if key not in refs:
+                refs[key] = RuleRef(self.new_name("contains_items"))
+                pending.append(key)
+            return refs[key]
+
+        def body(p: int, c: int) -> Expr | None:
+            alts: list[Expr | None] = []
+            if p > 0 and p >= lo and c >= mn:
+                alts.append(EMPTY)
+            if hi is None or p < hi:
+                lead = self.sep(d) if p > 0 else EMPTY
+                w = item(p, True)
+                if w is not None and (mx is None or c < mx):
+                    alts.append(_seq(lead, w, state(p + 1, min(c + 1, cap))))
+                n = item(p, False)
+                if n is not None:
+                    alts.append(_seq(lead, n, state(p + 1, c)))
+            return _choice(alts)
+
+        start = state(0, 0)
+        i = 0
+        while i < len(pending):
+            p, c = pending[i]
+            self.rules.append(Rule(refs[p, c].name, body(p, c) or NEVER))
+            i += 1
+        out: list[Expr | None] = [_seq(self.open("[", d), start, self.close("]", d))]
+        if lo == 0 and mn == 0:
+            out.append(self.empty("[]", d))
+        return _choice(out)
+
     def ref_branch_key(self, s: dict, rest: dict, ptr: str) -> tuple | None:
         """The identity of a `$ref` branch merged with the keywords beside its union, or None when
         the branch is no reference. A reference that leads back to the same union with the same
@@ -728,12 +886,124 @@ class _Converter(XMLLowering, ObjectLowering):
         that is exact when each list is disjoint (then so are the pairs)."""
         if not isinstance(xs, list) or not isinstance(ys, list) or not xs or not ys:
             raise SchemaError(f"{kw} must be a non-empty array", _ptr(ptr, kw))
-        if kw == "oneOf" and not (self.one_of_disjoint(xs, ptr) and self.one_of_disjoint(ys, ptr)):
-            self.unsupported("oneOf", _ptr(ptr, kw), ONE_OF_OVERLAP)
-        if len(xs) * len(ys) > MAX_CROSS_BRANCHES:
-            raise GrammarLimitError(f"combining two {kw} keywords needs {len(xs) * len(ys)} branches, more "
+        if kw == "oneOf":
+            xs, ys = self.exactly_one(xs, ptr, {}), self.exactly_one(ys, ptr, {})
+        out = [_both(x, y) for x in xs for y in ys if _types_meet(x, y)]
+        if len(out) > MAX_CROSS_BRANCHES:
+            raise GrammarLimitError(f"combining two {kw} keywords needs {len(out)} branches, more "
                                     f"than the limit of {MAX_CROSS_BRANCHES}", pointer=_ptr(ptr, kw))
-        return [_both(x, y) for x in xs for y in ys]
+        return out or [False]
+
+    def leaf_applies(self, schema: dict, ptr: str) -> bool:
+        """Whether the schema's `not` is a leaf negation its typed lowering enforces (json_negation.py):
+        a leaf of a domain that holds every type the schema allows."""
+        kind = leaf_kind(schema["not"])
+        return kind is not None and set(self.types(schema, ptr)) <= _LEAF_TYPES[kind]
+
+    def lower_not(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        """`not` as the complement of its schema (json_negation.py), met with the rest."""
+        rest = {k: v for k, v in schema.items() if k != "not"}
+        # `not` evaluates no member or item: the rest settles its unevaluated keywords first
+        rest = self.close_unevaluated(rest, ptr)
+        comp = self.complement(schema["not"], _ptr(ptr, "not"))
+        if comp is _CANNOT:
+            self.unsupported("not", _ptr(ptr, "not"), "this form of 'not' has no positive equivalent that can be "
+                             "enforced")
+            return self.lower(rest, ptr, d)   # lenient: not enforced
+        if comp is False:
+            return self.nothing("'not' of a schema every value meets", _ptr(ptr, "not"))
+        if comp is True:
+            return self.lower(rest, ptr, d)
+        return self.lower(self.merge(rest, comp, ptr), ptr, d)
+
+    def lower_conditions(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        """`if`/`then`/`else` as ``(if and then) or (not if and else)``, for every such group."""
+        schema = self.close_unevaluated(schema, ptr)   # refused (or dropped, lenient) beside `if`
+        groups = [*([{g: schema[g] for g in ("if", "then", "else") if g in schema}] if "if" in schema else []),
+                  *schema.get(CONDITIONS, [])]
+        rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else", CONDITIONS)}
+        conj = []
+        for group in groups:
+            where = _ptr(ptr, "if")
+            cond, then, other = group["if"], group.get("then", True), group.get("else", True)
+            if then is True and other is True:
+                continue
+            ncond = self.complement(cond, where)
+            if ncond is _CANNOT:
+                self.unsupported("if", where, "'if' whose negation has no positive form that can be enforced (needed "
+                                 "for its 'else', or for values where it fails)")
+                continue    # lenient: not enforced
+            conj.append({"anyOf": [{"allOf": [cond, then]}, {"allOf": [ncond, other]}]})
+        if not conj:
+            return self.lower(rest, ptr, d)
+        return self.lower(self.merge(rest, {"allOf": conj}, ptr), ptr, d)
+
+    def lower_dependent_schemas(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        """dependentSchemas (and draft 4-7 `dependencies` with schemas): for each key, the member
+        is absent, or present and the whole object meets the schema."""
+        schema = self.close_unevaluated(schema, ptr)   # refused (or dropped, lenient) beside them
+        rest = dict(schema)
+        deps = dict(rest.pop("dependentSchemas", {}))
+        if not isinstance(deps, dict):
+            raise SchemaError("dependentSchemas must be an object", _ptr(ptr, "dependentSchemas"))
+        old = _schema_dependencies(schema)
+        if old:
+            rest["dependencies"] = {a: v for a, v in schema["dependencies"].items() if a not in old}
+            if not rest["dependencies"]:
+                rest.pop("dependencies")
+            for a in old:
+                deps[a] = _both(deps.get(a, True), schema["dependencies"][a])
+        conj = [{"anyOf": [{"properties": {a: False}}, {"allOf": [{"required": [a], "properties": {a: True}}, sub]}]}
+                for a, sub in deps.items() if sub is not True]
+        if not conj:
+            return self.lower(rest, ptr, d)
+        return self.lower(self.merge(rest, {"allOf": conj}, ptr), ptr, d)
+
+    def exactly_one(self, subs: list, ptr: str, context: dict) -> list:
+        """oneOf's branches made disjoint: each met with the complement of every branch it may
+        overlap (those not shown disjoint by `overlaps`). Unsupported when a complement has no
+        positive form."""
+        pairs = self.overlaps(subs, ptr, context)
+        if not pairs:
+            return subs
+        if any(k in context for k in ("unevaluatedProperties", "unevaluatedItems")):
+            # the complements would count as evaluating the members they name
+            self.unsupported("oneOf", _ptr(ptr, "oneOf"), ONE_OF_OVERLAP + " (beside unevaluated keywords)")
+            return subs
+        out = []
+        for i, b in enumerate(subs):
+            others = [j for j in range(len(subs)) if (min(i, j), max(i, j)) in pairs]
+            if not others or b is False:
+                out.append(b)
+                continue
+            comps = [self.complement(subs[j], _ptr(ptr, "oneOf", j)) for j in others]
+            if any(c is _CANNOT for c in comps):
+                self.unsupported("oneOf", _ptr(ptr, "oneOf"), ONE_OF_OVERLAP)
+                return subs     # lenient: anyOf
+            if any(c is False for c in comps):
+                continue        # a branch every value meets: no other branch can hold alone
+            out.append({"allOf": [True if b is True else b, *[c for c in comps if c is not True]]})
+        return out or [False]
+
+    def overlaps(self, subs: list, ptr: str, context: dict | None = None) -> set[tuple[int, int]]:
+        """The pairs of oneOf branches (i < j) not shown disjoint (see `one_of_disjoint`)."""
+        branches = []
+        for i, b in enumerate(subs):
+            where = _ptr(ptr, "oneOf", i)
+            b = self.flatten(b, where)
+            if b is False:
+                branches.append(None)
+                continue
+            b = b if isinstance(b, dict) else {}
+            if context is not None:
+                shared = {k: context[k] for k in ("type", *MEMBER_KEYWORDS, "required") if k in context}
+                if shared:
+                    b = self.merge(shared, b, where)
+            branches.append((b, where))
+        checker = self.checker()
+        return {(i, j) for i, x in enumerate(branches) for j in range(i + 1, len(branches))
+                if x is not None and branches[j] is not None
+                and not self.disjoint(x[0], branches[j][0], checker, x[1], branches[j][1])}
 
     def one_of_disjoint(self, subs: list, ptr: str, context: dict | None = None) -> bool:
         """Whether no value can satisfy two branches, shown by types (the branch's own and those of
@@ -808,51 +1078,6 @@ class _Converter(XMLLowering, ObjectLowering):
             return any(name not in x.get("properties", {}) and name not in x.get("required", [])
                        for name in y.get("required", []))
         return shut(a, b) and shut(b, a)
-
-    def negate(self, schema: dict, ptr: str):
-        """`schema` with its `not` turned into positive keywords, for the forms that have one: `not`
-        of everything (nothing is valid), of nothing, of types, or of one required property (the
-        property must then be absent), and `$ref`s and `anyOf`s of those. None when nothing is valid;
-        _CANNOT for other forms."""
-        neg = schema["not"]
-        rest = {k: v for k, v in schema.items() if k != "not"}
-        if isinstance(neg, dict):
-            neg = {k: v for k, v in neg.items() if k not in ANNOTATIONS}
-        if neg is True or neg == {}:
-            return None
-        if neg is False:
-            return rest
-        if not isinstance(neg, dict) or len(neg) != 1:
-            return _CANNOT
-        if "$ref" in neg:
-            target, where = self.resolve(neg["$ref"], _ptr(ptr, "not", "$ref"))
-            self.enter(where)
-            try:
-                return self.negate({**rest, "not": target}, ptr)
-            finally:
-                self.level -= 1
-        if isinstance(neg.get("anyOf"), list):  # none of the branches: each negated in turn
-            self.enter(_ptr(ptr, "not", "anyOf"))
-            try:
-                for branch in neg["anyOf"]:
-                    rest = self.negate({**rest, "not": branch}, ptr)
-                    if rest is None or rest is _CANNOT:
-                        return rest
-                return rest
-            finally:
-                self.level -= 1
-        if "type" in neg:
-            banned = set([neg["type"]] if isinstance(neg["type"], str) else neg["type"])
-            if "number" in banned:
-                banned.add("integer")
-            kept = [t for t in self.types(rest, ptr) if t not in banned]
-            if "integer" in banned and "number" in kept:
-                return _CANNOT  # numbers that are not integers have no grammar form here
-            return {**rest, "type": kept} if kept else None
-        if "required" in neg and isinstance(neg["required"], list) and len(neg["required"]) == 1:
-            name = neg["required"][0]     # every non-object meets `required`, so only objects are left
-            return self.merge(rest, {"type": "object", "properties": {name: False}}, ptr)
-        return _CANNOT
 
     def types(self, schema: dict, ptr: str) -> list[str]:
         t = schema.get("type", list(TYPES))
@@ -945,9 +1170,9 @@ class _Converter(XMLLowering, ObjectLowering):
         ihi = None if hi is None else (math.ceil(hi) - 1 if not hi_incl and hi == math.ceil(hi) else math.floor(hi))
         step = self.multiple_of(schema, ptr)
         if step is not None and step != step.to_integral_value():
-            # integers that are multiples of p/q are the multiples of p / gcd(p, q)
-            num, den = step.as_integer_ratio()
-            step = to_decimal(num // math.gcd(num, den))
+            step = to_decimal(_integer_step(step))
+        if "not" in schema:
+            return self.integer_excluding(ilo, ihi, 1 if step is None else int(step), leaves(schema["not"]), ptr)
         if step is None or step == 1:
             if ilo is None and ihi is None:
                 return self.cached(("integer",), "integer", lambda: INTEGER)
@@ -959,10 +1184,77 @@ class _Converter(XMLLowering, ObjectLowering):
         except ValueError as exc:
             return self.unsupported("multipleOf", _ptr(ptr, "multipleOf"), str(exc), fallback=int_range(ilo, ihi))
 
+    def integer_excluding(self, lo: int | None, hi: int | None, step: int, excluded: list[dict],
+                          ptr: str) -> Expr | None:
+        """Canonical integers in [lo, hi], multiples of `step`, and none of the `excluded` leaves
+        (`multipleOf`, integer `enum`/`const`): listed when few, else a remainder automaton met
+        with the range's and the listed values' automata (regular.py)."""
+        banned: set[int] = set()
+        moduli: list[int] = []
+        for leaf in excluded:
+            (k, v), = ((k, v) for k, v in leaf.items() if k not in ANNOTATIONS)
+            if k == "multipleOf":
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                    raise SchemaError("multipleOf must be a number greater than 0", _ptr(ptr, "not", "multipleOf"))
+                moduli.append(_integer_step(to_decimal(v)))
+            else:
+                banned.update(int(x) for x in (v if k == "enum" else [v]))
+        if 1 in moduli:
+            return self.nothing("'not' of a multipleOf every integer meets", _ptr(ptr, "not"))
+
+        def ok(x: int) -> bool:
+            return x % step == 0 and x not in banned and all(x % m for m in moduli)
+
+        if lo is not None and hi is not None and (hi - lo) // step <= MAX_LISTED_INTEGERS:
+            first = -(-lo // step) * step
+            alts = [Literal(str(x)) for x in range(first, hi + 1, step) if ok(x)]
+            return _choice(factor_literals(alts, self.add_rule, MAX_INLINE_CHARS)) if alts else self.nothing(
+                f"no integer in [{lo}, {hi}] meets multipleOf and 'not'", ptr)
+        modulus = math.lcm(step, *moduli)
+        if modulus > MAX_DIVISOR:
+            return self.unsupported("not", _ptr(ptr, "not"), f"'not' of multipleOf over an unbounded range needs "
+                                    f"remainders modulo {modulus}, more than {MAX_DIVISOR}",
+                                    fallback=int_range(lo, hi))
+        try:
+            dfa = residue_dfa(modulus, lambda r: r % step == 0 and all(r % m for m in moduli))
+            if lo is not None or hi is not None:
+                rng = int_range(lo, hi)
+                if rng is None:
+                    return None
+                dfa = intersect(dfa, _key_dfa(rng))
+            if banned:
+                spelled = [str(x) for x in sorted(banned)] + (["-0"] if 0 in banned else [])
+                dfa = intersect(dfa, _key_dfa(Choice(tuple(Literal(t) for t in spelled))).complement())
+        except GrammarLimitError as exc:
+            raise GrammarLimitError(f"{exc.message} (integers under 'not')", pointer=ptr) from None
+        return self.cached_or_none(("integer_automaton", dfa), "integer",
+                                   lambda: to_rules(dfa, lambda cc: cc, self.new_name, self.rules))
+
     def number(self, schema: dict, ptr: str) -> Expr | None:
         lo, lo_incl, hi, hi_incl = self.numeric_bounds(schema, ptr)
         step = self.multiple_of(schema, ptr)
         bounded = lo is not None or hi is not None
+        if "not" in schema and (step is None or step == step.to_integral_value()):
+            # the integers apart (integer() reads the leaves), then the numbers that are not
+            # integers, which no integer multipleOf or integer enum excludes
+            for leaf in leaves(schema["not"]):
+                v = leaf.get("multipleOf", 1)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+                        to_decimal(v) != to_decimal(v).to_integral_value():
+                    return self.unsupported("not", _ptr(ptr, "not"), "'not' of a fractional multipleOf on numbers",
+                                            fallback=self.number({k: x for k, x in schema.items() if k != "not"}, ptr))
+            ints = self.integer(schema, ptr)
+            if step is not None:
+                return ints
+            rng = decimal_range(lo, lo_incl, hi, hi_incl) if bounded else None
+            if bounded and rng is None:
+                return ints
+
+            def fractions():
+                dfa = intersect(_key_dfa(NON_INTEGER), _key_dfa(SHORT_DECIMAL))
+                return to_rules(dfa if rng is None else intersect(dfa, _key_dfa(rng)), lambda cc: cc,
+                                self.new_name, self.rules)
+            return _choice([ints, self.cached_or_none(("fractions", lo, lo_incl, hi, hi_incl), "fraction", fractions)])
         if step is not None and step == step.to_integral_value():
             return self.integer(schema, ptr)  # a number that is a multiple of an integer is an integer
         if step is not None:
@@ -1011,6 +1303,15 @@ class _Converter(XMLLowering, ObjectLowering):
         else:
             def item(_name, s, p, depth):
                 return self.lower(s, p, depth)
+        groups = [*([{g: schema[g] for g in ("contains", "minContains", "maxContains") if g in schema}]
+                    if "contains" in schema else []), *schema.get(MORE_CONTAINS, [])]
+        groups = [g for g in groups if not (g.get("minContains", 1) == 0 and "maxContains" not in g)]
+        if groups:
+            if self.xml_at(d) or len(groups) > 1:
+                self.unsupported("contains", _ptr(ptr, "contains"), "more than one contains on one array"
+                                 if len(groups) > 1 else "contains in an XML style")
+            else:
+                return self.contains_array(groups[0], prefix, prefix_ptr, rest, rest_ptr, lo, hi, ptr, d)
         elems: list[Expr | None] = []
         for i, s in enumerate(prefix):
             e = item(None, s, _ptr(prefix_ptr, i), d + 1)
@@ -1060,6 +1361,64 @@ class _Converter(XMLLowering, ObjectLowering):
         if lo == 0:
             out.append(self.empty("[]", d))
         return _choice(out)
+
+
+#: The types whose lowering enforces a leaf negation of each kind (json_negation.py).
+_LEAF_TYPES = {"string": {"string"}, "integer": {"integer", "number"}, "object": {"object"}}
+
+
+def _schema_dependencies(schema: dict) -> list[str]:
+    """The keys of draft 4-7 `dependencies` whose value is a schema that says more than `required`
+    (the object lowering tracks the others as dependentRequired)."""
+    deps = schema.get("dependencies")
+    if not isinstance(deps, dict):
+        return []
+    return [a for a, v in deps.items() if isinstance(v, (dict, bool)) and v is not True
+            and not (isinstance(v, dict) and set(v) - ANNOTATIONS <= {"required"})]
+
+
+def _declared_types(x: Any) -> set[str] | None:
+    if x is False:
+        return set()
+    if not isinstance(x, dict) or "type" not in x:
+        return None
+    t = x["type"]
+    ts = set([t] if isinstance(t, str) else t if isinstance(t, list) else [])
+    if "number" in ts:
+        ts.add("integer")
+    return ts
+
+
+def _types_meet(x: Any, y: Any) -> bool:
+    """False when two schemas' own `type`s share no value (their conjunction is empty)."""
+    tx, ty = _declared_types(x), _declared_types(y)
+    return tx is None and ty is None or (tx is None and bool(ty)) or (ty is None and bool(tx)) or bool(tx and ty and tx & ty)
+
+
+#: Most integers listed for a bounded range under `not` (beyond it: a remainder automaton).
+MAX_LISTED_INTEGERS = 4096
+#: Largest modulus of the remainder automaton for integers under `not`.
+MAX_DIVISOR = 2048
+#: Numbers that are not integers, in plain decimal notation (a fraction with a non-zero digit;
+#: with SHORT_DECIMAL, few enough digits that a double reads it as no integer either).
+NON_INTEGER = Seq((Repeat(Literal("-"), 0, 1), Choice((Literal("0"), Seq((CharClass(((0x31, 0x39),)),
+                  Repeat(CharClass(((0x30, 0x39),)), 0, None))))), Literal("."), Repeat(CharClass(((0x30, 0x39),)), 0, None),
+                  CharClass(((0x31, 0x39),)), Repeat(CharClass(((0x30, 0x39),)), 0, None)))
+
+
+#: At most 15 significant digits: a double keeps such a fraction apart from every integer, so
+#: validators that read numbers as doubles agree that it is not one.
+SHORT_DECIMAL = Seq((Repeat(Literal("-"), 0, 1), Repeat(CharClass(((0x2E, 0x2E), (0x30, 0x39))), 1, 16)))
+
+
+def _integer_step(step) -> int:
+    """The integers that are multiples of p/q are the multiples of p / gcd(p, q)."""
+    num, den = step.as_integer_ratio()
+    return num // math.gcd(num, den)
+
+
+#: Most (position, count) states of an array under `contains`.
+MAX_CONTAINS_STATES = 4096
 
 
 def _presence_sets(subs: list) -> list[tuple[str, ...]] | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import SchemaError
-from .ir import CharClass, Expr, Literal, Repeat
+from .ir import CharClass, Expr, Literal, Repeat, RuleRef
 from .ir import choice as _choice
 from .ir import seq as _seq
 from .json_common import (
@@ -190,10 +190,16 @@ class XMLLowering:
                 return self.raw_string(self.merge_all_of(schema, ptr), ptr)
             if "string" not in self.types(schema, ptr):
                 return None
-            if "not" in schema:
-                positive = self.negate(schema, ptr)
-                if positive is not _CANNOT:
-                    return self.raw_string(positive, ptr)
+            if "not" in schema and not self.leaf_applies(schema, ptr):
+                rest = {k: v for k, v in schema.items() if k != "not"}
+                comp = self.complement(schema["not"], _ptr(ptr, "not"))
+                if comp is _CANNOT:
+                    self.unsupported("not", _ptr(ptr, "not"), "this form of 'not' has no positive equivalent that "
+                                     "can be enforced")
+                    return self.raw_string(rest, ptr)
+                if comp is False:
+                    return None
+                return self.raw_string(rest if comp is True else self.merge(rest, comp, ptr), ptr)
             for k in schema:
                 if k in UNSUPPORTED and not _inert(k, schema):
                     self.unsupported(k, _ptr(ptr, k))
@@ -221,6 +227,11 @@ class XMLLowering:
                     return RAW_TEXT if RAW_TEXT in alts else _choice(alts)
             value = self.string_value(schema, ptr, raw=True)
             if value is None or value is RAW_TEXT:
+                return value
+            if isinstance(value, RuleRef):    # an automaton's rules (string_automaton): already without '<'
+                if self.excl is not None:
+                    return self.unsupported("not", ptr, "excluded strings in a raw string under 'not' or two "
+                                            "patterns cannot be enforced", fallback=value)
                 return value
             value = map_leaves(value, _without_lt)
             return value if self.excl is None else self.avoid(value, ptr)

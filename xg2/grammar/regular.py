@@ -305,3 +305,24 @@ def _co_reachable(d: KeyDFA) -> set[int]:
                 seen.add(s)
                 work.append(s)
     return seen
+
+
+def residue_dfa(modulus: int, accept) -> KeyDFA:
+    """Canonical JSON integers (``-?(0|[1-9][0-9]*)``, `-0` too) whose magnitude's remainder r
+    modulo `modulus` has `accept(r)`: one state per remainder, read digit by digit. The sign does
+    not matter to the conditions used (divisible or not), so the magnitude's remainder decides."""
+    if modulus > MAX_STATES:
+        raise GrammarLimitError(f"remainder automaton modulo {modulus} too large")
+    start, minus, zero, dead, first = 0, 1, 2, 3, 4
+
+    def row(cells: list[tuple[int, int]]) -> tuple[tuple[int, int, int], ...]:
+        """A complete row from (character, target) cells; every other character leads to `dead`."""
+        out = [(ch, ch, t) for ch, t in sorted(cells)]
+        return tuple((lo, hi, dead if t is None else t) for lo, hi, t in _complete(out, None))
+
+    digits = [(0x30, zero), *((0x30 + dgt, first + dgt % modulus) for dgt in range(1, 10))]
+    moves = [row([(0x2D, minus), *digits]), row(digits), row([]), row([])]
+    moves += [row([(0x30 + dgt, first + (10 * r + dgt) % modulus) for dgt in range(10)]) for r in range(modulus)]
+    finals = {first + r for r in range(modulus) if accept(r)} | ({zero} if accept(0) else set())
+    assert start == 0
+    return KeyDFA(tuple(moves), frozenset(finals))

@@ -88,8 +88,9 @@ def _matches(expr, text: str) -> bool:
 class Validator:
     """Validates instances against subschemas of one root schema (for local `$ref`s)."""
 
-    def __init__(self, root: Any, resolve, max_depth: int = MAX_VALIDATION_DEPTH):
+    def __init__(self, root: Any, resolve, max_depth: int = MAX_VALIDATION_DEPTH, ref_alone: bool = False):
         self.root = root
+        self.ref_alone = ref_alone  # drafts 4 to 7: the keywords beside a `$ref` are ignored
         self.max_depth = max_depth
         self.resolve = resolve  # (ref, pointer) -> (target schema, its pointer)
         self._enums: dict[int, tuple[list, set]] = {}  # id(enum list) -> (the list, its scalar keys)
@@ -114,6 +115,8 @@ class Validator:
             return False
         if not isinstance(schema, dict):
             raise SchemaError("a schema must be an object or a boolean", ptr)
+        if self.ref_alone and "$ref" in schema:
+            return self._keyword("$ref", schema["$ref"], value, schema, ptr, depth + 1)
         return all(self._keyword(k, v, value, schema, ptr, depth + 1) for k, v in schema.items())
 
     def _keyword(self, k: str, v: Any, x: Any, s: dict, ptr: str, depth: int) -> bool:
