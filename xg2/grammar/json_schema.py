@@ -214,6 +214,24 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         warnings.warn(f"{message} (at {pointer or '/'}); not enforced", SchemaWarning, stacklevel=2)
         return fallback
 
+    def attempt(self, build, keyword: str, pointer: str, fallback):
+        """`build()`; in lenient mode a limit it hits (a keyword enforced exactly costs too much)
+        warns and gives `fallback()` instead, the converter's rules and caches as they were."""
+        if not self.lenient:
+            return build()
+        saved = (len(self.rules), dict(self.cache), set(self.names), dict(self.next_suffix), set(self.empty_keys),
+                 self.level)
+        try:
+            return build()
+        except budget.CompileTimeout:
+            raise
+        except GrammarLimitError as exc:
+            n, self.cache, self.names, self.next_suffix, self.empty_keys, self.level = saved
+            del self.rules[n:]
+            warnings.warn(f"{exc.message} (at {exc.pointer or pointer or '/'}); {keyword!r} not enforced",
+                          SchemaWarning, stacklevel=2)
+            return fallback()
+
     def nothing(self, reason: str, pointer: str) -> None:
         """No value: a part of a schema may be empty (in one branch of a union, say); if the whole
         schema turns out so, the error names the first such part and why."""
@@ -339,7 +357,9 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                                         fallback=plain(lo, hi))
         excluded = leaves(schema["not"]) if "not" in schema else []
         if excluded or len(values) > 1:
-            return self.string_automaton(values, lo, hi, excluded, ptr, raw)
+            return self.attempt(lambda: self.string_automaton(values, lo, hi, excluded, ptr, raw), "not" if excluded
+                                else "pattern", ptr, lambda: self.quoted(values[0], 0, None, ptr, raw) if values
+                                else plain(lo, hi))
         if not values:
             return plain(lo, hi)
         return self.quoted(values[0], lo, hi, ptr, raw)
@@ -403,7 +423,8 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         if lo > 0 or hi is not None:
             limited = _with_length(value, lo, hi)
             if limited is _CANNOT:
-                return self.string_automaton([value], lo, hi, [], ptr, raw)
+                return self.attempt(lambda: self.string_automaton([value], lo, hi, [], ptr, raw), "maxLength", ptr,
+                                    lambda: self.quoted(value, 0, None, ptr, raw))
             if limited is None:
                 return None
             value = limited
@@ -683,6 +704,10 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 out[k] = {a: list(dict.fromkeys([*out[k].get(a, []), *v.get(a, [])])) for a in {**out[k], **v}}
             elif k in ("anyOf", "oneOf"):
                 out[k] = self.cross_branches(k, out[k], v, ptr)
+            elif k == PRESENCE:
+                # a second condition on which members are present: back to its union, lowered later
+                mode, sets = v
+                out["allOf"] = [*out.get("allOf", []), {mode: [{"required": list(g)} for g in sets]}]
             elif k == "not":
                 if self.complement(v, _ptr(ptr, k)) is _CANNOT:
                     self.unsupported(k, _ptr(ptr, k), "this form of 'not' has no positive equivalent that can be "
@@ -731,11 +756,17 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                     and (self.excl is None or self.excl.value_ok(v, self.xml_at(d)))]
             return _choice(factor_literals([a for a in alts if a is not None], self.add_rule, MAX_INLINE_CHARS))
         if "not" in schema and not self.leaf_applies(schema, ptr):
-            return self.lower_not(schema, ptr, d)
+            return self.attempt(lambda: self.lower_not(schema, ptr, d), "not", ptr,
+                                lambda: self.lower({k: v for k, v in schema.items() if k != "not"}, ptr, d))
         if "if" in schema or CONDITIONS in schema:
-            return self.lower_conditions(schema, ptr, d)
+            return self.attempt(lambda: self.lower_conditions(schema, ptr, d), "if", ptr,
+                                lambda: self.lower({k: v for k, v in schema.items()
+                                                    if k not in ("if", "then", "else", CONDITIONS)}, ptr, d))
         if "dependentSchemas" in schema or _schema_dependencies(schema):
-            return self.lower_dependent_schemas(schema, ptr, d)
+            return self.attempt(lambda: self.lower_dependent_schemas(schema, ptr, d), "dependentSchemas", ptr,
+                                lambda: self.lower({k: v for k, v in schema.items() if k != "dependentSchemas"
+                                                    and (k != "dependencies" or not _schema_dependencies(schema))},
+                                                   ptr, d))
         for k in schema:
             if k in UNSUPPORTED and not _inert(k, schema):
                 self.unsupported(k, _ptr(ptr, k))
@@ -772,27 +803,31 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                         kept = ["object"] if "object" in kept else []
                     rest["type"] = kept
                     return self.lower({**rest, PRESENCE: (kw, sets)}, ptr, d)
+                def union(subs: list, kw: str = kw, rest: dict = rest) -> Expr | None:
+                    alts = []
+                    for i, s in enumerate(subs):
+                        p = _ptr(ptr, kw, i)
+                        if s is False:
+                            continue
+                        if s is True:
+                            s = {}
+                        if not isinstance(s, dict):
+                            raise SchemaError("a schema must be an object or a boolean", p)
+                        if not any(k in HANDLED for k in rest):
+                            alts.append(self.lower(s, p, d))
+                            continue
+                        key = self.ref_branch_key(s, rest, p)
+                        if key is None:
+                            alts.append(self.lower(self.merge(rest, s, p), p, d))
+                        else:
+                            alts.append(self.cached_or_none(
+                                (*key, self.dkey(d)), "ref_" + (key[1].split("/")[-1] or "root"),
+                                lambda s=s, p=p, rest=rest: self.lower(self.merge(rest, s, p), p, d)))
+                    return _choice(alts)
                 if kw == "oneOf":
-                    subs = self.exactly_one(subs, ptr, rest)
-                alts = []
-                for i, s in enumerate(subs):
-                    p = _ptr(ptr, kw, i)
-                    if s is False:
-                        continue
-                    if s is True:
-                        s = {}
-                    if not isinstance(s, dict):
-                        raise SchemaError("a schema must be an object or a boolean", p)
-                    if not any(k in HANDLED for k in rest):
-                        alts.append(self.lower(s, p, d))
-                        continue
-                    key = self.ref_branch_key(s, rest, p)
-                    if key is None:
-                        alts.append(self.lower(self.merge(rest, s, p), p, d))
-                    else:
-                        alts.append(self.cached_or_none((*key, self.dkey(d)), "ref_" + (key[1].split("/")[-1] or "root"),
-                                                        lambda s=s, p=p, rest=rest: self.lower(self.merge(rest, s, p), p, d)))
-                return _choice(alts)
+                    return self.attempt(lambda subs=subs, rest=rest: union(self.exactly_one(subs, ptr, rest)),
+                                        "oneOf", _ptr(ptr, kw), lambda subs=subs: union(subs))
+                return union(subs)
         return self.typed(self.close_unevaluated(schema, ptr), ptr, d)
 
     def contains_array(self, group: dict, prefix: list, prefix_ptr: str, rest: Any, rest_ptr: str, lo: int,
@@ -1181,8 +1216,9 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
             out = int_multiple(int(step), ilo, ihi, self.new_name, self.rules)
             return out if out is not None else self.nothing(
                 f"no integer in [{ilo}, {ihi}] is a multiple of {step} (the range contains no multipleOf value)", _ptr(ptr, "multipleOf"))
-        except ValueError as exc:
-            return self.unsupported("multipleOf", _ptr(ptr, "multipleOf"), str(exc), fallback=int_range(ilo, ihi))
+        except ValueError:
+            # bounds away from zero: the remainder automaton met with the range's (integer_excluding)
+            return self.integer_excluding(ilo, ihi, int(step), [], ptr)
 
     def integer_excluding(self, lo: int | None, hi: int | None, step: int, excluded: list[dict],
                           ptr: str) -> Expr | None:
