@@ -1152,6 +1152,8 @@ def test_multiple_of_up_to_1024_over_a_wide_range(check):
     accepts = check({"type": "integer", "multipleOf": 1024})
     assert all(accepts(d) for d in ["0", "1024", "-2048", "1048576"])
     assert not any(accepts(d) for d in ["1000", "1025", "-1"])
+    accepts = check({"type": "integer", "multipleOf": 1025, "minimum": 3})     # remainder automaton and range
+    assert all(accepts(d) for d in ["1025", "2050", "1025000"]) and not any(accepts(d) for d in ["0", "1026", "-1025"])
     with pytest.raises(SchemaError) as exc:
-        json_schema_to_ir({"type": "integer", "multipleOf": 1025})
+        json_schema_to_ir({"type": "integer", "multipleOf": 4099})
     assert exc.value.pointer == "/multipleOf"

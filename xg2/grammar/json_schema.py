@@ -1248,9 +1248,9 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 f"no integer in [{lo}, {hi}] meets multipleOf and 'not'", ptr)
         modulus = math.lcm(step, *moduli)
         if modulus > MAX_DIVISOR:
-            return self.unsupported("not", _ptr(ptr, "not"), f"'not' of multipleOf over an unbounded range needs "
-                                    f"remainders modulo {modulus}, more than {MAX_DIVISOR}",
-                                    fallback=int_range(lo, hi))
+            kw = "not" if excluded else "multipleOf"
+            return self.unsupported(kw, _ptr(ptr, kw), f"multipleOf over a wide range needs remainders modulo "
+                                    f"{modulus}, more than {MAX_DIVISOR}", fallback=int_range(lo, hi))
         try:
             dfa = residue_dfa(modulus, lambda r: r % step == 0 and all(r % m for m in moduli))
             if lo is not None or hi is not None:
