@@ -194,6 +194,9 @@ PRESENCE = "\x00presence"
 #: schemas beyond the first (each a list of dicts with those keywords; merging concatenates them).
 CONDITIONS = "\x00conditions"
 MORE_CONTAINS = "\x00contains"
+#: Internal keyword listing the members a `not` asks for among those a schema does not name, as
+#: (key automaton, value schema) pairs (json_object.py).
+FOUND = "\x00found"
 
 
 # --- small helpers shared by the JSON and the XML lowerings ------------------------------------

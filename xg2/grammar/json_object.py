@@ -20,6 +20,7 @@ from .json_common import (
     CLOSING,
     CONDITIONS,
     EMPTY,
+    FOUND,
     MAX_ANY_ORDER,
     MAX_KEY_PATTERNS,
     MAX_OBJECT_STATES,
@@ -35,7 +36,7 @@ from .json_common import (
 from .json_negation import leaves
 from .json_string import json_string_body
 from .regex import regex_to_expr
-from .regular import KeyDFA, intersect, to_rules
+from .regular import KeyDFA, finite_strings, intersect, to_rules
 from .regular import _determinize as determinize
 from .regular import from_expr as regular_from_expr
 from .schema_merge import both as _both
@@ -147,49 +148,12 @@ def _excluding_dfa(keys: list[str]) -> KeyDFA:
     return determinize(pieces, n, start, {end})
 
 
-#: Most alternatives written for where the member a `not` asks for sits among the counted others.
-MAX_FOUND_PLACES = 32
-
-
-def _run_with(extra: Expr | None, found: Expr, sep: Expr, lead: Expr | None, lo: int, hi: int | None) -> Expr | None:
-    """A run of between max(lo, 1) and hi members (each after `sep`, the first after `lead`, or
-    nothing when `lead` is None), one of them `found`, the others `extra`: for each number a of
-    members before it, ``extra{a} found extra{b}`` with a + 1 + b in range (None when hi is 0)."""
-    if hi is not None and hi < 1:
-        return None
-    first = EMPTY if lead is None else lead
-
-    def block(n_min: int, n_max: int | None, starts: bool) -> Expr:
-        """n_min..n_max extra members, each after `sep` (the first after `first` if `starts`)."""
-        if extra is None:
-            return EMPTY if n_min == 0 else NEVER
-        if not starts or n_max == 0:
-            return Repeat(Seq((sep, extra)), n_min, n_max)
-        head = Seq((first, extra, Repeat(Seq((sep, extra)), max(n_min - 1, 0), None if n_max is None else n_max - 1)))
-        return head if n_min > 0 else Choice((EMPTY, head))
-
-    def place(a_min: int, a_max: int | None, b_min: int, b_max: int | None) -> Expr:
-        before = block(a_min, a_max, True)
-        if a_max == 0:
-            return Seq((first, found, block(b_min, b_max, False)))
-        if a_min == 0:      # nothing before it: the found member takes the lead
-            return Choice((Seq((first, found, block(b_min, b_max, False))),
-                           Seq((block(1, a_max, True), sep, found, block(b_min, b_max, False)))))
-        return Seq((before, sep, found, block(b_min, b_max, False)))
-
-    need = max(lo - 1, 0)   # members besides the found one
-    alts: list[Expr] = []
-    if hi is None:
-        for a in range(need):
-            alts.append(place(a, a, need - a, None))
-        alts.append(place(need, None, 0, None))
-    else:
-        for a in range(hi):
-            alts.append(place(a, a, max(need - a, 0), hi - 1 - a))
-    if len(alts) > MAX_FOUND_PLACES:
-        raise GrammarLimitError(f"a member that must exist among up to {hi} counted members needs more than "
-                                f"{MAX_FOUND_PLACES} alternatives")
-    return _choice(alts)
+#: Most members that must exist among the members a schema does not name (each a `not` of
+#: patternProperties, propertyNames or additionalProperties); the run's states grow as 2**n.
+MAX_FOUND = 3
+#: Most keys, beyond the named ones, that an object's other members can take for each key to be
+#: written at most once (rules over which have been written: 2**n of them).
+MAX_DISTINCT_KEYS = 8
 
 
 def _has_schema_dependencies(s: dict) -> bool:
@@ -308,9 +272,10 @@ class ObjectLowering:
         needed = sum(req for _k, _m, req in entries)
         if hi is not None and needed > hi:
             return self.nothing(f"maxProperties is less than the number of required properties: {hi} < {needed}", ptr)
-        if extra is None and lo > len(entries):
+        most = len(entries) + (len(found[1]) if found is not None and found[2] else 0)
+        if extra is None and (found is None or found[2]) and lo > most:
             return self.nothing("minProperties is greater than the number of properties, but additional properties "
-                                f"aren't allowed: {lo} > {len(entries)}", ptr)
+                                f"aren't allowed: {lo} > {most}", ptr)
         deps = self.dependencies(schema, [k for k, _m, _r in entries], ptr)
         if deps is None:
             return None
@@ -321,6 +286,33 @@ class ObjectLowering:
             # every key of a group is named, so one missing from the entries cannot appear at all
             presence = (mode, [{index[k] for k in group} for group in sets if all(k in index for k in group)])
         return self.members(entries, extra, lo, hi, d, ptr, deps, presence, found)
+
+    def place_witness(self, schema: dict, rest: dict, ptr: str, d: int) -> Expr | None:
+        """The first witness of `schema`'s `not` on each named member it fits, or among the others."""
+        first, *others = leaves(schema["not"])
+        if others:
+            rest["not"] = others[0] if len(others) == 1 else {"anyOf": others}
+        keys, value = self.witness(first, ptr)
+        if value is _CANNOT:
+            return self.unsupported("not", _ptr(ptr, "not"), "the value a 'not' asks a member to have has no "
+                                    "positive form that can be enforced",
+                                    fallback=self.lower({**rest, "type": "object"}, ptr, d))
+        if value is False:
+            return self.nothing("'not' asks for a member no value fits", _ptr(ptr, "not"))
+        _addl, names = self.object_names(rest, ptr)
+        alts = [self.lower(self.merge({**rest, "type": "object"}, {"required": [k], "properties": {k: value}}, ptr),
+                           ptr, d) for k in names if keys.accepts(k)]
+        alts.append(self.lower({**rest, "type": "object", FOUND: [*rest.get(FOUND, []), (keys, value)]}, ptr, d))
+        return _choice(alts)
+
+    def meet_witnesses(self, ws: list) -> tuple[KeyDFA, Any] | None:
+        """One member meeting every witness in `ws`: keys in all their languages, value under all
+        their schemas (None when no key is in all)."""
+        keys, value = ws[0]
+        for k2, v2 in ws[1:]:
+            keys = intersect(keys, k2)
+            value = _both(value, v2)
+        return None if keys.is_empty() or value is False else (keys, value)
 
     def witness(self, leaf: dict, ptr: str) -> tuple[KeyDFA, Any]:
         """What ``not leaf`` asks of an object (json_negation.py): a member whose key is in the
@@ -342,35 +334,18 @@ class ObjectLowering:
             keys = intersect(keys, dfa.complement())
         return keys, self.complement(leaf["additionalProperties"], _ptr(where, "additionalProperties"))
 
-    def obj(self, schema: dict, ptr: str, d: int, witness: tuple[KeyDFA, Any] | None = None) -> Expr | None:
+    def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
         """An object written as JSON (XML-style arguments are the converter's `xml_obj`).
 
-        Leaf negations under `not` each ask for a member that must exist (a *witness*): it is one
-        of the named members whose key fits (that member then required, its value also under the
-        witness's schema), or one of the others; the first is placed each way in turn, the rest
-        recursively. Among the other members one witness at a time is supported (`witness`)."""
+        Leaf negations under `not` each ask for a member that must exist (a *witness*): one of the
+        named members whose key fits (that member then required, its value also under the
+        witness's schema), or one of the others. The first is placed each way in turn and the
+        rest recursively; those placed among the others wait in FOUND, and the others' run is then
+        an automaton over which of them have been met (one member may meet several)."""
         if "not" in schema:
             rest = {k: v for k, v in schema.items() if k != "not"}
-            first, *others = leaves(schema["not"])
-            if others:
-                rest["not"] = others[0] if len(others) == 1 else {"anyOf": others}
-            keys, value = self.witness(first, ptr)
-            if value is _CANNOT:
-                return self.unsupported("not", _ptr(ptr, "not"), "the value a 'not' asks a member to have has no "
-                                        "positive form that can be enforced", fallback=self.obj(rest, ptr, d, witness))
-            if value is False:
-                return self.nothing("'not' asks for a member no value fits", _ptr(ptr, "not"))
-            _addl, names = self.object_names(rest, ptr)
-            alts = [self.lower(self.merge({**rest, "type": "object"}, {"required": [k], "properties": {k: value}}, ptr),
-                               ptr, d) for k in names if keys.accepts(k)]
-            if witness is not None or others:
-                if not keys.is_empty() and not intersect(keys, _key_dfa(Choice(tuple(Literal(k) for k in names)))
-                                                         .complement() if names else keys).is_empty():
-                    self.unsupported("not", _ptr(ptr, "not"), "more than one member that must exist among the "
-                                     "members the schema does not name")
-            else:
-                alts.append(self.obj(rest, ptr, d, (keys, value)))
-            return _choice(alts)
+            return self.attempt(lambda: self.place_witness(schema, rest, ptr, d), "not", ptr,
+                                lambda: self.lower({**rest, "type": "object"}, ptr, d))
         addl, names = self.object_names(schema, ptr)
         addl_ptr = _ptr(ptr, "additionalProperties")
         allowed = self.key_language(schema.get("propertyNames", True), _ptr(ptr, "propertyNames"))
@@ -384,34 +359,68 @@ class ObjectLowering:
         if entries is None:
             return None
         extra = None
-        found = None    # the member that must exist among the others (`witness`)
+        wanted = schema.get(FOUND, [])
+        if len(wanted) > MAX_FOUND:
+            raise GrammarLimitError(f"more than {MAX_FOUND} members that must exist among the members the schema does "
+                                    "not name", pointer=_ptr(ptr, "not"))
+        kinds: dict[int, Expr] = {}     # subset of the wanted members met -> a member meeting them
+        few = self.few_other_keys(schema, names, addl, ptr, allowed)
+        if few is not None:
+            # few other keys: each written at most once (a key twice is one member to a JSON reader)
+            distinct: dict[str, dict[int, Expr]] = {}
+            claims = self.claimed_by_patterns(schema, few, ptr)
+            for key in few:
+                if self.excl is not None and not self.excl.key_ok(key):
+                    continue    # the key as written holds an excluded string
+                own = True if key in claims else addl
+                for sub in claims.get(key, ()):
+                    own = _both(own, sub)
+                per: dict[int, Expr] = {}
+                for mask in range(1 << len(wanted)):
+                    both = self.meet_witnesses([w for i, w in enumerate(wanted) if mask >> i & 1]) if mask else None
+                    if mask and (both is None or not both[0].accepts(key)):
+                        continue
+                    member = member_of(key, own if not mask else _both(own, both[1]), addl_ptr)
+                    if member is not None:
+                        per[mask] = member
+                if per:
+                    distinct[key] = per
+            return self.object_of(schema, ptr, d, entries, None,
+                                  ((1 << len(wanted)) - 1, distinct, True) if distinct or wanted else None)
         if "patternProperties" in schema or "propertyNames" in schema:
             extra = self.key_regions(schema, names, addl, ptr, d, allowed)
             if extra is _CANNOT:
                 return None
-            if witness is not None:
-                found = self.key_regions(schema, names, addl, ptr, d, allowed, witness)
-                if found is None:
-                    return None
+            for mask in range(1, 1 << len(wanted)):
+                both = self.meet_witnesses([w for i, w in enumerate(wanted) if mask >> i & 1])
+                if both is not None:
+                    member = self.key_regions(schema, names, addl, ptr, d, allowed, both)
+                    if member is not None:
+                        kinds[mask] = member
             addl_value = None
         else:
             addl_value = self.lower(addl, addl_ptr, d + 1)
-            if witness is not None:
-                keys = witness[0]
+            for mask in range(1, 1 << len(wanted)):
+                both = self.meet_witnesses([w for i, w in enumerate(wanted) if mask >> i & 1])
+                if both is None or addl_value is None:
+                    continue
+                keys = both[0]
                 if names:
                     keys = intersect(keys, _key_dfa(Choice(tuple(Literal(k) for k in names))).complement())
-                value = None if addl_value is None else self.lower(_both(addl, witness[1]), addl_ptr, d + 1)
-                if value is None or keys.is_empty():
-                    return None
+                if keys.is_empty():
+                    continue
+                value = self.lower(_both(addl, both[1]), addl_ptr, d + 1)
+                if value is None:
+                    continue
                 if self.excl is None:
-                    key = self.cached(("key", keys), "key", lambda: to_rules(keys, json_string_body, self.new_name,
-                                                                            self.rules))
+                    key = self.cached(("key", keys), "key", lambda keys=keys: to_rules(
+                        keys, json_string_body, self.new_name, self.rules))
                 else:
-                    key = self.cached(("key", keys), "key", lambda: self.excluded(lambda: self.excl.avoid_spelled(
-                        keys, json_string_body, self.new_name, self.rules), addl_ptr))
-                if key is None:
-                    return None
-                found = self.add_rule("m_found", Seq((Literal('"'), key, Literal('"'), self.colon(), value)))
+                    key = self.cached(("key", keys), "key", lambda keys=keys: self.excluded(
+                        lambda: self.excl.avoid_spelled(keys, json_string_body, self.new_name, self.rules), addl_ptr))
+                if key is not None:
+                    kinds[mask] = self.add_rule("m_found", Seq((Literal('"'), key, Literal('"'), self.colon(), value)))
+        found = ((1 << len(wanted)) - 1, kinds, False) if wanted else None
         if addl_value is not None and self.excl is not None:
             # a key that is none of the names and holds no excluded string (any free string without names)
             def other_key():
@@ -428,6 +437,103 @@ class ObjectLowering:
                               lambda: _string_excluding(names, rest, wide, self.add_rule))
             extra = self.add_rule("m_other", Seq((key, self.colon(), addl_value)))
         return self.object_of(schema, ptr, d, entries, extra, found)
+
+    def found_run(self, extra: Expr | None, found: tuple[int, dict[int, Expr]], sep: Expr, lead: Expr | None,
+                  lo: int, hi: int | None) -> Expr | None:
+        """A run of the other members (the first after `lead`, or nothing when `lead` is None; the
+        rest after `sep`), between max(lo, 1) and hi of them, that meets every wanted member:
+        rules over (which have been met, how many members so far, capped at what the bounds need)."""
+        need, kinds, distinct = found
+        if distinct:
+            return self.distinct_run(need, kinds, sep, lead, lo, hi)
+        if not kinds or (hi is not None and hi < 1):
+            return None
+        cap = max(lo, 1) if hi is None else hi     # the first member (after `lead`) stays apart
+        refs: dict[tuple[int, int], RuleRef] = {}
+        pending: list[tuple[int, int]] = []
+
+        def state(met: int, c: int) -> RuleRef:
+            key = (met, min(c, cap) if hi is None else c)
+            if key not in refs:
+                refs[key] = RuleRef(self.new_name("found"))
+                pending.append(key)
+            return refs[key]
+
+        def body(met: int, c: int) -> Expr | None:
+            alts: list[Expr | None] = []
+            if met == need and c >= lo and c > 0:
+                alts.append(EMPTY)
+            if hi is None or c < hi:
+                before = sep if c > 0 else (EMPTY if lead is None else lead)
+                if extra is not None:
+                    alts.append(Seq((before, extra, state(met, c + 1))))
+                alts += [Seq((before, member, state(met | mask, c + 1))) for mask, member in kinds.items()
+                         if mask & ~met]
+            return _choice(alts)
+
+        start = state(0, 0)
+        k = 0
+        while k < len(pending):
+            met, c = pending[k]
+            self.rules.append(Rule(refs[met, c].name, body(met, c) or NEVER))
+            k += 1
+        return start
+
+    def distinct_run(self, need: int, keys: dict[str, dict[int, Expr]], sep: Expr, lead: Expr | None,
+                     lo: int, hi: int | None) -> Expr | None:
+        """The other members when their keys are few (`keys`: key -> {wanted members met: member}):
+        rules over (keys written, wanted members met), each key at most once, between lo and hi
+        members; empty only after `lead` (a member already written)."""
+        order = list(keys)
+        refs: dict[tuple[int, int], RuleRef] = {}
+        pending: list[tuple[int, int]] = []
+
+        def state(used: int, met: int) -> RuleRef:
+            if (used, met) not in refs:
+                refs[used, met] = RuleRef(self.new_name("others"))
+                pending.append((used, met))
+            return refs[used, met]
+
+        def body(used: int, met: int) -> Expr | None:
+            n = used.bit_count()
+            alts: list[Expr | None] = []
+            if met == need and n >= lo and (n > 0 or lead is not None):
+                alts.append(EMPTY)
+            if hi is None or n < hi:
+                before = sep if n else (EMPTY if lead is None else lead)
+                for i, key in enumerate(order):
+                    if not used >> i & 1:
+                        alts += [Seq((before, member, state(used | 1 << i, met | mask)))
+                                 for mask, member in keys[key].items()]
+            return _choice(alts)
+
+        start = state(0, 0)
+        k = 0
+        while k < len(pending):
+            used, met = pending[k]
+            self.rules.append(Rule(refs[used, met].name, body(used, met) or NEVER))
+            k += 1
+        return start
+
+    def few_other_keys(self, schema: dict, names: list[str], addl: Any, ptr: str, allowed: KeyDFA | None):
+        """The keys other members may have, when patternProperties/propertyNames leave only a few
+        (at most MAX_DISTINCT_KEYS, and with additionalProperties false where no pattern
+        matches), else None."""
+        if "patternProperties" not in schema and "propertyNames" not in schema or self.any_order:
+            return None
+        pats = self.pattern_languages(schema, ptr)
+        union = None
+        for region, value_schema, _matched in self.regions(pats, addl, names, allowed,
+                                                            Repeat(CharClass(((0, 0x10FFFF),)), 0, None)):
+            if value_schema is False:
+                continue
+            union = region if union is None else intersect(union.complement(), region.complement()).complement()
+        if union is None:
+            return None
+        if len(union.moves) > 4 * MAX_DISTINCT_KEYS * 16:
+            return None
+        keys = finite_strings(union, MAX_DISTINCT_KEYS)
+        return keys or None
 
     def lower_allows_extra(self, schema: dict) -> bool:
         return schema.get("additionalProperties", self.open_by_default(schema)) is not False or \
@@ -475,7 +581,8 @@ class ObjectLowering:
         In schema order (the default), a state is the last named entry written; with `any_order`,
         the set of named entries written (additional members may then come anywhere). Counting
         members, for minProperties/maxProperties, stops at the largest bound that matters.
-        `found`: an additional member that must be among the others (at least one of them)."""
+        `found`: (all, kinds) when members that must exist are among the others: `kinds` maps a
+        set of them (bit mask) to a member meeting those; the others' run must meet `all`."""
         sep = self.sep(d)
         if found is not None and self.any_order:
             return self.unsupported("not", ptr, "'not' asking for a member among the unnamed ones, with any_order")
@@ -545,7 +652,7 @@ class ObjectLowering:
                 alts: list[Expr | None] = []
                 if not later and not owed and present_ok(written):
                     if found is not None:
-                        run = _run_with(extra, found, sep, lead, max(0, lo - c), None if hi is None else hi - c)
+                        run = self.found_run(extra, found, sep, lead, max(0, lo - c), None if hi is None else hi - c)
                         if run is not None:
                             alts.append(run)
                     elif extra is not None and (lead is not None or c < (hi if hi is not None else c + 1)):
@@ -599,7 +706,7 @@ class ObjectLowering:
         body = _choice(first)
         if body is not None:
             out.append(_seq(self.open("{", d), body, self.close("}", d)))
-        if not required and lo == 0 and present_ok(0) and found is None:
+        if not required and lo == 0 and present_ok(0) and (found is None or found[0] == 0):
             out.append(self.empty("{}", d))
         return _choice(out)
 

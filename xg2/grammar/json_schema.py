@@ -68,6 +68,7 @@ from .json_common import (
     CHAR,
     CONDITIONS,
     EMPTY,
+    FOUND,
     HANDLED,
     ITEM_KEYWORDS,
     MAX_BOUND,
@@ -490,13 +491,13 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         finally:
             self.level -= 1
 
-    def obj(self, schema: dict, ptr: str, d: int, witness=None) -> Expr | None:
+    def obj(self, schema: dict, ptr: str, d: int) -> Expr | None:
         if self.xml_at(d):
             if "not" in schema:
                 schema = self.unsupported("not", _ptr(ptr, "not"), "'not' asking for a member cannot be enforced "
                                           "in an XML style", fallback={k: v for k, v in schema.items() if k != "not"})
             return self.xml_obj(schema, ptr, d)
-        return super().obj(schema, ptr, d, witness)
+        return super().obj(schema, ptr, d)
 
     # schema lowering --------------------------------------------------------------------------
     def checker(self) -> Validator:
@@ -670,6 +671,8 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 out[more] = [*out.get(more, []), {g: bb.pop(g) for g in group if g in bb}]
             if more in bb:
                 out[more] = [*out.get(more, []), *bb.pop(more)]
+        if FOUND in bb:
+            out[FOUND] = [*out.get(FOUND, []), *bb.pop(FOUND)]
         for k, v in bb.items():
             if k not in out or json_equal(out[k], v):
                 out[k] = v

@@ -326,3 +326,28 @@ def residue_dfa(modulus: int, accept) -> KeyDFA:
     finals = {first + r for r in range(modulus) if accept(r)} | ({zero} if accept(0) else set())
     assert start == 0
     return KeyDFA(tuple(moves), frozenset(finals))
+
+
+def finite_strings(d: KeyDFA, limit: int) -> list[str] | None:
+    """Every string of `d` when the language is finite and has at most `limit` of them, else None
+    (a walk over the live states with an explicit stack; a cycle among them means infinitely many)."""
+    live = _co_reachable(d) & _reachable(d)
+    if 0 not in live:
+        return []
+    out: list[str] = []
+    stack: list[tuple[int, str, frozenset[int]]] = [(0, "", frozenset({0}))]
+    while stack:
+        s, text, path = stack.pop()
+        if s in d.finals:
+            out.append(text)
+            if len(out) > limit:
+                return None
+        for lo, hi, t in d.moves[s]:
+            if t not in live:
+                continue
+            if t in path or hi - lo >= limit:
+                return None
+            stack.extend((t, text + chr(c), path | {t}) for c in range(lo, hi + 1))
+            if len(stack) > 64 * limit:
+                return None
+    return sorted(out)
