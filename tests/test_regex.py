@@ -284,11 +284,9 @@ def test_leading_flags_match_python(full, pattern, texts):
     (r"\p{L}", 1, "property"),
     (r"\Aa", 1, "anchor"),
     (r"\01", 1, "octal"),
-    ("a^b", 2, r"'\^'"),
-    ("(^a)", 2, r"'\^'"),
-    ("a$b", 2, r"'\$'"),
-    ("(a$)", 3, r"'\$'"),
-    ("a$|b$c", 5, r"'\$'"),
+    ("x*^a", 3, r"'\^'"),
+    ("(^a|b)", 1, r"'\^' or '\$'"),
+    ("(a$)+", 4, r"'\$'"),
     ("(?P<1>a)", 1, "group name"),
     ("(?#x)", 1, "comment"),
     ("(?%a)", 1, "unsupported group"),
@@ -621,3 +619,15 @@ def test_formats_through_matcher(compiler, name, good, bad):
     for text, ok in [(good, True), (bad, False)]:
         m.reset()
         assert (m.accept_string(json.dumps(text)) and m.is_completed()) == ok, text
+
+
+@pytest.mark.parametrize("pattern", ["a^b", "(^a)", "a$b", "(a$)", "a$|b$c", "/^[0-9]{2}$/", "(?:(^a))b",
+                                     "^$|(^(?:\\S+\\s+){0,3}\\S+$)", "(^[0-9]+\\.[0-9]+$)"])
+def test_anchors_in_groups_and_after_text(pattern):
+    """'^' opening a group at the start, '$' closing one at the end, and an anchor that text
+    precedes (follows), which no input can meet: searched as Python's re does."""
+    from xg2.grammar.regular import from_expr
+
+    dfa = from_expr(regex_to_expr(pattern, search=True))
+    for text in ["", "a", "b", "ab", "ba", "abc", "c", "xc", "/12/", "12", "1.2", "x1.2", "a b", " a", "a b c d e"]:
+        assert dfa.accepts(text) == (re.search(pattern, text) is not None), (pattern, text)

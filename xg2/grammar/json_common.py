@@ -197,6 +197,9 @@ MORE_CONTAINS = "\x00contains"
 #: Internal keyword listing the members a `not` asks for among those a schema does not name, as
 #: (key automaton, value schema) pairs (json_object.py).
 FOUND = "\x00found"
+#: Internal keyword holding the `pattern`s and `format`s of merged schemas beyond the first (a list
+#: of one-keyword dicts): a string meets them all.
+MORE_STRINGS = "\x00strings"
 
 
 # --- small helpers shared by the JSON and the XML lowerings ------------------------------------

@@ -26,6 +26,7 @@ from .json_common import (
     MAX_OBJECT_STATES,
     MAX_SCHEMA_DEPTH,
     MAX_TRACKED_DEPENDENCIES,
+    MORE_STRINGS,
     NEVER,
     PRESENCE,
     SHORT_ESCAPES,
@@ -845,6 +846,12 @@ class ObjectLowering:
                 parts.append(_choice([Literal(x) for x in values if isinstance(x, str)]) or NEVER)
             elif k == "pattern":
                 parts.append(regex_to_expr(v, search=True))
+            elif k == MORE_STRINGS:
+                for more in v:
+                    (kk, vv), = more.items()
+                    fx = regex_to_expr(vv, search=True) if kk == "pattern" else format_expr(vv)
+                    if fx is not None:
+                        parts.append(fx)
             elif k == "format":
                 fx = format_expr(v)
                 if fx is not None:

@@ -79,6 +79,7 @@ from .json_common import (
     MAX_SCHEMA_NESTING,
     MEMBER_KEYWORDS,
     MORE_CONTAINS,
+    MORE_STRINGS,
     NEVER,
     ONE_OF_OVERLAP,
     PRESENCE,
@@ -356,6 +357,19 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
             except GrammarError as exc:
                 return self.unsupported("pattern", _ptr(ptr, "pattern"), f"pattern {pattern!r}: {exc}",
                                         fallback=plain(lo, hi))
+        for i, more in enumerate(schema.get(MORE_STRINGS, [])):
+            (k, v), = more.items()
+            where = _ptr(ptr, "allOf", i, k)
+            if not isinstance(v, str):
+                raise SchemaError(f"{k} must be a string", where)
+            try:
+                extra = format_expr(v) if k == "format" else regex_to_expr(v, search=True)
+            except GrammarLimitError:
+                raise
+            except GrammarError as exc:
+                return self.unsupported(k, where, f"{k} {v!r}: {exc}", fallback=plain(lo, hi))
+            if extra is not None:
+                values.append(extra)
         excluded = leaves(schema["not"]) if "not" in schema else []
         if excluded or len(values) > 1:
             return self.attempt(lambda: self.string_automaton(values, lo, hi, excluded, ptr, raw), "not" if excluded
@@ -671,8 +685,12 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 out[more] = [*out.get(more, []), {g: bb.pop(g) for g in group if g in bb}]
             if more in bb:
                 out[more] = [*out.get(more, []), *bb.pop(more)]
-        if FOUND in bb:
-            out[FOUND] = [*out.get(FOUND, []), *bb.pop(FOUND)]
+        for more in (FOUND, MORE_STRINGS):
+            if more in bb:
+                out[more] = [*out.get(more, []), *bb.pop(more)]
+        for k in ("pattern", "format"):     # a second one waits in a list, met on automata
+            if k in out and k in bb and not json_equal(out[k], bb[k]):
+                out[MORE_STRINGS] = [*out.get(MORE_STRINGS, []), {k: bb.pop(k)}]
         for k, v in bb.items():
             if k not in out or json_equal(out[k], v):
                 out[k] = v
@@ -719,9 +737,9 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                     out[k] = {"anyOf": [out[k], v]}  # neither holds
             elif k == "dependentSchemas" and isinstance(out[k], dict) and isinstance(v, dict):
                 out[k] = {a: _both(out[k].get(a, True), v.get(a, True)) for a in {**out[k], **v}}
-            elif k == "multipleOf" and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
-                                           for x in (out[k], v)):
-                out[k] = math.lcm(out[k], v)
+            elif k == "multipleOf" and all(isinstance(x, (int, float)) and not isinstance(x, bool) and
+                                           math.isfinite(x) and x > 0 for x in (out[k], v)):
+                out[k] = _decimal_lcm(out[k], v)     # multiples of both: of their least common multiple
             elif k not in HANDLED and k not in UNSUPPORTED:
                 continue  # non-standard keywords are ignored, so two spellings never conflict
             elif k in UNSUPPORTED:
@@ -1448,6 +1466,16 @@ NON_INTEGER = Seq((Repeat(Literal("-"), 0, 1), Choice((Literal("0"), Seq((CharCl
 #: At most 15 significant digits: a double keeps such a fraction apart from every integer, so
 #: validators that read numbers as doubles agree that it is not one.
 SHORT_DECIMAL = Seq((Repeat(Literal("-"), 0, 1), Repeat(CharClass(((0x2E, 0x2E), (0x30, 0x39))), 1, 16)))
+
+
+def _decimal_lcm(a: float, b: float) -> float | int:
+    """The least common multiple of two positive decimals (exact: both scaled to integers), as an
+    int when it is whole and otherwise as the float whose shortest spelling it is."""
+    x, y = to_decimal(a), to_decimal(b)
+    places = max(-x.as_tuple().exponent, -y.as_tuple().exponent, 0)
+    scale = 10 ** places
+    out = to_decimal(math.lcm(int(x * scale), int(y * scale))) / scale
+    return int(out) if out == out.to_integral_value() else float(out)
 
 
 def _integer_step(step) -> int:

@@ -252,25 +252,29 @@ def _class_atom(p: str, i: int) -> tuple[int | None, tuple[Ranges, bool] | None,
 class _Frame:
     """An open group (or the whole pattern): finished alternatives and the one being read."""
 
-    __slots__ = ("alts", "anchors", "caret", "dollar", "items", "quantifiable", "start")
+    __slots__ = ("alts", "anchors", "at_start", "caret", "dead", "dollar", "items", "quantifiable", "start")
 
-    def __init__(self, start: int):
+    def __init__(self, start: int, at_start: bool = True):
         self.start = start  # index of '(' (-1 for the whole pattern)
+        self.at_start = at_start  # nothing can have been read before the group (so '^' may open it)
         self.alts: list[Expr] = []
         self.items: list[Expr] = []
         self.quantifiable = False
-        # Top level only: (starts with ^, ends with $) per finished alternative.
-        self.anchors: list[tuple[bool, bool]] = []
+        # (starts with ^, ends with $, can never match) per finished alternative; a group's
+        # anchors pass to the alternative holding it when all its alternatives have them.
+        self.anchors: list[tuple[bool, bool, bool]] = []
         self.caret = False
         self.dollar: int | None = None  # index of a '$' seen in the current alternative
+        self.dead = False   # top level: '^' after text, or text after '$' (the alternative matches nothing)
 
     def end_alternative(self) -> None:
         self.alts.append(_seq(self.items))
-        self.anchors.append((self.caret, self.dollar is not None))
+        self.anchors.append((self.caret, self.dollar is not None, self.dead))
         self.items = []
         self.quantifiable = False
         self.caret = False
         self.dollar = None
+        self.dead = False
 
 
 def _seq(items: list[Expr]) -> Expr:
@@ -344,25 +348,28 @@ def _parse(p: str, start: int = 0, dot: Expr = _DOT) -> list[tuple[bool, Expr, b
     while i < n:
         c = p[i]
         top = stack[-1]
-        if top.dollar is not None and c not in "|$":
-            raise _err("'$' is only supported at the end of the pattern (or of a top-level alternative)",
-                       top.dollar)
+        if top.dollar is not None and c not in "|$)":
+            if len(stack) > 1 or c in "*+?{":
+                raise _err("'$' is only supported at the end of the pattern (or of a top-level alternative)",
+                           top.dollar)
+            top.dead = True     # text after the end of the input: this alternative never matches
+            top.dollar = None
         if c == "|":
             top.end_alternative()
             i += 1
             continue
         if c == "^":
-            if len(stack) > 1 or top.items:
+            if not top.items and top.at_start:
+                top.caret = True
+            elif len(stack) == 1 and _min_length(_seq(top.items)) > 0:
+                top.dead = True     # the start of the input after some text: never matches
+            else:
                 raise _err("'^' is only supported at the start of the pattern (or of a top-level "
-                           "alternative)", i)
-            top.caret = True
+                           "alternative, or of a group there)", i)
             top.quantifiable = False
             i += 1
             continue
         if c == "$":
-            if len(stack) > 1:
-                raise _err("'$' is only supported at the end of the pattern (or of a top-level "
-                           "alternative)", i)
             top.dollar = i
             top.quantifiable = False
             i += 1
@@ -371,7 +378,7 @@ def _parse(p: str, start: int = 0, dot: Expr = _DOT) -> list[tuple[bool, Expr, b
             if len(stack) > MAX_REGEX_DEPTH:
                 raise _limit(f"groups nested deeper than {MAX_REGEX_DEPTH}", i)
             first = _open_group(p, i)
-            stack.append(_Frame(i))
+            stack.append(_Frame(i, at_start=top.at_start and not top.items))
             i = first
             continue
         if c == ")":
@@ -380,8 +387,16 @@ def _parse(p: str, start: int = 0, dot: Expr = _DOT) -> list[tuple[bool, Expr, b
             stack.pop()
             top.end_alternative()
             parent = stack[-1]
+            carets = [a for a, _z, _d in top.anchors]
+            dollars = [z for _a, z, _d in top.anchors]
+            if any(carets) and not all(carets) or any(dollars) and not all(dollars):
+                raise _err("'^' or '$' in some alternatives of a group but not all is not supported", top.start)
+            if all(carets):
+                parent.caret = True
             parent.items.append(_choice(top.alts))
-            parent.quantifiable = True
+            if all(dollars):
+                parent.dollar = i
+            parent.quantifiable = not (all(carets) or all(dollars))
             i += 1
             continue
         quant = _quantifier(p, i)
@@ -429,7 +444,36 @@ def _parse(p: str, start: int = 0, dot: Expr = _DOT) -> list[tuple[bool, Expr, b
         raise _err("Unmatched '(': the group is never closed", stack[-1].start)
     top = stack[0]
     top.end_alternative()
-    return [(a, e, z) for (a, z), e in zip(top.anchors, top.alts, strict=True)]
+    return [(a, e, z) for (a, z, dead), e in zip(top.anchors, top.alts, strict=True) if not dead]
+
+
+def _min_length(e: Expr) -> int:
+    """The fewest characters a rule-free expression matches (an explicit stack: no recursion)."""
+    done: dict[int, int] = {}
+    stack: list[tuple[Expr, bool]] = [(e, False)]
+    while stack:
+        x, ready = stack.pop()
+        if id(x) in done:
+            continue
+        kids = x.items if isinstance(x, Seq) else x.alts if isinstance(x, Choice) else \
+            (x.expr,) if isinstance(x, Repeat) else ()
+        if not ready and kids:
+            stack.append((x, True))
+            stack.extend((k, False) for k in kids)
+            continue
+        if isinstance(x, Literal):
+            done[id(x)] = len(x.text)
+        elif isinstance(x, CharClass):
+            done[id(x)] = 1
+        elif isinstance(x, Seq):
+            done[id(x)] = sum(done[id(k)] for k in x.items)
+        elif isinstance(x, Choice):
+            done[id(x)] = min(done[id(k)] for k in x.alts)
+        elif isinstance(x, Repeat):
+            done[id(x)] = x.min * done[id(x.expr)]
+        else:
+            done[id(x)] = 0
+    return done[id(e)]
 
 
 def _quantifier(p: str, i: int) -> tuple[int, int | None, int] | None:
@@ -494,6 +538,8 @@ def regex_to_expr(pattern: str, *, search: bool = False, flags: str = "") -> Exp
     if bad:
         raise RegexError(f"regular-expression flag {min(bad)!r} is not supported (only 'i' and 's' are)", 1, 1)
     alts = _parse(pattern, start, ANY_CHAR if "s" in flags else _DOT)
+    if not alts:    # every alternative needs the input to start (end) where it cannot
+        return CharClass(())
     if "i" in flags:
         alts = [(a, _ignoring_case(e), z) for a, e, z in alts]
     if not search:

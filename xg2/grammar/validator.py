@@ -17,6 +17,7 @@ from ..errors import GrammarLimitError, SchemaError
 from .formats import format_expr
 from .fsm import rule_automaton
 from .ir import text_bytes
+from .json_common import CONDITIONS, FOUND, MORE_CONTAINS, MORE_STRINGS, PRESENCE
 from .regex import regex_to_expr
 
 #: Nested schema applications before giving up (recursive `$ref`s on deep values). Each costs about
@@ -128,6 +129,8 @@ class Validator:
         if k == "$ref":
             target, where = self.resolve(v, p)
             return sub(x, target, where, depth)
+        if k.startswith("\x00"):
+            return self._internal(k, v, x, ptr, depth)
         if k == "type":
             types = [v] if isinstance(v, str) else v
             if not isinstance(types, list) or any(t not in _TYPE_CHECKS for t in types):
@@ -163,6 +166,21 @@ class Validator:
         if isinstance(x, dict):
             return self._object(k, v, x, s, ptr, depth)
         return self._known(k, p)
+
+    def _internal(self, k: str, v: Any, x: Any, ptr: str, depth: int) -> bool:
+        """The converter's own keywords, which merged schemas carry (json_common.py)."""
+        if k in (CONDITIONS, MORE_CONTAINS, MORE_STRINGS):
+            return all(self.valid(x, group, ptr, depth) for group in v)
+        if not isinstance(x, dict):
+            return True
+        if k == PRESENCE:
+            mode, sets = v
+            held = sum(all(name in x for name in group) for group in sets)
+            return held == 1 if mode == "oneOf" else held >= 1
+        if k == FOUND:
+            return all(any(keys.accepts(name) and self.valid(value, schema, ptr, depth) for name, value in x.items())
+                       for keys, schema in v)
+        raise SchemaError(f"internal keyword {k!r} unknown to the validator", ptr)
 
     def _deferred(self, k: str, x: Any, s: dict, ptr: str, depth: int) -> bool:
         """Keywords evaluated together with another one (`then`/`else` with `if`, `additionalItems`
