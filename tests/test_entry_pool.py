@@ -400,7 +400,7 @@ def test_linked_anyof_masks_like_the_whole_schema(deepseek_info):
 def test_linked_modules_are_reused_and_report_like_the_whole_schema(small_info):
     compiler = xg2.GrammarCompiler(small_info, precompute_budget_ms=0)
     a = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0}}, "required": ["x"]}
-    b = {"type": "object", "properties": {"y": {"type": "string", "not": {"type": "string", "minLength": 3}}}}
+    b = {"type": "object", "properties": {"y": {"type": "array", "not": {"uniqueItems": True}}}}
     with pytest.warns(xg2.SchemaWarning, match=r"/anyOf/1/properties/y/not"):
         compiler.compile_json_schema({"anyOf": [a, b]}, lenient=True)
     with pytest.warns(xg2.SchemaWarning, match=r"/anyOf/0/properties/y/not"):   # a reused module, moved
