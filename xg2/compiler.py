@@ -10,7 +10,7 @@ import time
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -439,10 +439,11 @@ class GrammarCompiler:
     def compile_json_schema(self, schema: Any, *, any_whitespace: bool = True, indent: int | None = None,
                             separators: tuple[str, str] | None = None, strict_mode: bool = True,
                             max_whitespace_cnt: int | None = None, any_order: bool = False,
-                            lenient: bool = False) -> CompiledGrammar:
+                            lenient: bool = False, format_assertion: bool = True,
+                            schema_store: Mapping[str, Any] | None = None) -> CompiledGrammar:
         options = {"any_whitespace": any_whitespace, "indent": indent, "separators": separators,
                    "strict_mode": strict_mode, "max_whitespace_cnt": max_whitespace_cnt, "any_order": any_order,
-                   "lenient": lenient}
+                   "lenient": lenient, "format_assertion": format_assertion, "schema_store": schema_store}
         if isinstance(schema, (str, bytes)):
             # JSON text (what a server receives) takes the path of the document it holds: the same
             # cache key and the linked path for anyOf tool sets. Text that does not decode is left
@@ -451,7 +452,7 @@ class GrammarCompiler:
                 schema = json.loads(schema)
             except (ValueError, RecursionError):
                 pass
-        branches = self._linkable_branches(schema)
+        branches = self._linkable_branches(schema) if schema_store is None else None
         if branches is not None:
             compiled = self._compile_linked(schema, branches, options)
             if compiled is not None:
@@ -469,7 +470,9 @@ class GrammarCompiler:
         if options["lenient"] or not isinstance(schema, (dict, bool, str)):
             return None
         try:
-            return ("json", _ENCODER.encode(schema), tuple(options.values()))
+            store = options.get("schema_store")
+            rest = tuple(v for k, v in options.items() if k != "schema_store")
+            return ("json", _ENCODER.encode(schema), rest, None if store is None else _ENCODER.encode(dict(store)))
         except (TypeError, ValueError, OverflowError, RecursionError):   # the front-end says what is wrong
             return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .builtin import JSON_EBNF
@@ -30,11 +31,14 @@ class Grammar:
     def from_json_schema(schema: Any, *, any_whitespace: bool = True, indent: int | None = None,
                          separators: tuple[str, str] | None = None, strict_mode: bool = True,
                          max_whitespace_cnt: int | None = None, print_converted_ebnf: bool = False,
-                         any_order: bool = False, lenient: bool = False) -> Grammar:
+                         any_order: bool = False, lenient: bool = False, format_assertion: bool = True,
+                         schema_store: Mapping[str, Any] | None = None) -> Grammar:
         """A JSON Schema (dict, JSON text, or a pydantic model class) as a grammar. Option meanings
         follow xgrammar's `compile_json_schema`; `any_order` lets object members come in any order;
         `lenient` turns keywords that cannot be enforced into `SchemaWarning`s instead of errors;
-        `print_converted_ebnf` prints the grammar's EBNF (xgrammar's debugging aid)."""
+        `format_assertion=False` reads `format` as an annotation only; `schema_store` maps URIs to
+        the documents remote `$ref`s may point into; `print_converted_ebnf` prints the grammar's
+        EBNF (xgrammar's debugging aid)."""
         from .json_schema import json_schema_to_ir
 
         if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
@@ -42,7 +46,8 @@ class Grammar:
         grammar = Grammar(json_schema_to_ir(schema, any_whitespace=any_whitespace, indent=indent,
                                             separators=separators, strict_mode=strict_mode,
                                             max_whitespace_cnt=max_whitespace_cnt, any_order=any_order,
-                                            lenient=lenient))
+                                            lenient=lenient, format_assertion=format_assertion,
+                                            schema_store=schema_store))
         if print_converted_ebnf:
             print(grammar)
         return grammar

@@ -38,9 +38,11 @@ ANNOTATIONS = frozenset({
     "readOnly", "writeOnly", "$defs", "definitions",
     # 2020-12 makes the content keywords annotations: a validator need not decode the string
     "contentEncoding", "contentMediaType", "contentSchema",
+    # anchors name a subschema for references, which schema_refs.py has made local pointers
+    "$anchor", "$dynamicAnchor", "\x00documents",
 })
 UNSUPPORTED = frozenset({
-    "$dynamicRef", "$recursiveRef", "$dynamicAnchor", "$recursiveAnchor", "$anchor",
+    "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
 })
 HANDLED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items",

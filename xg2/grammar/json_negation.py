@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import SchemaError
-from .formats import format_expr
 from .json_common import _CANNOT, ANNOTATIONS, TYPES, _ptr
 
 #: Keywords under `not` that a typed lowering enforces itself, by the type they constrain.
@@ -205,7 +204,7 @@ class NegationLowering:
             elif k == "pattern":
                 parts.append(typed("string", **{"not": {"pattern": v}}))
             elif k == "format":
-                if isinstance(v, str) and format_expr(v) is not None:   # else an annotation
+                if isinstance(v, str) and self.format_of(v) is not None:   # else an annotation
                     parts.append(typed("string", **{"not": {"format": v}}))
             elif k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
                 if isinstance(v, bool):

@@ -9,7 +9,6 @@ import functools
 from typing import Any
 
 from ..errors import GrammarError, GrammarLimitError, SchemaError
-from .formats import format_expr
 from .ir import CharClass, Choice, Expr, Literal, Repeat, Rule, RuleRef, Seq
 from .ir import choice as _choice
 from .ir import seq as _seq
@@ -228,6 +227,14 @@ class ObjectLowering:
             raise SchemaError("required must be an array of strings", _ptr(ptr, "required"))
         addl = schema.get("additionalProperties", self.open_by_default(schema))
         named = [*required, *(k for group in schema.get(PRESENCE, ("", ()))[1] for k in group)]
+        for kw in ("dependentRequired", "dependencies"):    # tracked members: named, so they can be counted
+            spec = schema.get(kw)
+            if isinstance(spec, dict):
+                for a, need in spec.items():
+                    if isinstance(need, dict) and set(need) - ANNOTATIONS <= {"required"}:
+                        need = need.get("required", [])
+                    if isinstance(need, list) and all(isinstance(b, str) for b in need):
+                        named += [*need, a]
         return addl, list(props) + [r for r in dict.fromkeys(named) if r not in props]
 
     def named_members(self, schema: dict, ptr: str, names: list[str], allowed: Any, member_of,
@@ -849,11 +856,11 @@ class ObjectLowering:
             elif k == MORE_STRINGS:
                 for more in v:
                     (kk, vv), = more.items()
-                    fx = regex_to_expr(vv, search=True) if kk == "pattern" else format_expr(vv)
+                    fx = regex_to_expr(vv, search=True) if kk == "pattern" else self.format_of(vv)
                     if fx is not None:
                         parts.append(fx)
             elif k == "format":
-                fx = format_expr(v)
+                fx = self.format_of(v)
                 if fx is not None:
                     parts.append(fx)
             elif k in ("minLength", "maxLength"):

@@ -52,6 +52,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import GrammarError, GrammarLimitError, SchemaError, SchemaJSONError, SchemaWarning
@@ -71,6 +72,7 @@ from .json_common import (
     FOUND,
     HANDLED,
     ITEM_KEYWORDS,
+    MAX_ANY_ORDER,
     MAX_BOUND,
     MAX_CROSS_BRANCHES,
     MAX_DISJOINT_DEPTH,
@@ -104,8 +106,8 @@ from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multipl
 from .regex import ANY_CHAR, regex_to_expr
 from .regular import KeyDFA, intersect, residue_dfa, to_rules
 from .schema_merge import both as _both
-from .schema_merge import embedded_resource as _embedded_resource
 from .schema_merge import merge_items as _merge_items
+from .schema_refs import link_references
 from .validator import MAX_VALIDATION_DEPTH, Validator, json_equal
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
@@ -113,11 +115,13 @@ __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_
 class _Converter(XMLLowering, ObjectLowering, NegationLowering):
     def __init__(self, root: Any, any_whitespace: bool, indent: int | str | None,
                  separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None,
-                 any_order: bool = False, lenient: bool = False, style: str = "json", excludes=()):
+                 any_order: bool = False, lenient: bool = False, style: str = "json", excludes=(),
+                 format_assertion: bool = True):
         if style != "json" and style not in XML_STYLES:
             raise SchemaError(f"style {style!r} is not supported yet (supported: json, {', '.join(XML_STYLES)})", "")
         self.xml = XML_STYLES.get(style)
         self.root = root
+        self.format_assertion = format_assertion
         self.any_order = any_order
         self.lenient = lenient
         self.any_ws = any_whitespace
@@ -147,7 +151,6 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         self.empty_keys: set[Any] = set()
         self.level = 0
         self.where = ""     # the schema being lowered, for an error that has no better pointer
-        self.embedded = _embedded_resource(root)
         # drafts 4 to 7: "$ref" stands alone, the keywords beside it are ignored
         draft = root.get("$schema") if isinstance(root, dict) else None
         self.ref_alone = isinstance(draft, str) and any(f"draft-0{n}/" in draft for n in (3, 4, 6, 7))
@@ -233,6 +236,11 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
             warnings.warn(f"{exc.message} (at {exc.pointer or pointer or '/'}); {keyword!r} not enforced",
                           SchemaWarning, stacklevel=2)
             return fallback()
+
+    def format_of(self, name: Any) -> Expr | None:
+        """The language a `format` asserts, or None where it is an annotation: a format the
+        front-end does not know, or every format with `format_assertion=False`."""
+        return format_expr(name) if self.format_assertion and isinstance(name, str) else None
 
     def nothing(self, reason: str, pointer: str) -> None:
         """No value: a part of a schema may be empty (in one branch of a union, say); if the whole
@@ -343,7 +351,7 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         if fmt is not None:
             if not isinstance(fmt, str):
                 raise SchemaError("format must be a string", _ptr(ptr, "format"))
-            fx = format_expr(fmt)  # unknown formats are annotations, as the specification says
+            fx = self.format_of(fmt)  # unknown formats are annotations, as the specification says
             if fx is not None:
                 values.append(fx)
         if "pattern" in schema:
@@ -363,7 +371,7 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
             if not isinstance(v, str):
                 raise SchemaError(f"{k} must be a string", where)
             try:
-                extra = format_expr(v) if k == "format" else regex_to_expr(v, search=True)
+                extra = self.format_of(v) if k == "format" else regex_to_expr(v, search=True)
             except GrammarLimitError:
                 raise
             except GrammarError as exc:
@@ -409,7 +417,7 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                     except GrammarError as exc:
                         return self.unsupported("not", _ptr(ptr, "not"), f"pattern {v!r}: {exc}", fallback=None)
                 elif k == "format":
-                    e = format_expr(v) if isinstance(v, str) else None
+                    e = self.format_of(v) if isinstance(v, str) else None
                     if e is None:
                         return None     # a format that is an annotation: every string has it
                 else:
@@ -480,6 +488,21 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                     return self.empty("{}", d)
                 if self.too_deep(d):
                     return None
+                if 1 < len(v) <= MAX_ANY_ORDER:
+                    # JSON objects are unordered: the members in any order (an automaton over
+                    # which have been written, json_object.py)
+                    entries = []
+                    for k, x in v.items():
+                        value = self.const(x, d + 1, ptr)
+                        if value is None:
+                            return None
+                        entries.append((k, self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value))),
+                                        True))
+                    saved, self.any_order = self.any_order, True
+                    try:
+                        return self.members(entries, None, len(v), len(v), d, ptr)
+                    finally:
+                        self.any_order = saved
                 parts: list[Expr | None] = [self.open("{", d)]
                 for i, (k, x) in enumerate(v.items()):
                     if i:
@@ -501,6 +524,8 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 return _seq(*parts)
             if isinstance(v, float) and not math.isfinite(v):
                 raise SchemaError("non-finite number in enum/const", ptr)
+            if isinstance(v, float) and v.is_integer():
+                return Literal(str(int(v)))     # -2.0 is the integer -2, written as integers are
             return Literal(json.dumps(v, ensure_ascii=False))
         finally:
             self.level -= 1
@@ -518,7 +543,7 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         """A validator for listed values, with the stack the lowering has left it: each nested
         schema costs the lowering about 4 interpreter frames and the validator about 6."""
         return Validator(self.root, self.resolve, max(8, min(MAX_VALIDATION_DEPTH, (700 - 4 * self.level) // 6)),
-                         self.ref_alone)
+                         self.ref_alone, self.format_assertion)
 
     def enter(self, ptr: str) -> None:
         self.level += 1
@@ -530,9 +555,6 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
     def resolve(self, ref: Any, ptr: str) -> tuple[Any, str]:
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise SchemaError(f"unsupported $ref {ref!r} (only local '#...' references)", ptr)
-        if self.embedded is not None:
-            self.unsupported("$id", self.embedded, "a subschema with its own $id starts a resource of its own, "
-                             "against which the $refs inside it resolve; such references are not supported")
         from urllib.parse import unquote
         frag = unquote(ref[1:])
         if frag and not frag.startswith("/"):
@@ -1563,12 +1585,16 @@ def _bool_excl(a: dict, b: dict) -> bool:
 def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True, indent: int | None = None,
                       separators: tuple[str, str] | None = None, strict_mode: bool = True,
                       max_whitespace_cnt: int | None = None, any_order: bool = False,
-                      lenient: bool = False, style: str = "json", excludes=()) -> GrammarIR:
+                      lenient: bool = False, style: str = "json", excludes=(),
+                      schema_store: Mapping[str, Any] | None = None, format_assertion: bool = True) -> GrammarIR:
     """Lower a JSON Schema (a dict, a bool, or its JSON text) to grammar IR; see the module notes.
     `style` other than json: the top-level object written as a model's XML tool-call arguments
     (XML_STYLES), and in the recursive styles (cohere_xml, minimax_m3_xml) every object and array
     within it too. `excludes`: strings that string content (values and names, as written) never
-    holds (json_excludes.py; ExcludesError, a SchemaError, for one that cannot be kept out exactly)."""
+    holds (json_excludes.py; ExcludesError, a SchemaError, for one that cannot be kept out exactly).
+    `schema_store`: documents (URI to schema) that references may point into (schema_refs.py);
+    `format_assertion`: whether `format` constrains strings (the default; the text generated is
+    then of the format the schema names) or is an annotation only (any string)."""
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
@@ -1580,8 +1606,9 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
     # Before any walk of the whole document (embedded resources, references): those would pay for
     # a document nested far past what the converter accepts anyway.
     check_nesting(schema, MAX_SCHEMA_NESTING, "schema")
+    schema = link_references(schema, schema_store)      # every $ref a pointer into `schema`
     conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt, any_order,
-                      lenient, style, excludes)
+                      lenient, style, excludes, format_assertion)
     try:
         body = conv.lower(schema, "", 0)
     except RecursionError:

@@ -14,9 +14,6 @@ from typing import Any
 from ..errors import SchemaError
 from .validator import json_equal
 
-#: Keywords whose values are data, not schemas: an `$id` key inside them names nothing.
-DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
-
 
 def both(x: Any, y: Any) -> Any:
     """A schema for "valid under x and under y"."""
@@ -58,23 +55,3 @@ def merge_items(a: dict, b: dict, ptr: str = "") -> None:
         a["prefixItems"] = prefix
     if ra is not None or rb is not None:
         a["items"] = both(True if ra is None else ra, True if rb is None else rb)
-
-
-def embedded_resource(root: Any) -> str | None:
-    """The pointer of a subschema with an `$id` of its own (other than a plain fragment), if any:
-    `$ref`s inside it resolve against it, not the root (walked with an explicit stack: tenants'
-    schemas may nest deeper than the interpreter's)."""
-    stack: list[tuple[Any, str]] = [(root, "")]
-    while stack:
-        node, where = stack.pop()
-        if isinstance(node, dict):
-            if where and isinstance(node.get("$id"), str) and not node["$id"].startswith("#"):
-                return where + "/$id"
-            stack.extend((v, f"{where}/{_escape(k)}") for k, v in node.items() if k not in DATA_KEYWORDS)
-        elif isinstance(node, list):
-            stack.extend((v, f"{where}/{i}") for i, v in enumerate(node))
-    return None
-
-
-def _escape(key: Any) -> str:
-    return str(key).replace("~", "~0").replace("/", "~1")

@@ -37,7 +37,7 @@ _TYPE_CHECKS = {
 _ANNOTATIONS = frozenset({
     "title", "description", "examples", "default", "$schema", "$id", "id", "$comment", "deprecated",
     "readOnly", "writeOnly", "$defs", "definitions", "contentEncoding", "contentMediaType", "contentSchema",
-    "$anchor",
+    "$anchor", "$dynamicAnchor", "\x00documents",
 })
 
 
@@ -89,8 +89,10 @@ def _matches(expr, text: str) -> bool:
 class Validator:
     """Validates instances against subschemas of one root schema (for local `$ref`s)."""
 
-    def __init__(self, root: Any, resolve, max_depth: int = MAX_VALIDATION_DEPTH, ref_alone: bool = False):
+    def __init__(self, root: Any, resolve, max_depth: int = MAX_VALIDATION_DEPTH, ref_alone: bool = False,
+                 formats: bool = True):
         self.root = root
+        self.formats = formats      # format_assertion: formats are checked (else annotations)
         self.ref_alone = ref_alone  # drafts 4 to 7: the keywords beside a `$ref` are ignored
         self.max_depth = max_depth
         self.resolve = resolve  # (ref, pointer) -> (target schema, its pointer)
@@ -224,7 +226,7 @@ class Validator:
         if k == "pattern":
             return _matches(regex_to_expr(v, search=True), x)
         if k == "format":
-            expr = format_expr(v) if isinstance(v, str) else None
+            expr = format_expr(v) if isinstance(v, str) and self.formats else None
             return expr is None or _matches(expr, x)
         return self._known(k, p)
 

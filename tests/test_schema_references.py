@@ -1,0 +1,93 @@
+"""References (`$id`, `$anchor`, `$dynamicRef`, URNs, registered documents), `format` as an
+annotation, and spellings of listed values, judged side by side with the `jsonschema` package
+(and its `referencing` registry for registered documents)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+import xg2
+from xg2.grammar.json_schema import json_schema_to_ir
+
+STORE = {"https://other.example/s.json": {"$defs": {"n": {"type": "integer", "minimum": 2}}}}
+CASES = [
+    # relative $id, $anchor inside another resource, a plain pointer
+    ({"$id": "https://ex.example/root.json",
+      "$defs": {"a": {"$id": "a.json", "type": "integer", "$defs": {"b": {"$anchor": "bb", "type": "string"}}}},
+      "properties": {"x": {"$ref": "a.json"}, "y": {"$ref": "a.json#bb"}, "z": {"$ref": "#/$defs/a"}}},
+     [{"x": 1}, {"x": "s"}, {"y": "s"}, {"y": 1}, {"z": 2}, {"z": "s"}], None),
+    # a URN base: fragments only
+    ({"$id": "urn:uuid:deadbeef-1234-ffff-ffff-4321feebdaed", "$defs": {"s": {"type": "string"}},
+      "properties": {"x": {"$ref": "urn:uuid:deadbeef-1234-ffff-ffff-4321feebdaed#/$defs/s"}}},
+     [{"x": "a"}, {"x": 1}], None),
+    # a registered document
+    ({"$ref": "https://other.example/s.json#/$defs/n"}, [1, 2, "a"], STORE),
+    # $dynamicRef to the one resource declaring the anchor: a static reference
+    ({"$dynamicAnchor": "node", "type": "object", "properties": {"c": {"type": "array", "items": {"$dynamicRef": "#node"}}}},
+     [{"c": [{}]}, {"c": [1]}, {"c": [{"c": [{}]}]}], None),
+    ({"$defs": {"foo": {"$anchor": "foo", "type": "integer"}}, "$ref": "#foo"}, [1, "a"], None),
+    # draft 7: an $id fragment is an anchor
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"a": {"$id": "#foo", "type": "integer"}},
+      "properties": {"p": {"$ref": "#foo"}}}, [{"p": 1}, {"p": "a"}], None),
+    # pointers with escapes into keys that need them
+    ({"$defs": {"a/b": {"type": "integer"}, "c%d": {"type": "string"}},
+      "properties": {"x": {"$ref": "#/$defs/a~1b"}, "y": {"$ref": "#/$defs/c%25d"}}},
+     [{"x": 1}, {"x": "s"}, {"y": "s"}, {"y": 1}], None),
+    # listed objects in any member order; an integral float listed is the integer
+    ({"const": {"a": 1, "b": [1, {"x": 1, "y": 2}]}},
+     [{"a": 1, "b": [1, {"x": 1, "y": 2}]}, {"b": [1, {"y": 2, "x": 1}], "a": 1}, {"a": 1}], None),
+    ({"enum": [{"a": 1, "b": 2}, -2.0]}, [{"b": 2, "a": 1}, -2, {"a": 1}], None),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_compiler():
+    """Every byte a token and a stop token: no real vocabulary is needed to judge documents."""
+    vocab = [bytes([b]) for b in range(256)] + [b"</s>"]
+    return xg2.GrammarCompiler(xg2.TokenizerInfo(vocab, xg2.VocabType.RAW, stop_token_ids=[256]))
+
+
+def _accepts(compiled, doc) -> bool:
+    m = xg2.GrammarMatcher(compiled)
+    return m.accept_string(json.dumps(doc, ensure_ascii=False)) and m.accept_token(256)
+
+
+@pytest.mark.parametrize("schema, docs, store", CASES, ids=[json.dumps(c[0])[:50] for c in CASES])
+def test_agrees_with_jsonschema(tiny_compiler, schema, docs, store):
+    compiled = tiny_compiler.compile_json_schema(schema, strict_mode=False, schema_store=store)
+    registry = Registry().with_resources(
+        [(uri, Resource.from_contents(doc, default_specification=DRAFT202012)) for uri, doc in (store or {}).items()])
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(
+        schema, registry=registry)
+    for doc in docs:
+        assert _accepts(compiled, doc) == validator.is_valid(doc), (schema, doc)
+
+
+def test_references_that_cannot_be_resolved_are_typed_errors():
+    with pytest.raises(xg2.SchemaError) as exc:
+        json_schema_to_ir({"properties": {"a": {"$ref": "https://nowhere.example/x.json"}}})
+    assert exc.value.pointer == "/properties/a/$ref" and "schema_store" in exc.value.message
+    with pytest.raises(xg2.SchemaError) as exc:
+        json_schema_to_ir({"$ref": "#missing"})
+    assert exc.value.pointer == "/$ref"
+    two = {"$id": "https://ex.example/t", "$dynamicAnchor": "n", "items": {"$dynamicRef": "#n"},
+           "$defs": {"o": {"$id": "o", "$dynamicAnchor": "n", "type": "integer"}}}
+    with pytest.raises(xg2.SchemaError, match="evaluation path"):
+        json_schema_to_ir(two)
+
+
+def test_format_as_annotation(tiny_compiler):
+    schema = {"type": "string", "format": "date"}
+    asserted = tiny_compiler.compile_json_schema(schema)
+    annotated = tiny_compiler.compile_json_schema(schema, format_assertion=False)
+    assert _accepts(asserted, "2024-01-31") and not _accepts(asserted, "06/19/1963")
+    assert _accepts(annotated, "2024-01-31") and _accepts(annotated, "06/19/1963")
+    # the validator that filters listed values reads the option too
+    listed = {"enum": ["2024-01-31", "06/19/1963"], "format": "date"}
+    assert not _accepts(tiny_compiler.compile_json_schema(listed), "06/19/1963")
+    assert _accepts(tiny_compiler.compile_json_schema(listed, format_assertion=False), "06/19/1963")
