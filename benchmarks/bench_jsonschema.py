@@ -525,6 +525,8 @@ def worker_main(conn: Any, engine_name: str, tokenizer: str, log_path: str, opts
         engine.json_options = {**engine.json_options, **opts["llguidance_options"]}
     if engine_name.startswith("xg2") and opts.get("xg2_compiler_options"):
         engine.compiler_options = dict(opts["xg2_compiler_options"])
+    if engine_name.startswith("xg2") and opts.get("xg2_schema_options"):
+        engine.json_options = {**engine.json_options, **opts["xg2_schema_options"]}
     st = WorkerState(engine, vocab, opts)
     conn.send(("ready", {"version": engine.version, "vocab_size": engine.vocab_size, "eos_id": vocab.eos_id,
                          "json_options": dict(engine.json_options)}))
@@ -683,6 +685,7 @@ def _progress(engine: str, subset: str, done: int, total: int, s: dict, t0: floa
 
 def run_compliance(args: argparse.Namespace, records: list[dict], engines: list[str], payload: dict) -> None:
     opts = {"llguidance_options": args.llguidance_options, "xg2_compiler_options": args.xg2_compiler_options,
+            "xg2_schema_options": args.xg2_schema_options,
             "check_masks": args.check_masks, "walks": args.walks, "seed": args.seed,
             "strict_walks": not args.no_strict_walks, "format_checker": args.format_checker}
     timeouts = {"start": args.compile_timeout, "compiled": args.test_timeout, "tests": args.walk_timeout}
@@ -724,6 +727,7 @@ def run_compliance(args: argparse.Namespace, records: list[dict], engines: list[
 
 def run_speed(args: argparse.Namespace, records: list[dict], engines: list[str], payload: dict) -> None:
     opts = {"llguidance_options": args.llguidance_options, "xg2_compiler_options": args.xg2_compiler_options,
+            "xg2_schema_options": args.xg2_schema_options,
             "repeat": args.repeat,
             "fresh_compiler": not args.reuse_compiler}
     timeouts = {"start": args.compile_timeout * args.repeat, "compiled": args.test_timeout}
@@ -821,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--failures", type=Path, help="xg2 failure list (default: <json>.xg2_failures.json)")
     ap.add_argument("--llguidance-options", type=json.loads, default=None,
                     help='JsonCompileOptions for llguidance, e.g. \'{"coerce_one_of": true}\' (default: its defaults)')
+    ap.add_argument("--xg2-schema-options", type=json.loads, default=None,
+                    help='xg2 compile_json_schema options (JSON), e.g. \'{"format_assertion": false}\'')
     ap.add_argument("--xg2-compiler-options", type=json.loads, default=None,
                     help='extra xg2 GrammarCompiler keywords, e.g. \'{"precompute_budget_ms": 0}\'')
     ap.add_argument("--note", default="", help="free text stored with the results (e.g. which xg2 commit)")

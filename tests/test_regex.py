@@ -348,10 +348,12 @@ def test_json_body_accepts_dumps(compiler, pattern):
 def test_json_body_spellings():
     acc = automaton(Seq((Literal('"'), json_string_body(regex_to_expr("[\\s\\S]*")), Literal('"'))))
     for good in ['""', '"a\\"b"', '"\\\\"', '"\\n\\t\\r\\b\\f"', '"\\u0001\\u001F\\u001f"', '"\\/"', '"/"',
-                 '"é😀"', '"\u2028"']:
+                 '"é😀"', '"\u2028"', '"\\u000a"', '"\\u00e9"', '"\\ud83d\\ude00"']:
         assert acc(good), good
-    for bad in ['"\n"', '"\x01"', '"\\u0041"', '"\\u000a"', '"\\x41"', '"\\"', '"""', '"\\a"', '"\\u00e9"']:
+    for bad in ['"\n"', '"\x01"', '"\\u0041"', '"\\x41"', '"\\"', '"""', '"\\a"', '"\\ud83d"', '"\\ude00"']:
         assert not acc(bad), bad
+    every = automaton(Seq((Literal('"'), json_string_body(regex_to_expr("[\\s\\S]*"), "all"), Literal('"'))))
+    assert every('"\\u0041"') and not every('"\\ud83d"')
     # Only the escapes a class needs: [ab] stays one raw class.
     assert json_string_body(CharClass(((97, 98),))) == CharClass(((97, 98),))
     body = json_string_body(Repeat(Literal('a"\x02'), 0, 1))

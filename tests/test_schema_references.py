@@ -91,3 +91,28 @@ def test_format_as_annotation(tiny_compiler):
     listed = {"enum": ["2024-01-31", "06/19/1963"], "format": "date"}
     assert not _accepts(tiny_compiler.compile_json_schema(listed), "06/19/1963")
     assert _accepts(tiny_compiler.compile_json_schema(listed, format_assertion=False), "06/19/1963")
+
+
+@pytest.mark.parametrize("escapes", ["non_ascii", "all"])
+def test_escaped_spellings_of_constrained_strings(tiny_compiler, escapes):
+    """Keys, listed values, patterns and formats are judged by their value: a non-ASCII character
+    written as a \\u escape (or a surrogate pair) is accepted as its raw spelling is; with
+    string_escapes="all", printable ASCII too."""
+    schema = {"type": "object", "properties": {"café": {"enum": ["naïve", "x😀"]}, "p": {"pattern": "^é+$"},
+                                               "d": {"type": "string", "format": "date"}},
+              "additionalProperties": False}
+    compiled = tiny_compiler.compile_json_schema(schema, string_escapes=escapes)
+
+    def accepts(text: str) -> bool:
+        m = xg2.GrammarMatcher(compiled)
+        return m.accept_string(text) and m.accept_token(256)
+
+    for doc in [{"café": "naïve"}, {"café": "x😀"}, {"p": "éé"}, {"d": "2024-01-31"}]:
+        assert accepts(json.dumps(doc)) and accepts(json.dumps(doc, ensure_ascii=False)), doc
+    assert accepts('{"caf\\u00E9": "na\\u00efve"}') and accepts('{"caf\\u00e9": "x\\uD83D\\uDE00"}')
+    assert not accepts('{"caf\\u00e9": "x\\ud83d"}')        # a lone surrogate is no character
+    assert not accepts('{"cafe": "naive"}') and not accepts('{"p": "\\u00e8"}')
+    ascii_escaped = '{"d": "\\u0032024-01-31"}'
+    assert accepts(ascii_escaped) == (escapes == "all")
+    with pytest.raises(ValueError):
+        json_schema_to_ir({"type": "string"}, string_escapes="some")

@@ -440,10 +440,12 @@ class GrammarCompiler:
                             separators: tuple[str, str] | None = None, strict_mode: bool = True,
                             max_whitespace_cnt: int | None = None, any_order: bool = False,
                             lenient: bool = False, format_assertion: bool = True,
-                            schema_store: Mapping[str, Any] | None = None) -> CompiledGrammar:
+                            schema_store: Mapping[str, Any] | None = None,
+                            string_escapes: str = "non_ascii") -> CompiledGrammar:
         options = {"any_whitespace": any_whitespace, "indent": indent, "separators": separators,
                    "strict_mode": strict_mode, "max_whitespace_cnt": max_whitespace_cnt, "any_order": any_order,
-                   "lenient": lenient, "format_assertion": format_assertion, "schema_store": schema_store}
+                   "lenient": lenient, "format_assertion": format_assertion, "schema_store": schema_store,
+                   "string_escapes": string_escapes}
         if isinstance(schema, (str, bytes)):
             # JSON text (what a server receives) takes the path of the document it holds: the same
             # cache key and the linked path for anyOf tool sets. Text that does not decode is left

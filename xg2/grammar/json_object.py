@@ -34,7 +34,6 @@ from .json_common import (
     _ptr,
 )
 from .json_negation import leaves
-from .json_string import json_string_body
 from .regex import regex_to_expr
 from .regular import KeyDFA, finite_strings, intersect, to_rules
 from .regular import _determinize as determinize
@@ -360,7 +359,7 @@ class ObjectLowering:
 
         def member_of(k: str, own: Any, p: str) -> Expr | None:
             value = self.lower(own, p, d + 1)
-            return None if value is None else self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value)))
+            return None if value is None else self.add_rule(f"m_{k}", Seq((self.string_literal(k), self.colon(), value)))
 
         entries = self.named_members(schema, ptr, names, allowed, member_of,
                                      None if self.excl is None else self.excl.key_ok)
@@ -422,10 +421,10 @@ class ObjectLowering:
                     continue
                 if self.excl is None:
                     key = self.cached(("key", keys), "key", lambda keys=keys: to_rules(
-                        keys, json_string_body, self.new_name, self.rules))
+                        keys, self.spell, self.new_name, self.rules))
                 else:
                     key = self.cached(("key", keys), "key", lambda keys=keys: self.excluded(
-                        lambda: self.excl.avoid_spelled(keys, json_string_body, self.new_name, self.rules), addl_ptr))
+                        lambda: self.excl.avoid_spelled(keys, self.spell, self.new_name, self.rules), addl_ptr))
                 if key is not None:
                     kinds[mask] = self.add_rule("m_found", Seq((Literal('"'), key, Literal('"'), self.colon(), value)))
         found = ((1 << len(wanted)) - 1, kinds, False) if wanted else None
@@ -793,8 +792,8 @@ class ObjectLowering:
             # one key rule per key language: objects with the same patterns share its mask entries
             def keys(r=region):
                 if self.excl is None:
-                    return to_rules(r, json_string_body, self.new_name, self.rules)
-                return self.excluded(lambda: self.excl.avoid_spelled(r, json_string_body, self.new_name, self.rules),
+                    return to_rules(r, self.spell, self.new_name, self.rules)
+                return self.excluded(lambda: self.excl.avoid_spelled(r, self.spell, self.new_name, self.rules),
                                      ptr)
             key = self.cached(("key", region), "key", keys)
             members.append(Seq((Literal('"'), key, Literal('"'), self.colon(), value)))

@@ -99,7 +99,7 @@ from .json_common import (
 from .json_excludes import Excluder
 from .json_negation import NegationLowering, leaf_kind, leaves
 from .json_object import ObjectLowering, _key_dfa
-from .json_string import json_string_body
+from .json_string import ESCAPES, json_string_body, json_string_literal
 from .json_xml import XMLLowering
 from .nesting import check_nesting
 from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
@@ -116,12 +116,15 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
     def __init__(self, root: Any, any_whitespace: bool, indent: int | str | None,
                  separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None,
                  any_order: bool = False, lenient: bool = False, style: str = "json", excludes=(),
-                 format_assertion: bool = True):
+                 format_assertion: bool = True, string_escapes: str = "non_ascii"):
         if style != "json" and style not in XML_STYLES:
             raise SchemaError(f"style {style!r} is not supported yet (supported: json, {', '.join(XML_STYLES)})", "")
         self.xml = XML_STYLES.get(style)
         self.root = root
         self.format_assertion = format_assertion
+        if string_escapes not in ESCAPES:
+            raise ValueError(f"string_escapes must be one of {', '.join(ESCAPES)}, not {string_escapes!r}")
+        self.escapes = string_escapes
         self.any_order = any_order
         self.lenient = lenient
         self.any_ws = any_whitespace
@@ -236,6 +239,17 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
             warnings.warn(f"{exc.message} (at {exc.pointer or pointer or '/'}); {keyword!r} not enforced",
                           SchemaWarning, stacklevel=2)
             return fallback()
+
+    def spell(self, e: Expr) -> Expr:
+        """The JSON spellings of the decoded strings `e` matches (json_string.py, `string_escapes`)."""
+        return json_string_body(e, self.escapes)
+
+    def string_literal(self, text: str) -> Expr:
+        """A JSON string holding `text`: in any spelling (json_string.py), or canonically where
+        excluded strings are kept out (they are checked against the canonical spelling)."""
+        if self.excl is not None:
+            return Literal(_canon_str(text))
+        return json_string_literal(text, self.escapes)
 
     def format_of(self, name: Any) -> Expr | None:
         """The language a `format` asserts, or None where it is an annotation: a format the
@@ -435,9 +449,9 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
 
         def build():
             if self.excl is None:
-                body = to_rules(dfa, json_string_body, self.new_name, self.rules)
+                body = to_rules(dfa, self.spell, self.new_name, self.rules)
             else:
-                body = self.excluded(lambda: self.excl.avoid_spelled(dfa, json_string_body, self.new_name,
+                body = self.excluded(lambda: self.excl.avoid_spelled(dfa, self.spell, self.new_name,
                                                                      self.rules), ptr)
             return None if body is None else Seq((Literal('"'), body, Literal('"')))
         return self.cached_or_none(("string_automaton", dfa), "string_value", build)
@@ -453,7 +467,7 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
             value = limited
         if raw:
             return value
-        body = json_string_body(value)
+        body = self.spell(value)
         if self.excl is not None:
             body = self.avoid(body, ptr)
             if body is None:
@@ -496,7 +510,7 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                         value = self.const(x, d + 1, ptr)
                         if value is None:
                             return None
-                        entries.append((k, self.add_rule(f"m_{k}", Seq((Literal(_canon_str(k)), self.colon(), value))),
+                        entries.append((k, self.add_rule(f"m_{k}", Seq((self.string_literal(k), self.colon(), value))),
                                         True))
                     saved, self.any_order = self.any_order, True
                     try:
@@ -507,7 +521,7 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 for i, (k, x) in enumerate(v.items()):
                     if i:
                         parts.append(self.sep(d))
-                    parts += [Literal(_canon_str(k)), self.colon(), self.const(x, d + 1, ptr)]
+                    parts += [self.string_literal(k), self.colon(), self.const(x, d + 1, ptr)]
                 parts.append(self.close("}", d))
                 return _seq(*parts)
             if isinstance(v, list):
@@ -526,6 +540,8 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 raise SchemaError("non-finite number in enum/const", ptr)
             if isinstance(v, float) and v.is_integer():
                 return Literal(str(int(v)))     # -2.0 is the integer -2, written as integers are
+            if isinstance(v, str):
+                return self.string_literal(v)
             return Literal(json.dumps(v, ensure_ascii=False))
         finally:
             self.level -= 1
@@ -1586,7 +1602,8 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
                       separators: tuple[str, str] | None = None, strict_mode: bool = True,
                       max_whitespace_cnt: int | None = None, any_order: bool = False,
                       lenient: bool = False, style: str = "json", excludes=(),
-                      schema_store: Mapping[str, Any] | None = None, format_assertion: bool = True) -> GrammarIR:
+                      schema_store: Mapping[str, Any] | None = None, format_assertion: bool = True,
+                      string_escapes: str = "non_ascii") -> GrammarIR:
     """Lower a JSON Schema (a dict, a bool, or its JSON text) to grammar IR; see the module notes.
     `style` other than json: the top-level object written as a model's XML tool-call arguments
     (XML_STYLES), and in the recursive styles (cohere_xml, minimax_m3_xml) every object and array
@@ -1594,7 +1611,10 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
     holds (json_excludes.py; ExcludesError, a SchemaError, for one that cannot be kept out exactly).
     `schema_store`: documents (URI to schema) that references may point into (schema_refs.py);
     `format_assertion`: whether `format` constrains strings (the default; the text generated is
-    then of the format the schema names) or is an annotation only (any string)."""
+    then of the format the schema names) or is an annotation only (any string); `string_escapes`:
+    which characters of constrained strings (keys, listed values, patterns, formats) may also be
+    written as ``\\uXXXX`` — "non_ascii" (all but printable ASCII, as serializers write them) or
+    "all"; free strings take every escape either way."""
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
@@ -1608,7 +1628,7 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
     check_nesting(schema, MAX_SCHEMA_NESTING, "schema")
     schema = link_references(schema, schema_store)      # every $ref a pointer into `schema`
     conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt, any_order,
-                      lenient, style, excludes, format_assertion)
+                      lenient, style, excludes, format_assertion, string_escapes)
     try:
         body = conv.lower(schema, "", 0)
     except RecursionError:
