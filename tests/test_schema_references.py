@@ -116,3 +116,22 @@ def test_escaped_spellings_of_constrained_strings(tiny_compiler, escapes):
     assert accepts(ascii_escaped) == (escapes == "all")
     with pytest.raises(ValueError):
         json_schema_to_ir({"type": "string"}, string_escapes="some")
+
+
+def test_integers_as_numbers(tiny_compiler):
+    """JSON Schema counts 1.0 and 1e2 as integers: accepted with integers_as_numbers (canonical by
+    default), the value still judged by the schema's bounds and multiples."""
+    cases = [({"type": "integer"}, ["1", "1.0", "1e2", "-2.00", "0E+1"], ["1.5", "1e-1"]),
+             ({"type": "integer", "minimum": 0, "maximum": 10}, ["3.0", "10"], ["11.0", "-1.0", "1e1"]),
+             ({"type": "integer", "multipleOf": 3}, ["3.00", "-6"], ["4.0"]),
+             ({"enum": [1, -2.0]}, ["1.0", "-2", "-2.0"], ["2", "1.5"])]
+    for schema, good, bad in cases:
+        compiled = tiny_compiler.compile_json_schema(schema, integers_as_numbers=True)
+        canonical = tiny_compiler.compile_json_schema(schema)
+        validator = jsonschema.Draft202012Validator(schema)
+        for text in good + bad:
+            m = xg2.GrammarMatcher(compiled)
+            got = m.accept_string(text) and m.accept_token(256)
+            assert got == (text in good) == validator.is_valid(json.loads(text)), (schema, text)
+            m = xg2.GrammarMatcher(canonical)
+            assert not (m.accept_string(text) and m.accept_token(256)) or text == str(int(json.loads(text)))

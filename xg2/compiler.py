@@ -441,11 +441,12 @@ class GrammarCompiler:
                             max_whitespace_cnt: int | None = None, any_order: bool = False,
                             lenient: bool = False, format_assertion: bool = True,
                             schema_store: Mapping[str, Any] | None = None,
-                            string_escapes: str = "non_ascii") -> CompiledGrammar:
+                            string_escapes: str = "non_ascii", integers_as_numbers: bool = False
+                            ) -> CompiledGrammar:
         options = {"any_whitespace": any_whitespace, "indent": indent, "separators": separators,
                    "strict_mode": strict_mode, "max_whitespace_cnt": max_whitespace_cnt, "any_order": any_order,
                    "lenient": lenient, "format_assertion": format_assertion, "schema_store": schema_store,
-                   "string_escapes": string_escapes}
+                   "string_escapes": string_escapes, "integers_as_numbers": integers_as_numbers}
         if isinstance(schema, (str, bytes)):
             # JSON text (what a server receives) takes the path of the document it holds: the same
             # cache key and the linked path for anyOf tool sets. Text that does not decode is left

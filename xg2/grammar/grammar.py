@@ -33,13 +33,14 @@ class Grammar:
                          max_whitespace_cnt: int | None = None, print_converted_ebnf: bool = False,
                          any_order: bool = False, lenient: bool = False, format_assertion: bool = True,
                          schema_store: Mapping[str, Any] | None = None,
-                         string_escapes: str = "non_ascii") -> Grammar:
+                         string_escapes: str = "non_ascii", integers_as_numbers: bool = False) -> Grammar:
         """A JSON Schema (dict, JSON text, or a pydantic model class) as a grammar. Option meanings
         follow xgrammar's `compile_json_schema`; `any_order` lets object members come in any order;
         `lenient` turns keywords that cannot be enforced into `SchemaWarning`s instead of errors;
         `format_assertion=False` reads `format` as an annotation only; `schema_store` maps URIs to
         the documents remote `$ref`s may point into; `string_escapes="all"` accepts ``\\uXXXX`` for
-        printable ASCII in constrained strings too; `print_converted_ebnf` prints the grammar's
+        printable ASCII in constrained strings too; `integers_as_numbers` accepts integers written
+        as ``3.0`` or ``1e2``; `print_converted_ebnf` prints the grammar's
         EBNF (xgrammar's debugging aid)."""
         from .json_schema import json_schema_to_ir
 
@@ -49,7 +50,8 @@ class Grammar:
                                             separators=separators, strict_mode=strict_mode,
                                             max_whitespace_cnt=max_whitespace_cnt, any_order=any_order,
                                             lenient=lenient, format_assertion=format_assertion,
-                                            schema_store=schema_store, string_escapes=string_escapes))
+                                            schema_store=schema_store, string_escapes=string_escapes,
+                                            integers_as_numbers=integers_as_numbers))
         if print_converted_ebnf:
             print(grammar)
         return grammar

@@ -116,7 +116,8 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
     def __init__(self, root: Any, any_whitespace: bool, indent: int | str | None,
                  separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None,
                  any_order: bool = False, lenient: bool = False, style: str = "json", excludes=(),
-                 format_assertion: bool = True, string_escapes: str = "non_ascii"):
+                 format_assertion: bool = True, string_escapes: str = "non_ascii",
+                 integers_as_numbers: bool = False):
         if style != "json" and style not in XML_STYLES:
             raise SchemaError(f"style {style!r} is not supported yet (supported: json, {', '.join(XML_STYLES)})", "")
         self.xml = XML_STYLES.get(style)
@@ -125,6 +126,7 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         if string_escapes not in ESCAPES:
             raise ValueError(f"string_escapes must be one of {', '.join(ESCAPES)}, not {string_escapes!r}")
         self.escapes = string_escapes
+        self.integers_as_numbers = integers_as_numbers
         self.any_order = any_order
         self.lenient = lenient
         self.any_ws = any_whitespace
@@ -538,8 +540,9 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 return _seq(*parts)
             if isinstance(v, float) and not math.isfinite(v):
                 raise SchemaError("non-finite number in enum/const", ptr)
-            if isinstance(v, float) and v.is_integer():
-                return Literal(str(int(v)))     # -2.0 is the integer -2, written as integers are
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer():
+                text = Literal(str(int(v)))     # -2.0 is the integer -2, written as integers are
+                return Seq((text, ZERO_FRACTION)) if self.integers_as_numbers else text
             if isinstance(v, str):
                 return self.string_literal(v)
             return Literal(json.dumps(v, ensure_ascii=False))
@@ -1259,6 +1262,17 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         return to_decimal(v)
 
     def integer(self, schema: dict, ptr: str) -> Expr | None:
+        """Integers under the schema's bounds, multipleOf and `not`: canonical, or with
+        `integers_as_numbers` also with a zero fraction (``3.0``), and, when nothing bounds them,
+        with a non-negative exponent (``1e2``, ``1.0E+3``): spellings whose value is integral."""
+        out = self._integer(schema, ptr)
+        if out is None or not self.integers_as_numbers:
+            return out
+        plain = not any(k in schema for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                              "multipleOf", "not"))
+        return Seq((out, ZERO_FRACTION, *([NONNEGATIVE_EXPONENT] if plain else [])))
+
+    def _integer(self, schema: dict, ptr: str) -> Expr | None:
         lo, lo_incl, hi, hi_incl = self.numeric_bounds(schema, ptr)
         ilo = None if lo is None else (math.floor(lo) + 1 if not lo_incl and lo == math.floor(lo) else math.ceil(lo))
         ihi = None if hi is None else (math.ceil(hi) - 1 if not hi_incl and hi == math.ceil(hi) else math.floor(hi))
@@ -1506,6 +1520,13 @@ NON_INTEGER = Seq((Repeat(Literal("-"), 0, 1), Choice((Literal("0"), Seq((CharCl
 SHORT_DECIMAL = Seq((Repeat(Literal("-"), 0, 1), Repeat(CharClass(((0x2E, 0x2E), (0x30, 0x39))), 1, 16)))
 
 
+#: `integers_as_numbers`: a zero fraction, and a non-negative exponent, after an integer.
+_DIGIT = CharClass(((0x30, 0x39),))
+ZERO_FRACTION = Repeat(Seq((Literal("."), Repeat(Literal("0"), 1, None))), 0, 1)
+NONNEGATIVE_EXPONENT = Repeat(Seq((CharClass(((0x45, 0x45), (0x65, 0x65))), Repeat(Literal("+"), 0, 1),
+                                   Repeat(_DIGIT, 1, None))), 0, 1)
+
+
 def _decimal_lcm(a: float, b: float) -> float | int:
     """The least common multiple of two positive decimals (exact: both scaled to integers), as an
     int when it is whole and otherwise as the float whose shortest spelling it is."""
@@ -1603,7 +1624,7 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
                       max_whitespace_cnt: int | None = None, any_order: bool = False,
                       lenient: bool = False, style: str = "json", excludes=(),
                       schema_store: Mapping[str, Any] | None = None, format_assertion: bool = True,
-                      string_escapes: str = "non_ascii") -> GrammarIR:
+                      string_escapes: str = "non_ascii", integers_as_numbers: bool = False) -> GrammarIR:
     """Lower a JSON Schema (a dict, a bool, or its JSON text) to grammar IR; see the module notes.
     `style` other than json: the top-level object written as a model's XML tool-call arguments
     (XML_STYLES), and in the recursive styles (cohere_xml, minimax_m3_xml) every object and array
@@ -1614,7 +1635,9 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
     then of the format the schema names) or is an annotation only (any string); `string_escapes`:
     which characters of constrained strings (keys, listed values, patterns, formats) may also be
     written as ``\\uXXXX`` — "non_ascii" (all but printable ASCII, as serializers write them) or
-    "all"; free strings take every escape either way."""
+    "all"; free strings take every escape either way. `integers_as_numbers`: integers (and listed
+    integral numbers) may also be written with a zero fraction (``3.0``) and, unbounded, with a
+    non-negative exponent (``1e2``), as JSON Schema counts those integers too."""
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
@@ -1628,7 +1651,7 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
     check_nesting(schema, MAX_SCHEMA_NESTING, "schema")
     schema = link_references(schema, schema_store)      # every $ref a pointer into `schema`
     conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt, any_order,
-                      lenient, style, excludes, format_assertion, string_escapes)
+                      lenient, style, excludes, format_assertion, string_escapes, integers_as_numbers)
     try:
         body = conv.lower(schema, "", 0)
     except RecursionError:
