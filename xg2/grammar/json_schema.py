@@ -832,9 +832,9 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         for k in schema:
             if k in UNSUPPORTED and not _inert(k, schema):
                 self.unsupported(k, _ptr(ptr, k))
-        if schema.get("uniqueItems", False) is not False:
-            self.unsupported("uniqueItems", _ptr(ptr, "uniqueItems"))
-        keys = [k for k in schema if k in HANDLED and k != "uniqueItems"]
+        if schema.get("uniqueItems", False) not in (True, False):
+            raise SchemaError("uniqueItems must be a boolean", _ptr(ptr, "uniqueItems"))
+        keys = [k for k in schema if k in HANDLED and (k != "uniqueItems" or schema[k] is True)]
         if not keys:
             return self.any_value(d)
         if "$ref" in schema:
@@ -891,6 +891,70 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                                         "oneOf", _ptr(ptr, kw), lambda subs=subs: union(subs))
                 return union(subs)
         return self.typed(self.close_unevaluated(schema, ptr), ptr, d)
+
+    def finite_values(self, s: Any, ptr: str) -> list | None:
+        """Every value of `s` when they are few (listed, or only booleans and null), else None."""
+        s = self.flatten(s, ptr)
+        if s is False:
+            return []
+        if s is True or not isinstance(s, dict):
+            return None
+        values, _where = _listed_values(s, ptr)
+        if values is None:
+            if not set(self.types(s, ptr)) <= {"boolean", "null"}:
+                return None
+            values = [True, False, None]
+        checker = self.checker()
+        out: list = []
+        for v in values:
+            if checker.valid(v, s, ptr) and not any(json_equal(v, w) for w in out):
+                out.append(v)
+        return out if len(out) <= MAX_UNIQUE_VALUES else None
+
+    def unique_array(self, schema: dict, prefix: list, rest: Any, lo: int, hi: int | None, ptr: str, d: int):
+        """uniqueItems over items that take few values: rules over which values have been written
+        (each at most once). _CANNOT after the typed error in lenient mode (the array is then
+        lowered without it)."""
+        where = _ptr(ptr, "uniqueItems")
+        values = None if prefix or "contains" in schema or self.xml_at(d) else self.finite_values(rest, ptr)
+        if values is None:
+            self.unsupported("uniqueItems", where, "uniqueItems is enforced where the items take at most "
+                             f"{MAX_UNIQUE_VALUES} values (listed, booleans, null) and there are no "
+                             "prefixItems or contains")
+            return _CANNOT
+        if hi is None or hi > len(values):
+            hi = len(values)
+        if lo > hi:
+            return self.nothing(f"minItems {lo} with uniqueItems, but the items take only {len(values)} values",
+                                ptr)
+        items = [self.add_rule("item", self.const(v, d + 1, ptr)) for v in values]
+        refs: dict[int, RuleRef] = {}
+        pending: list[int] = []
+
+        def state(used: int) -> RuleRef:
+            if used not in refs:
+                refs[used] = RuleRef(self.new_name("unique_items"))
+                pending.append(used)
+            return refs[used]
+
+        def body(used: int) -> Expr | None:
+            n = used.bit_count()
+            alts: list[Expr | None] = [EMPTY] if n and n >= lo else []
+            if n < hi:
+                lead = self.sep(d) if n else EMPTY
+                alts += [_seq(lead, item, state(used | 1 << i)) for i, item in enumerate(items)
+                         if item is not None and not used >> i & 1]
+            return _choice(alts)
+
+        start = state(0)
+        i = 0
+        while i < len(pending):
+            self.rules.append(Rule(refs[pending[i]].name, body(pending[i]) or NEVER))
+            i += 1
+        out: list[Expr | None] = [_seq(self.open("[", d), start, self.close("]", d))] if hi > 0 else []
+        if lo == 0:
+            out.append(self.empty("[]", d))
+        return _choice(out)
 
     def contains_array(self, group: dict, prefix: list, prefix_ptr: str, rest: Any, rest_ptr: str, lo: int,
                        hi: int | None, ptr: str, d: int) -> Expr | None:
@@ -1412,6 +1476,10 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         else:
             def item(_name, s, p, depth):
                 return self.lower(s, p, depth)
+        if schema.get("uniqueItems") is True:
+            out = self.unique_array(schema, prefix, rest, lo, hi, ptr, d)
+            if out is not _CANNOT:
+                return out
         groups = [*([{g: schema[g] for g in ("contains", "minContains", "maxContains") if g in schema}]
                     if "contains" in schema else []), *schema.get(MORE_CONTAINS, [])]
         groups = [g for g in groups if not (g.get("minContains", 1) == 0 and "maxContains" not in g)]
@@ -1543,6 +1611,8 @@ def _integer_step(step) -> int:
     return num // math.gcd(num, den)
 
 
+#: Most values items may take for uniqueItems to be enforced (rules over subsets: 2**n).
+MAX_UNIQUE_VALUES = 10
 #: Most (position, count) states of an array under `contains`.
 MAX_CONTAINS_STATES = 4096
 
