@@ -62,6 +62,16 @@ CASES = [
     ({"type": "array", "items": {"type": ["boolean", "null"]}, "uniqueItems": True, "minItems": 2},
      [[True], [True, None], [False, False], [None, True, False]]),
     ({"type": "string", "uniqueItems": True}, SCALARS),
+    # unevaluated keywords beside if, dependentSchemas and an overlapping oneOf: a failing `if` and
+    # the complements evaluate nothing
+    ({"type": "object", "if": {"properties": {"a": {"const": 1}}, "required": ["a"]},
+      "then": {"properties": {"b": {"type": "integer"}}}, "else": {"properties": {"c": {}}},
+      "unevaluatedProperties": False}, OBJECTS + [{"a": 1, "b": 2}, {"a": 2, "c": 1}, {"c": 1}]),
+    ({"type": "object", "properties": {"a": {}}, "dependentSchemas": {"a": {"properties": {"b": {"const": 2}}}},
+      "unevaluatedProperties": False}, OBJECTS),
+    ({"type": "object", "oneOf": [{"properties": {"a": {"type": "string"}}, "required": ["a"]},
+                                  {"properties": {"b": {"type": "integer"}}, "required": ["b"]}],
+      "unevaluatedProperties": False}, OBJECTS),
 ]
 
 

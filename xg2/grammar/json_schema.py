@@ -1078,11 +1078,30 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         return self.lower(self.merge(rest, comp, ptr), ptr, d)
 
     def lower_conditions(self, schema: dict, ptr: str, d: int) -> Expr | None:
-        """`if`/`then`/`else` as ``(if and then) or (not if and else)``, for every such group."""
-        schema = self.close_unevaluated(schema, ptr)   # refused (or dropped, lenient) beside `if`
+        """`if`/`then`/`else` as ``(if and then) or (not if and else)``, for every such group.
+
+        Beside unevaluated keywords (one group): where `if` holds, its members (items) and those of
+        `then` count as evaluated, so that branch is merged whole and closed when lowered; where it
+        fails only those of `else` do, so that branch is closed before the complement joins it."""
         groups = [*([{g: schema[g] for g in ("if", "then", "else") if g in schema}] if "if" in schema else []),
                   *schema.get(CONDITIONS, [])]
         rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else", CONDITIONS)}
+        if _UNEVALUATED & set(schema):
+            if len(groups) != 1:
+                schema = self.close_unevaluated(schema, ptr)   # refused (or dropped, lenient)
+                rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else", CONDITIONS)}
+            else:
+                cond, then, other = groups[0]["if"], groups[0].get("then", True), groups[0].get("else", True)
+                ncond = self.complement(cond, _ptr(ptr, "if"))
+                if ncond is _CANNOT:
+                    self.unsupported("if", _ptr(ptr, "if"), "'if' whose negation has no positive form that can be "
+                                     "enforced (needed for its 'else', or for values where it fails)")
+                    return self.lower(rest, ptr, d)
+                branches = [self.merge(rest, {"allOf": [cond, then]}, ptr)]     # `rest` holds: it closes them
+                if other is not False and ncond is not False:
+                    closed = self.close_unevaluated(self.merge(rest, {} if other is True else other, ptr), ptr)
+                    branches.append({"allOf": [closed, ncond]})
+                return self.lower({"anyOf": branches}, ptr, d)
         conj = []
         for group in groups:
             where = _ptr(ptr, "if")
@@ -1101,8 +1120,8 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
 
     def lower_dependent_schemas(self, schema: dict, ptr: str, d: int) -> Expr | None:
         """dependentSchemas (and draft 4-7 `dependencies` with schemas): for each key, the member
-        is absent, or present and the whole object meets the schema."""
-        schema = self.close_unevaluated(schema, ptr)   # refused (or dropped, lenient) beside them
+        is absent, or present and the whole object meets the schema (whose members then count as
+        evaluated; the trigger itself is not named, so that it does not count)."""
         rest = dict(schema)
         deps = dict(rest.pop("dependentSchemas", {}))
         if not isinstance(deps, dict):
@@ -1114,7 +1133,9 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 rest.pop("dependencies")
             for a in old:
                 deps[a] = _both(deps.get(a, True), schema["dependencies"][a])
-        conj = [{"anyOf": [{"properties": {a: False}}, {"allOf": [{"required": [a], "properties": {a: True}}, sub]}]}
+        named = not _UNEVALUATED & set(schema)     # the trigger first in member order, where that is harmless
+        conj = [{"anyOf": [{"properties": {a: False}},
+                           {"allOf": [{"required": [a], **({"properties": {a: True}} if named else {})}, sub]}]}
                 for a, sub in deps.items() if sub is not True]
         if not conj:
             return self.lower(rest, ptr, d)
@@ -1127,10 +1148,9 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         pairs = self.overlaps(subs, ptr, context)
         if not pairs:
             return subs
-        if any(k in context for k in ("unevaluatedProperties", "unevaluatedItems")):
-            # the complements would count as evaluating the members they name
-            self.unsupported("oneOf", _ptr(ptr, "oneOf"), ONE_OF_OVERLAP + " (beside unevaluated keywords)")
-            return subs
+        # Beside unevaluated keywords the members a complement names are not evaluated by it: each
+        # branch is merged with the schema around the oneOf and closed before the complements join.
+        closing = bool(_UNEVALUATED & set(context))
         out = []
         for i, b in enumerate(subs):
             others = [j for j in range(len(subs)) if (min(i, j), max(i, j)) in pairs]
@@ -1143,6 +1163,8 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 return subs     # lenient: anyOf
             if any(c is False for c in comps):
                 continue        # a branch every value meets: no other branch can hold alone
+            if closing:
+                b = self.close_unevaluated(self.merge(context, {} if b is True else b, ptr), ptr)
             out.append({"allOf": [True if b is True else b, *[c for c in comps if c is not True]]})
         return out or [False]
 
@@ -1611,6 +1633,7 @@ def _integer_step(step) -> int:
     return num // math.gcd(num, den)
 
 
+_UNEVALUATED = frozenset({"unevaluatedProperties", "unevaluatedItems"})
 #: Most values items may take for uniqueItems to be enforced (rules over subsets: 2**n).
 MAX_UNIQUE_VALUES = 10
 #: Most (position, count) states of an array under `contains`.
