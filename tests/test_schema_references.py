@@ -27,6 +27,11 @@ CASES = [
      [{"x": "a"}, {"x": 1}], None),
     # a registered document
     ({"$ref": "https://other.example/s.json#/$defs/n"}, [1, 2, "a"], STORE),
+    # the document's own resource declares the anchor: outermost in every scope, so it wins
+    ({"$id": "https://ex.example/strict", "$dynamicAnchor": "node", "$ref": "tree", "unevaluatedProperties": False,
+      "$defs": {"tree": {"$id": "tree", "$dynamicAnchor": "node", "type": "object",
+                         "properties": {"data": True, "children": {"type": "array", "items": {"$dynamicRef": "#node"}}}}}},
+     [{"children": [{"daat": 1}]}, {"children": [{"data": 1}]}, {"data": 1}], None),
     # $dynamicRef to the one resource declaring the anchor: a static reference
     ({"$dynamicAnchor": "node", "type": "object", "properties": {"c": {"type": "array", "items": {"$dynamicRef": "#node"}}}},
      [{"c": [{}]}, {"c": [1]}, {"c": [{"c": [{}]}]}], None),
@@ -75,8 +80,10 @@ def test_references_that_cannot_be_resolved_are_typed_errors():
     with pytest.raises(xg2.SchemaError) as exc:
         json_schema_to_ir({"$ref": "#missing"})
     assert exc.value.pointer == "/$ref"
-    two = {"$id": "https://ex.example/t", "$dynamicAnchor": "n", "items": {"$dynamicRef": "#n"},
-           "$defs": {"o": {"$id": "o", "$dynamicAnchor": "n", "type": "integer"}}}
+    # two resources declare the anchor and the document's own does not: the path decides
+    two = {"$id": "https://ex.example/t", "$defs": {
+        "a": {"$id": "a", "$dynamicAnchor": "n", "items": {"$dynamicRef": "#n"}},
+        "o": {"$id": "o", "$dynamicAnchor": "n", "type": "integer", "$ref": "a"}}, "$ref": "o"}
     with pytest.raises(xg2.SchemaError, match="evaluation path"):
         json_schema_to_ir(two)
 

@@ -11,8 +11,9 @@ placed in the copy under an internal key, so references into them are local too;
 remote reference is a `SchemaError` that names it.
 
 `$dynamicRef` is resolved statically when that is exact: when no more than one resource declares
-the `$dynamicAnchor` it names, the dynamic scope cannot pick another. Otherwise (the target
-depends on the path the evaluation took) it is refused, as is 2019-09's `$recursiveRef`.
+the `$dynamicAnchor` it names, the dynamic scope cannot pick another; when the document's own
+resource declares it, that one is outermost in every dynamic scope, so it wins. Otherwise (the
+target depends on the path the evaluation took) it is refused, as is 2019-09's `$recursiveRef`.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def link_references(root: Any, schema_store: Mapping[str, Any] | None = None) ->
     own = doc.get("id" if draft4 and "$id" not in doc else "$id")
     base = urldefrag(_join(DEFAULT_BASE, own))[0] if isinstance(own, str) and own else DEFAULT_BASE
     index.walk(doc, "", base)
+    root_base = _normal(base)
     store = {_normal(urldefrag(k)[0]): v for k, v in (schema_store or {}).items()}
     loaded: dict[str, Any] = {}
     i = 0
@@ -181,11 +183,17 @@ def link_references(root: Any, schema_store: Mapping[str, Any] | None = None) ->
                 target = index.anchors.get(f"{doc_uri}#{frag}")
                 if target is None:
                     raise SchemaError(f"$ref {ref!r}: no $anchor {frag!r} in {doc_uri!r}", ptr)
-                if key == "$dynamicRef" and len(index.dynamic.get(frag, ())) > 1 and \
-                        target in index.dynamic.get(frag, ()):
-                    raise SchemaError(f"$dynamicRef {ref!r}: {len(index.dynamic[frag])} resources declare the "
-                                      f"$dynamicAnchor {frag!r}, so the target depends on the evaluation path; "
-                                      "such references are not supported", ptr)
+                declared = index.dynamic.get(frag, set())
+                if key == "$dynamicRef" and target in declared and len(declared) > 1:
+                    # The outermost resource of the dynamic scope that declares the anchor wins; the
+                    # document's own resource is always outermost, so if it declares it, it wins.
+                    outer = index.anchors.get(f"{root_base}#{frag}")
+                    if outer is None or outer not in declared:
+                        raise SchemaError(f"$dynamicRef {ref!r}: {len(declared)} resources declare the "
+                                          f"$dynamicAnchor {frag!r} and the document's own does not, so the "
+                                          "target depends on the evaluation path; such references are not "
+                                          "supported", ptr)
+                    target = outer
             if key == "$dynamicRef":
                 if isinstance(node.get("$ref"), str):
                     raise SchemaError("$dynamicRef beside $ref is not supported", ptr)
