@@ -85,6 +85,16 @@ def json_info():
 
 
 @pytest.fixture(scope="session")
+def byte_compiler():
+    """Every byte a token and a stop token (id 256): JSON Schema tests judge documents without a
+    real vocabulary."""
+    import xg2
+
+    vocab = [bytes([b]) for b in range(256)] + [b"</s>"]
+    return xg2.GrammarCompiler(xg2.TokenizerInfo(vocab, xg2.VocabType.RAW, stop_token_ids=[256]))
+
+
+@pytest.fixture(scope="session")
 def format_checker():
     """jsonschema's format checker, with every format xg2 implements present: a checker exists only
     when its optional package imports, and a missing one would judge every string valid, letting a

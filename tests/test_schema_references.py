@@ -50,21 +50,14 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_compiler():
-    """Every byte a token and a stop token: no real vocabulary is needed to judge documents."""
-    vocab = [bytes([b]) for b in range(256)] + [b"</s>"]
-    return xg2.GrammarCompiler(xg2.TokenizerInfo(vocab, xg2.VocabType.RAW, stop_token_ids=[256]))
-
-
 def _accepts(compiled, doc) -> bool:
     m = xg2.GrammarMatcher(compiled)
     return m.accept_string(json.dumps(doc, ensure_ascii=False)) and m.accept_token(256)
 
 
 @pytest.mark.parametrize("schema, docs, store", CASES, ids=[json.dumps(c[0])[:50] for c in CASES])
-def test_agrees_with_jsonschema(tiny_compiler, schema, docs, store):
-    compiled = tiny_compiler.compile_json_schema(schema, strict_mode=False, schema_store=store)
+def test_agrees_with_jsonschema(byte_compiler, schema, docs, store):
+    compiled = byte_compiler.compile_json_schema(schema, strict_mode=False, schema_store=store)
     registry = Registry().with_resources(
         [(uri, Resource.from_contents(doc, default_specification=DRAFT202012)) for uri, doc in (store or {}).items()])
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(
@@ -88,27 +81,27 @@ def test_references_that_cannot_be_resolved_are_typed_errors():
         json_schema_to_ir(two)
 
 
-def test_format_as_annotation(tiny_compiler):
+def test_format_as_annotation(byte_compiler):
     schema = {"type": "string", "format": "date"}
-    asserted = tiny_compiler.compile_json_schema(schema)
-    annotated = tiny_compiler.compile_json_schema(schema, format_assertion=False)
+    asserted = byte_compiler.compile_json_schema(schema)
+    annotated = byte_compiler.compile_json_schema(schema, format_assertion=False)
     assert _accepts(asserted, "2024-01-31") and not _accepts(asserted, "06/19/1963")
     assert _accepts(annotated, "2024-01-31") and _accepts(annotated, "06/19/1963")
     # the validator that filters listed values reads the option too
     listed = {"enum": ["2024-01-31", "06/19/1963"], "format": "date"}
-    assert not _accepts(tiny_compiler.compile_json_schema(listed), "06/19/1963")
-    assert _accepts(tiny_compiler.compile_json_schema(listed, format_assertion=False), "06/19/1963")
+    assert not _accepts(byte_compiler.compile_json_schema(listed), "06/19/1963")
+    assert _accepts(byte_compiler.compile_json_schema(listed, format_assertion=False), "06/19/1963")
 
 
 @pytest.mark.parametrize("escapes", ["non_ascii", "all"])
-def test_escaped_spellings_of_constrained_strings(tiny_compiler, escapes):
+def test_escaped_spellings_of_constrained_strings(byte_compiler, escapes):
     """Keys, listed values, patterns and formats are judged by their value: a non-ASCII character
     written as a \\u escape (or a surrogate pair) is accepted as its raw spelling is; with
     string_escapes="all", printable ASCII too."""
     schema = {"type": "object", "properties": {"café": {"enum": ["naïve", "x😀"]}, "p": {"pattern": "^é+$"},
                                                "d": {"type": "string", "format": "date"}},
               "additionalProperties": False}
-    compiled = tiny_compiler.compile_json_schema(schema, string_escapes=escapes)
+    compiled = byte_compiler.compile_json_schema(schema, string_escapes=escapes)
 
     def accepts(text: str) -> bool:
         m = xg2.GrammarMatcher(compiled)
@@ -125,7 +118,7 @@ def test_escaped_spellings_of_constrained_strings(tiny_compiler, escapes):
         json_schema_to_ir({"type": "string"}, string_escapes="some")
 
 
-def test_integers_as_numbers(tiny_compiler):
+def test_integers_as_numbers(byte_compiler):
     """JSON Schema counts 1.0 and 1e2 as integers: accepted with integers_as_numbers (canonical by
     default), the value still judged by the schema's bounds and multiples (an exponent only where
     nothing bounds the value: 1e1 under a maximum is refused though valid)."""
@@ -134,8 +127,8 @@ def test_integers_as_numbers(tiny_compiler):
              ({"type": "integer", "multipleOf": 3}, ["3.00", "-6"], ["4.0"]),
              ({"enum": [1, -2.0]}, ["1.0", "-2", "-2.0"], ["2", "1.5"])]
     for schema, good, bad in cases:
-        compiled = tiny_compiler.compile_json_schema(schema, integers_as_numbers=True)
-        canonical = tiny_compiler.compile_json_schema(schema)
+        compiled = byte_compiler.compile_json_schema(schema, integers_as_numbers=True)
+        canonical = byte_compiler.compile_json_schema(schema)
         validator = jsonschema.Draft202012Validator(schema)
         for text in good + bad:
             m = xg2.GrammarMatcher(compiled)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SchemaError
-from .ir import CharClass, Choice, Expr, Literal, Repeat, Seq
+from .ir import CharClass, Choice, Expr, Literal, Repeat, Rule, RuleRef, Seq
 
 #: Largest accepted minItems/maxItems/minLength/maxLength.
 MAX_BOUND = 1_000_000
@@ -257,3 +257,25 @@ def _listed_values(schema: dict, ptr: str) -> tuple[list | None, str]:
                 raise SchemaError("enum must be an array", _ptr(where, "enum"))
             return branch["enum"], _ptr(where, "enum")
     return None, ""
+
+
+def state_rules(new_name, rules: list, hint: str, start: tuple, body) -> RuleRef:
+    """An automaton as rules, one per state reachable from `start`: `body(state, *key)` is the
+    state's expression, reaching other states through `state(*key) -> RuleRef` (each state's
+    rule made once, its body built from a work list: no recursion)."""
+    refs: dict[tuple, RuleRef] = {}
+    pending: list[tuple] = []
+
+    def state(*key) -> RuleRef:
+        if key not in refs:
+            refs[key] = RuleRef(new_name(hint))
+            pending.append(key)
+        return refs[key]
+
+    first = state(*start)
+    i = 0
+    while i < len(pending):
+        key = pending[i]
+        rules.append(Rule(refs[key].name, body(state, *key) or NEVER))
+        i += 1
+    return first

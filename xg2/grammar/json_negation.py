@@ -222,24 +222,19 @@ class NegationLowering:
                 if not isinstance(v, list):
                     raise SchemaError("required must be an array of strings", where)
                 parts += [typed("object", properties={name: False}) for name in v]
-            elif k == "properties":
+            elif k in ("properties", "patternProperties"):
                 if not isinstance(v, dict):
-                    raise SchemaError("properties must be an object", where)
+                    raise SchemaError(f"{k} must be an object", where)
                 for name, sub in v.items():
                     n = self.complement(sub, _ptr(where, name), seen)
                     if n is _CANNOT:
                         return _CANNOT
-                    if n is not False:
+                    if n is False:
+                        continue
+                    if k == "properties":     # the member is there, its value under the complement
                         parts.append(typed("object", required=[name], properties={name: n}))
-            elif k == "patternProperties":
-                if not isinstance(v, dict):
-                    raise SchemaError("patternProperties must be an object", where)
-                for pat, sub in v.items():
-                    n = self.complement(sub, _ptr(where, pat), seen)
-                    if n is _CANNOT:
-                        return _CANNOT
-                    if n is not False:
-                        parts.append(typed("object", **{"not": {"patternProperties": {pat: sub}}}))
+                    else:                     # some member whose key matches: a leaf (json_object.py)
+                        parts.append(typed("object", **{"not": {"patternProperties": {name: sub}}}))
             elif k == "additionalProperties":
                 n = self.complement(v, where, seen)
                 if n is _CANNOT:

@@ -32,6 +32,7 @@ from .json_common import (
     U_ESCAPE,
     _canon_str,
     _ptr,
+    state_rules,
 )
 from .json_negation import leaves
 from .regex import regex_to_expr
@@ -456,35 +457,21 @@ class ObjectLowering:
         if not kinds or (hi is not None and hi < 1):
             return None
         cap = max(lo, 1) if hi is None else hi     # the first member (after `lead`) stays apart
-        refs: dict[tuple[int, int], RuleRef] = {}
-        pending: list[tuple[int, int]] = []
 
-        def state(met: int, c: int) -> RuleRef:
-            key = (met, min(c, cap) if hi is None else c)
-            if key not in refs:
-                refs[key] = RuleRef(self.new_name("found"))
-                pending.append(key)
-            return refs[key]
-
-        def body(met: int, c: int) -> Expr | None:
+        def body(state, met: int, c: int) -> Expr | None:
+            nxt = min(c + 1, cap) if hi is None else c + 1
             alts: list[Expr | None] = []
             if met == need and c >= lo and c > 0:
                 alts.append(EMPTY)
             if hi is None or c < hi:
                 before = sep if c > 0 else (EMPTY if lead is None else lead)
                 if extra is not None:
-                    alts.append(Seq((before, extra, state(met, c + 1))))
-                alts += [Seq((before, member, state(met | mask, c + 1))) for mask, member in kinds.items()
+                    alts.append(Seq((before, extra, state(met, nxt))))
+                alts += [Seq((before, member, state(met | mask, nxt))) for mask, member in kinds.items()
                          if mask & ~met]
             return _choice(alts)
 
-        start = state(0, 0)
-        k = 0
-        while k < len(pending):
-            met, c = pending[k]
-            self.rules.append(Rule(refs[met, c].name, body(met, c) or NEVER))
-            k += 1
-        return start
+        return state_rules(self.new_name, self.rules, "found", (0, 0), body)
 
     def distinct_run(self, need: int, keys: dict[str, dict[int, Expr]], sep: Expr, lead: Expr | None,
                      lo: int, hi: int | None) -> Expr | None:
@@ -492,16 +479,8 @@ class ObjectLowering:
         rules over (keys written, wanted members met), each key at most once, between lo and hi
         members; empty only after `lead` (a member already written)."""
         order = list(keys)
-        refs: dict[tuple[int, int], RuleRef] = {}
-        pending: list[tuple[int, int]] = []
 
-        def state(used: int, met: int) -> RuleRef:
-            if (used, met) not in refs:
-                refs[used, met] = RuleRef(self.new_name("others"))
-                pending.append((used, met))
-            return refs[used, met]
-
-        def body(used: int, met: int) -> Expr | None:
+        def body(state, used: int, met: int) -> Expr | None:
             n = used.bit_count()
             alts: list[Expr | None] = []
             if met == need and n >= lo and (n > 0 or lead is not None):
@@ -514,13 +493,7 @@ class ObjectLowering:
                                  for mask, member in keys[key].items()]
             return _choice(alts)
 
-        start = state(0, 0)
-        k = 0
-        while k < len(pending):
-            used, met = pending[k]
-            self.rules.append(Rule(refs[used, met].name, body(used, met) or NEVER))
-            k += 1
-        return start
+        return state_rules(self.new_name, self.rules, "others", (0, 0), body)
 
     def few_other_keys(self, schema: dict, names: list[str], addl: Any, ptr: str, allowed: KeyDFA | None):
         """The keys other members may have, when patternProperties/propertyNames leave only a few

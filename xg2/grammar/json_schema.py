@@ -95,6 +95,7 @@ from .json_common import (
     _listed_values,
     _opt,
     _ptr,
+    state_rules,
 )
 from .json_excludes import Excluder
 from .json_negation import NegationLowering, leaf_kind, leaves
@@ -928,16 +929,8 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
             return self.nothing(f"minItems {lo} with uniqueItems, but the items take only {len(values)} values",
                                 ptr)
         items = [self.add_rule("item", self.const(v, d + 1, ptr)) for v in values]
-        refs: dict[int, RuleRef] = {}
-        pending: list[int] = []
 
-        def state(used: int) -> RuleRef:
-            if used not in refs:
-                refs[used] = RuleRef(self.new_name("unique_items"))
-                pending.append(used)
-            return refs[used]
-
-        def body(used: int) -> Expr | None:
+        def body(state, used: int) -> Expr | None:
             n = used.bit_count()
             alts: list[Expr | None] = [EMPTY] if n and n >= lo else []
             if n < hi:
@@ -946,11 +939,7 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                          if item is not None and not used >> i & 1]
             return _choice(alts)
 
-        start = state(0)
-        i = 0
-        while i < len(pending):
-            self.rules.append(Rule(refs[pending[i]].name, body(pending[i]) or NEVER))
-            i += 1
+        start = state_rules(self.new_name, self.rules, "unique_items", (0,), body)
         out: list[Expr | None] = [_seq(self.open("[", d), start, self.close("]", d))] if hi > 0 else []
         if lo == 0:
             out.append(self.empty("[]", d))
@@ -993,17 +982,10 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 items[at, match] = self.add_rule("item", self.lower(both, bp, d + 1)) if both is not False else None
             return items[at, match]
 
-        refs: dict[tuple[int, int], RuleRef] = {}
-        pending: list[tuple[int, int]] = []
+        def body(state, p: int, c: int) -> Expr | None:
+            def at(p2: int, c2: int) -> RuleRef:
+                return state(min(p2, last) if hi is None else p2, c2)
 
-        def state(p: int, c: int) -> RuleRef:
-            key = (min(p, last) if hi is None else p, c)
-            if key not in refs:
-                refs[key] = RuleRef(self.new_name("contains_items"))
-                pending.append(key)
-            return refs[key]
-
-        def body(p: int, c: int) -> Expr | None:
             alts: list[Expr | None] = []
             if p > 0 and p >= lo and c >= mn:
                 alts.append(EMPTY)
@@ -1011,18 +993,13 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 lead = self.sep(d) if p > 0 else EMPTY
                 w = item(p, True)
                 if w is not None and (mx is None or c < mx):
-                    alts.append(_seq(lead, w, state(p + 1, min(c + 1, cap))))
+                    alts.append(_seq(lead, w, at(p + 1, min(c + 1, cap))))
                 n = item(p, False)
                 if n is not None:
-                    alts.append(_seq(lead, n, state(p + 1, c)))
+                    alts.append(_seq(lead, n, at(p + 1, c)))
             return _choice(alts)
 
-        start = state(0, 0)
-        i = 0
-        while i < len(pending):
-            p, c = pending[i]
-            self.rules.append(Rule(refs[p, c].name, body(p, c) or NEVER))
-            i += 1
+        start = state_rules(self.new_name, self.rules, "contains_items", (0, 0), body)
         out: list[Expr | None] = [_seq(self.open("[", d), start, self.close("]", d))]
         if lo == 0 and mn == 0:
             out.append(self.empty("[]", d))
