@@ -202,6 +202,9 @@ FOUND = "\x00found"
 #: Internal keyword holding the `pattern`s and `format`s of merged schemas beyond the first (a list
 #: of one-keyword dicts): a string meets them all.
 MORE_STRINGS = "\x00strings"
+#: Internal keyword: unevaluatedItems beside `contains` (items after the prefix that do not match
+#: `contains` meet it), read by the contains automaton.
+UNEVALUATED_ITEMS = "\x00unevaluated_items"
 
 
 # --- small helpers shared by the JSON and the XML lowerings ------------------------------------

@@ -25,11 +25,13 @@ from .json_common import (
     MAX_OBJECT_STATES,
     MAX_SCHEMA_DEPTH,
     MAX_TRACKED_DEPENDENCIES,
+    MORE_CONTAINS,
     MORE_STRINGS,
     NEVER,
     PRESENCE,
     SHORT_ESCAPES,
     U_ESCAPE,
+    UNEVALUATED_ITEMS,
     _canon_str,
     _ptr,
     state_rules,
@@ -201,6 +203,12 @@ class ObjectLowering:
                             and (k != "contains" or kw == "unevaluatedItems")), None)
             if blocker is None and _has_schema_dependencies(s):
                 blocker = "dependencies"
+            if blocker == "contains" and not any(k in s for k in ("anyOf", "oneOf", "if", CONDITIONS, MORE_CONTAINS)):
+                # items that match `contains` are evaluated: the others (after the prefix) meet
+                # `extra`, which the contains automaton reads (json_schema.contains_array)
+                if "items" not in s and not (isinstance(s.get("items"), list) and "additionalItems" in s):
+                    s[UNEVALUATED_ITEMS] = extra
+                continue
             if blocker is not None:
                 self.unsupported(kw, _ptr(ptr, kw), f"{kw} next to {blocker} (the evaluated "
                                  f"{'members' if kw == 'unevaluatedProperties' else 'items'} depend on which "

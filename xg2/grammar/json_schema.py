@@ -87,6 +87,7 @@ from .json_common import (
     PRESENCE,
     RAW_TEXT,
     TYPES,
+    UNEVALUATED_ITEMS,
     UNSUPPORTED,
     XML_STYLES,
     _branches,
@@ -946,11 +947,12 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         return _choice(out)
 
     def contains_array(self, group: dict, prefix: list, prefix_ptr: str, rest: Any, rest_ptr: str, lo: int,
-                       hi: int | None, ptr: str, d: int) -> Expr | None:
+                       hi: int | None, ptr: str, d: int, uneval: Any = None) -> Expr | None:
         """An array under `contains` with minContains/maxContains: rules over (items written, items
         matching counted up to what the bounds need). Each position's schema splits into its
         matching values and, when there is a maximum, the others (the complement of `contains`);
-        without one any item may be read as not matching, so at least the minimum really match."""
+        without one any item may be read as not matching, so at least the minimum really match.
+        `uneval` (unevaluatedItems): what an item after the prefix that does not match must meet."""
         where = _ptr(ptr, "contains")
         want = group["contains"]
         mn = self.bound(group, "minContains", ptr, 1)
@@ -965,7 +967,7 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 return self.unsupported("maxContains", _ptr(ptr, "maxContains"), "maxContains of a schema whose "
                                         "complement has no positive form that can be enforced",
                                         fallback=self.contains_array(relaxed, prefix, prefix_ptr, rest, rest_ptr,
-                                                                     lo, hi, ptr, d))
+                                                                     lo, hi, ptr, d, uneval))
         k = len(prefix)
         cap = mn if mx is None else mx
         last = max(k, lo, 1) if hi is None else hi     # positions from `last` on are alike (hi: none left)
@@ -979,6 +981,8 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
             if (at, match) not in items:
                 base, bp = (prefix[at], _ptr(prefix_ptr, at)) if at < k else (rest, rest_ptr)
                 both = _both(base, want if match else other)
+                if not match and at >= k and uneval is not None:
+                    both = _both(both, uneval)
                 items[at, match] = self.add_rule("item", self.lower(both, bp, d + 1)) if both is not False else None
             return items[at, match]
 
@@ -1481,13 +1485,15 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 return out
         groups = [*([{g: schema[g] for g in ("contains", "minContains", "maxContains") if g in schema}]
                     if "contains" in schema else []), *schema.get(MORE_CONTAINS, [])]
-        groups = [g for g in groups if not (g.get("minContains", 1) == 0 and "maxContains" not in g)]
+        uneval = schema.get(UNEVALUATED_ITEMS)
+        if uneval is None:      # with unevaluatedItems even minContains 0 matters: it evaluates
+            groups = [g for g in groups if not (g.get("minContains", 1) == 0 and "maxContains" not in g)]
         if groups:
             if self.xml_at(d) or len(groups) > 1:
                 self.unsupported("contains", _ptr(ptr, "contains"), "more than one contains on one array"
                                  if len(groups) > 1 else "contains in an XML style")
             else:
-                return self.contains_array(groups[0], prefix, prefix_ptr, rest, rest_ptr, lo, hi, ptr, d)
+                return self.contains_array(groups[0], prefix, prefix_ptr, rest, rest_ptr, lo, hi, ptr, d, uneval)
         elems: list[Expr | None] = []
         for i, s in enumerate(prefix):
             e = item(None, s, _ptr(prefix_ptr, i), d + 1)

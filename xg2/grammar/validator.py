@@ -17,7 +17,7 @@ from ..errors import GrammarLimitError, SchemaError
 from .formats import format_expr
 from .fsm import rule_automaton
 from .ir import text_bytes
-from .json_common import CONDITIONS, FOUND, MORE_CONTAINS, MORE_STRINGS, PRESENCE
+from .json_common import CONDITIONS, FOUND, MORE_CONTAINS, MORE_STRINGS, PRESENCE, UNEVALUATED_ITEMS
 from .regex import regex_to_expr
 
 #: Nested schema applications before giving up (recursive `$ref`s on deep values). Each costs about
@@ -173,6 +173,8 @@ class Validator:
         """The converter's own keywords, which merged schemas carry (json_common.py)."""
         if k in (CONDITIONS, MORE_CONTAINS, MORE_STRINGS):
             return all(self.valid(x, group, ptr, depth) for group in v)
+        if k == UNEVALUATED_ITEMS:      # never on listed values: it is set after their filtering
+            raise SchemaError("internal: unevaluated items on a listed value", ptr)
         if not isinstance(x, dict):
             return True
         if k == PRESENCE:
