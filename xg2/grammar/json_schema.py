@@ -728,6 +728,10 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 out[more] = [*out.get(more, []), {g: bb.pop(g) for g in group if g in bb}]
             if more in bb:
                 out[more] = [*out.get(more, []), *bb.pop(more)]
+        if UNEVALUATED_ITEMS in out and UNEVALUATED_ITEMS in bb:
+            self.unsupported("unevaluatedItems", _ptr(ptr, "unevaluatedItems"), "two unevaluatedItems beside "
+                             "contains in merged schemas")
+            bb.pop(UNEVALUATED_ITEMS)
         for more in (FOUND, MORE_STRINGS):
             if more in bb:
                 out[more] = [*out.get(more, []), *bb.pop(more)]
