@@ -138,3 +138,15 @@ def test_integers_as_numbers(byte_compiler):
             assert got or text == "1e1" or not validator.is_valid(json.loads(text)), (schema, text)
             m = xg2.GrammarMatcher(canonical)
             assert not (m.accept_string(text) and m.accept_token(256)) or text == str(int(json.loads(text)))
+
+
+def test_an_id_written_as_a_path():
+    """An `$id` written as if it were a JSON pointer starts a resource the `$ref`s inside it miss:
+    a located error, and in lenient mode the pointer is read from the root with a warning."""
+    schema = {"definitions": {"c": {"type": "string"}},
+              "properties": {"x": {"$id": "/properties/x", "$ref": "#/definitions/c"}}}
+    with pytest.raises(xg2.SchemaError) as exc:
+        json_schema_to_ir(schema)
+    assert exc.value.pointer == "/properties/x/$ref" and "does not resolve" in exc.value.message
+    with pytest.warns(xg2.SchemaWarning, match="document's root"):
+        json_schema_to_ir(schema, lenient=True)

@@ -1729,7 +1729,7 @@ def json_schema_to_ir(schema: dict | bool | str, *, any_whitespace: bool = True,
     # Before any walk of the whole document (embedded resources, references): those would pay for
     # a document nested far past what the converter accepts anyway.
     check_nesting(schema, MAX_SCHEMA_NESTING, "schema")
-    schema = link_references(schema, schema_store)      # every $ref a pointer into `schema`
+    schema = link_references(schema, schema_store, lenient)      # every $ref a pointer into `schema`
     conv = _Converter(schema, any_whitespace, indent, separators, strict_mode, max_whitespace_cnt, any_order,
                       lenient, style, excludes, format_assertion, string_escapes, integers_as_numbers)
     try:

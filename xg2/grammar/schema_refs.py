@@ -18,11 +18,12 @@ target depends on the path the evaluation took) it is refused, as is 2019-09's `
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote, urldefrag, urljoin
 
-from ..errors import SchemaError
+from ..errors import SchemaError, SchemaWarning
 
 #: Keywords whose values are data, not schemas: an `$id` or `$ref` key inside them names nothing.
 DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
@@ -141,8 +142,23 @@ class _Index:
             stack.extend((v, f"{where}/{_escape(k)}", base) for k, v in node.items() if k not in DATA_KEYWORDS)
 
 
-def link_references(root: Any, schema_store: Mapping[str, Any] | None = None) -> Any:
-    """`root`, or a copy of it whose references are all local pointers (see the module notes)."""
+def _exists(doc: Any, pointer: str) -> bool:
+    node = doc
+    for raw in pointer.split("/")[1:] if pointer else []:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
+
+
+def link_references(root: Any, schema_store: Mapping[str, Any] | None = None, lenient: bool = False) -> Any:
+    """`root`, or a copy of it whose references are all local pointers (see the module notes).
+    `lenient`: a pointer that does not resolve within its resource but does from the document's
+    root (an `$id` written as if it were a path) is read from the root, with a warning."""
     if not isinstance(root, dict) or not _needs_linking(root):
         return root
     doc = _copy(root)
@@ -179,6 +195,13 @@ def link_references(root: Any, schema_store: Mapping[str, Any] | None = None) ->
             start = index.resources[doc_uri]
             if not frag or frag.startswith("/"):
                 target = start + unquote(frag)
+                if not _exists(doc, target):
+                    if not (lenient and start and _exists(doc, unquote(frag))):
+                        raise SchemaError(f"$ref {ref!r} does not resolve: it points at {target or '/'} within "
+                                          f"the resource {doc_uri!r}", ptr)
+                    warnings.warn(f"$ref {ref!r} (at {ptr}) points outside its resource {doc_uri!r}; read against "
+                                  "the document's root instead", SchemaWarning, stacklevel=3)
+                    target = unquote(frag)
             else:
                 target = index.anchors.get(f"{doc_uri}#{frag}")
                 if target is None:
