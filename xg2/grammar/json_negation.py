@@ -26,7 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import SchemaError
-from .json_common import _CANNOT, ANNOTATIONS, TYPES, _ptr
+from .ir import Expr
+from .json_common import _CANNOT, ANNOTATIONS, CONDITIONS, MEMBER_KEYWORDS, ONE_OF_OVERLAP, TYPES, _ptr
+from .schema_merge import both as _both
 
 #: Keywords under `not` that a typed lowering enforces itself, by the type they constrain.
 STRING_LEAVES = frozenset({"pattern", "format"})
@@ -109,6 +111,21 @@ def leaves(neg: dict) -> list[dict]:
     if set(neg) - ANNOTATIONS == {"anyOf"}:
         return [x for b in neg["anyOf"] for x in leaves(b)]
     return [neg]
+
+
+#: The types whose lowering enforces a leaf negation of each kind (json_negation.py).
+_LEAF_TYPES = {"string": {"string"}, "integer": {"integer", "number"}, "object": {"object"}}
+
+def _schema_dependencies(schema: dict) -> list[str]:
+    """The keys of draft 4-7 `dependencies` whose value is a schema that says more than `required`
+    (the object lowering tracks the others as dependentRequired)."""
+    deps = schema.get("dependencies")
+    if not isinstance(deps, dict):
+        return []
+    return [a for a, v in deps.items() if isinstance(v, (dict, bool)) and v is not True
+            and not (isinstance(v, dict) and set(v) - ANNOTATIONS <= {"required"})]
+
+_UNEVALUATED = frozenset({"unevaluatedProperties", "unevaluatedItems"})
 
 
 class NegationLowering:
@@ -365,3 +382,136 @@ class NegationLowering:
         if not parts:
             return False
         return parts[0] if len(parts) == 1 else {"anyOf": parts}
+
+    def leaf_applies(self, schema: dict, ptr: str) -> bool:
+        """Whether the schema's `not` is a leaf negation its typed lowering enforces (json_negation.py):
+        a leaf of a domain that holds every type the schema allows."""
+        kind = leaf_kind(schema["not"])
+        return kind is not None and set(self.types(schema, ptr)) <= _LEAF_TYPES[kind]
+
+    def lower_not(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        """`not` as the complement of its schema (json_negation.py), met with the rest."""
+        rest = {k: v for k, v in schema.items() if k != "not"}
+        # `not` evaluates no member or item: the rest settles its unevaluated keywords first
+        rest = self.close_unevaluated(rest, ptr)
+        comp = self.complement(schema["not"], _ptr(ptr, "not"))
+        if comp is _CANNOT:
+            self.unsupported("not", _ptr(ptr, "not"), "this form of 'not' has no positive equivalent that can be "
+                             "enforced")
+            return self.lower(rest, ptr, d)   # lenient: not enforced
+        if comp is False:
+            return self.nothing("'not' of a schema every value meets", _ptr(ptr, "not"))
+        if comp is True:
+            return self.lower(rest, ptr, d)
+        return self.lower(self.merge(rest, comp, ptr), ptr, d)
+
+    def lower_conditions(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        """`if`/`then`/`else` as ``(if and then) or (not if and else)``, for every such group.
+
+        Beside unevaluated keywords (one group): where `if` holds, its members (items) and those of
+        `then` count as evaluated, so that branch is merged whole and closed when lowered; where it
+        fails only those of `else` do, so that branch is closed before the complement joins it."""
+        groups = [*([{g: schema[g] for g in ("if", "then", "else") if g in schema}] if "if" in schema else []),
+                  *schema.get(CONDITIONS, [])]
+        rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else", CONDITIONS)}
+        if _UNEVALUATED & set(schema):
+            if len(groups) != 1:
+                schema = self.close_unevaluated(schema, ptr)   # refused (or dropped, lenient)
+                rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else", CONDITIONS)}
+            else:
+                cond, then, other = groups[0]["if"], groups[0].get("then", True), groups[0].get("else", True)
+                ncond = self.complement(cond, _ptr(ptr, "if"))
+                if ncond is _CANNOT:
+                    self.unsupported("if", _ptr(ptr, "if"), "'if' whose negation has no positive form that can be "
+                                     "enforced (needed for its 'else', or for values where it fails)")
+                    return self.lower(rest, ptr, d)
+                branches = [self.merge(rest, {"allOf": [cond, then]}, ptr)]     # `rest` holds: it closes them
+                if other is not False and ncond is not False:
+                    closed = self.close_unevaluated(self.merge(rest, {} if other is True else other, ptr), ptr)
+                    branches.append({"allOf": [closed, ncond]})
+                return self.lower({"anyOf": branches}, ptr, d)
+        conj = []
+        for group in groups:
+            where = _ptr(ptr, "if")
+            cond, then, other = group["if"], group.get("then", True), group.get("else", True)
+            if then is True and other is True:
+                continue
+            ncond = self.complement(cond, where)
+            if ncond is _CANNOT:
+                self.unsupported("if", where, "'if' whose negation has no positive form that can be enforced (needed "
+                                 "for its 'else', or for values where it fails)")
+                continue    # lenient: not enforced
+            conj.append({"anyOf": [{"allOf": [cond, then]}, {"allOf": [ncond, other]}]})
+        if not conj:
+            return self.lower(rest, ptr, d)
+        return self.lower(self.merge(rest, {"allOf": conj}, ptr), ptr, d)
+
+    def lower_dependent_schemas(self, schema: dict, ptr: str, d: int) -> Expr | None:
+        """dependentSchemas (and draft 4-7 `dependencies` with schemas): for each key, the member
+        is absent, or present and the whole object meets the schema (whose members then count as
+        evaluated; the trigger itself is not named, so that it does not count)."""
+        rest = dict(schema)
+        deps = dict(rest.pop("dependentSchemas", {}))
+        if not isinstance(deps, dict):
+            raise SchemaError("dependentSchemas must be an object", _ptr(ptr, "dependentSchemas"))
+        old = _schema_dependencies(schema)
+        if old:
+            rest["dependencies"] = {a: v for a, v in schema["dependencies"].items() if a not in old}
+            if not rest["dependencies"]:
+                rest.pop("dependencies")
+            for a in old:
+                deps[a] = _both(deps.get(a, True), schema["dependencies"][a])
+        named = not _UNEVALUATED & set(schema)     # the trigger first in member order, where that is harmless
+        conj = [{"anyOf": [{"properties": {a: False}},
+                           {"allOf": [{"required": [a], **({"properties": {a: True}} if named else {})}, sub]}]}
+                for a, sub in deps.items() if sub is not True]
+        if not conj:
+            return self.lower(rest, ptr, d)
+        return self.lower(self.merge(rest, {"allOf": conj}, ptr), ptr, d)
+
+    def exactly_one(self, subs: list, ptr: str, context: dict) -> list:
+        """oneOf's branches made disjoint: each met with the complement of every branch it may
+        overlap (those not shown disjoint by `overlaps`). Unsupported when a complement has no
+        positive form."""
+        pairs = self.overlaps(subs, ptr, context)
+        if not pairs:
+            return subs
+        # Beside unevaluated keywords the members a complement names are not evaluated by it: each
+        # branch is merged with the schema around the oneOf and closed before the complements join.
+        closing = bool(_UNEVALUATED & set(context))
+        out = []
+        for i, b in enumerate(subs):
+            others = [j for j in range(len(subs)) if (min(i, j), max(i, j)) in pairs]
+            if not others or b is False:
+                out.append(b)
+                continue
+            comps = [self.complement(subs[j], _ptr(ptr, "oneOf", j)) for j in others]
+            if any(c is _CANNOT for c in comps):
+                self.unsupported("oneOf", _ptr(ptr, "oneOf"), ONE_OF_OVERLAP)
+                return subs     # lenient: anyOf
+            if any(c is False for c in comps):
+                continue        # a branch every value meets: no other branch can hold alone
+            if closing:
+                b = self.close_unevaluated(self.merge(context, {} if b is True else b, ptr), ptr)
+            out.append({"allOf": [True if b is True else b, *[c for c in comps if c is not True]]})
+        return out or [False]
+
+    def overlaps(self, subs: list, ptr: str, context: dict | None = None) -> set[tuple[int, int]]:
+        """The pairs of oneOf branches (i < j) not shown disjoint (see `one_of_disjoint`)."""
+        branches = []
+        for i, b in enumerate(subs):
+            where = _ptr(ptr, "oneOf", i)
+            b = self.flatten(b, where)
+            if b is False:
+                branches.append(None)
+                continue
+            b = b if isinstance(b, dict) else {}
+            if context is not None:
+                shared = {k: context[k] for k in ("type", *MEMBER_KEYWORDS, "required") if k in context}
+                if shared:
+                    b = self.merge(shared, b, where)
+            branches.append((b, where))
+        checker = self.checker()
+        return {(i, j) for i, x in enumerate(branches) for j in range(i + 1, len(branches))
+                if x is not None and branches[j] is not None
+                and not self.disjoint(x[0], branches[j][0], checker, x[1], branches[j][1])}

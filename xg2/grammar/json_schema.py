@@ -2,29 +2,29 @@
 
 `json_schema_to_ir(schema, ...)` returns a :class:`GrammarIR` whose language is the set of JSON texts
 valid under the schema, written with the chosen layout. The supported keywords and the exact
-semantics are listed in the README ("JSON Schema"); in short: types, enum/const, properties,
-required, additionalProperties, patternProperties, propertyNames, min/maxProperties,
-dependentRequired (and draft-4/7 `dependencies`), items/prefixItems/additionalItems, min/maxItems,
-min/maxLength, pattern, format, number and integer bounds, multipleOf, anyOf, oneOf (when exact),
-allOf (merged), not (forms with a positive equivalent), local $ref with recursion (also through a
-union that leads back to itself: least fixed point), unevaluatedProperties/unevaluatedItems (not
-beside anyOf/oneOf). A schema that lists
-its values (enum/const) keeps the values valid under all of it, so every keyword is exact there.
-Annotations and non-standard keywords are ignored; anything else raises :class:`SchemaError` with
-its JSON pointer, or warns (:class:`SchemaWarning`) and is relaxed in lenient mode.
+semantics are listed in the README ("JSON Schema"). The converter is one class made of mixins,
+one per seam: objects (json_object.py), strings (json_strings.py), arrays (json_arrays.py),
+numbers (json_numbers.py), negation and conditionals (json_negation.py: `not`, `if`, overlapping
+`oneOf`, `dependentSchemas` as positive schemas), XML-style arguments (json_xml.py); references
+are made local pointers before lowering (schema_refs.py). This module holds the layout, the rule
+bookkeeping, merging (allOf, `$ref` siblings, union branches) and the dispatch by keyword. A
+schema that lists its values (enum/const) keeps the values valid under all of it, so every
+keyword is exact there. Annotations and non-standard keywords are ignored; anything else raises
+:class:`SchemaError` with its JSON pointer, or warns (:class:`SchemaWarning`) and is relaxed in
+lenient mode.
 
 Exactness notes (documented restrictions; everything else is exact):
 
 * Object members appear in the order of `properties` (then `required` names not listed in
   `properties`), unless `any_order`; additional members come after the named ones.
-* Property names and `enum`/`const` strings are matched in their canonical spelling
-  (`json.dumps(..., ensure_ascii=False)`); so are strings under `pattern`/`format` (only `"`, `\\`
-  and control characters escaped, `\\/` also allowed). Free strings accept every escape.
-* `integer` values are written without fraction or exponent; bounded or `multipleOf` numbers in
-  plain decimal notation (no exponent).
-* `oneOf` is enforced when its branches are provably disjoint (types, also the parent's; listed
-  values; a member both require whose schemas are disjoint; closed objects) or only require
-  properties; otherwise it is an error (in lenient mode: anyOf, with a warning).
+* Property names, `enum`/`const` strings and strings under `pattern`/`format` take the raw
+  spelling, the short escapes and `\\uXXXX` for characters outside printable ASCII
+  (`string_escapes="all"`: for every character). Free strings accept every escape.
+* `integer` values are written without fraction or exponent (`integers_as_numbers`: also `3.0`,
+  and unbounded `1e2`); bounded or `multipleOf` numbers in plain decimal notation (no exponent);
+  numbers that `not` keeps apart from integers in plain decimal with at most 15 digits.
+* `oneOf` is exact: branches that may overlap are each met with the others' complements
+  (json_negation.py); a complement with no positive form is an error (lenient: anyOf).
 * allOf members (and `$ref` targets, and the branches of an `anyOf` with the keywords beside it)
   are merged keyword by keyword; keywords that depend on their siblings are merged as the function
   they define together (the schema of each item position; of each member key, from `properties`,
@@ -36,8 +36,9 @@ Exactness notes (documented restrictions; everything else is exact):
   `unevaluatedProperties`) stays open, as in xgrammar.
 * `multipleOf` is decided in exact decimal arithmetic, as the specification says; the `jsonschema`
   package divides binary floats and so rejects some true multiples (0.3 for `multipleOf: 0.1`).
-* A key may be written twice among additional members (a grammar cannot tell them apart; neither
-  can xgrammar's); `minProperties` counts the members written.
+* A key may be written twice among additional members when their keys are many (a grammar cannot
+  tell them apart; neither can xgrammar's): `minProperties` counts the members written. When
+  patterns leave at most a few other keys, each is written at most once.
 * Length bounds count code points; a surrogate pair written as two escapes is one character, and a
   lone surrogate escape is never accepted.
 * With `indent` and `any_whitespace=False` the layout depends on nesting depth; values nested more
@@ -55,18 +56,18 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import GrammarError, GrammarLimitError, SchemaError, SchemaJSONError, SchemaWarning
+from ..errors import GrammarLimitError, SchemaError, SchemaJSONError, SchemaWarning
 from . import budget
 from .alternation import MAX_INLINE_CHARS, factor_literals
 from .formats import format_expr
 from .ir import CharClass, Choice, Expr, GrammarIR, Literal, Repeat, Rule, RuleRef, Seq
 from .ir import choice as _choice
 from .ir import seq as _seq
+from .json_arrays import ArrayLowering
 from .json_common import (
     _CANNOT,
     ANNOTATIONS,
     BOUNDS,
-    CHAR,
     CONDITIONS,
     EMPTY,
     FOUND,
@@ -83,9 +84,7 @@ from .json_common import (
     MORE_CONTAINS,
     MORE_STRINGS,
     NEVER,
-    ONE_OF_OVERLAP,
     PRESENCE,
-    RAW_TEXT,
     TYPES,
     UNEVALUATED_ITEMS,
     UNSUPPORTED,
@@ -94,19 +93,18 @@ from .json_common import (
     _canon_str,
     _inert,
     _listed_values,
-    _opt,
     _ptr,
-    state_rules,
 )
 from .json_excludes import Excluder
-from .json_negation import NegationLowering, leaf_kind, leaves
-from .json_object import ObjectLowering, _key_dfa
+from .json_negation import NegationLowering, _schema_dependencies
+from .json_numbers import ZERO_FRACTION, NumberLowering, _decimal_lcm
+from .json_object import ObjectLowering
 from .json_string import ESCAPES, json_string_body, json_string_literal
+from .json_strings import StringLowering
 from .json_xml import XMLLowering
 from .nesting import check_nesting
-from .numbers import INTEGER, NUMBER, decimal_places, decimal_range, int_multiple, int_range, to_decimal
-from .regex import ANY_CHAR, regex_to_expr
-from .regular import KeyDFA, intersect, residue_dfa, to_rules
+from .numbers import NUMBER
+from .regular import intersect
 from .schema_merge import both as _both
 from .schema_merge import merge_items as _merge_items
 from .schema_refs import link_references
@@ -114,7 +112,7 @@ from .validator import MAX_VALIDATION_DEPTH, Validator, json_equal
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
 
-class _Converter(XMLLowering, ObjectLowering, NegationLowering):
+class _Converter(XMLLowering, ObjectLowering, StringLowering, ArrayLowering, NumberLowering, NegationLowering):
     def __init__(self, root: Any, any_whitespace: bool, indent: int | str | None,
                  separators: tuple[str, str] | None, strict_mode: bool, max_whitespace_cnt: int | None,
                  any_order: bool = False, lenient: bool = False, style: str = "json", excludes=(),
@@ -335,149 +333,6 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
         return self.excluded(lambda: self.excl.avoid(e, self.new_name, self.rules), ptr)
 
     # generic values ---------------------------------------------------------------------------
-    def string(self, lo: int = 0, hi: int | None = None, ptr: str | None = None) -> Expr:
-        if self.excl is not None:
-            def build():
-                content = self.excluded(lambda: self.excl.json_content(lo, hi, self.new_name, self.rules),
-                                        self.where if ptr is None else ptr)
-                return None if content is None else Seq((Literal('"'), content, Literal('"')))
-            return self.cached_or_none(("string", lo, hi), "string" if (lo, hi) == (0, None) else f"string_{lo}_{hi}",
-                                       build)
-        if (lo, hi) == (0, None):
-            return self.cached(("string",), "string", lambda: Seq((Literal('"'), Repeat(CHAR, 0, None), Literal('"'))))
-        # One rule per bound pair: every member with the same bounds shares its automaton, and so its
-        # mask entries (a schema often repeats `maxLength: 128` hundreds of times).
-        return self.cached(("string", lo, hi), f"string_{lo}_{hi}",
-                           lambda: Seq((Literal('"'), Repeat(CHAR, lo, hi), Literal('"'))))
-
-    def string_value(self, schema: dict, ptr: str, raw: bool = False) -> Expr | None:
-        """A string under minLength/maxLength/pattern/format. Pattern and format constrain the decoded
-        value (as regexes over characters), lowered to their JSON spelling (or, `raw`, left as they
-        are: RAW_TEXT when nothing constrains them); the length bounds are folded into them where
-        the structure allows it (see `_with_length`)."""
-        def plain(lo: int, hi: int | None) -> Expr:
-            if not raw:
-                return self.string(lo, hi, ptr)
-            return RAW_TEXT if (lo, hi) == (0, None) else Repeat(ANY_CHAR, lo, hi)
-
-        lo = self.bound(schema, "minLength", ptr, 0)
-        hi = self.bound(schema, "maxLength", ptr, None)
-        if hi is not None and lo > hi:
-            return None
-        values: list[Expr] = []
-        fmt = schema.get("format")
-        if fmt is not None:
-            if not isinstance(fmt, str):
-                raise SchemaError("format must be a string", _ptr(ptr, "format"))
-            fx = self.format_of(fmt)  # unknown formats are annotations, as the specification says
-            if fx is not None:
-                values.append(fx)
-        if "pattern" in schema:
-            pattern = schema["pattern"]
-            if not isinstance(pattern, str):
-                raise SchemaError("pattern must be a string", _ptr(ptr, "pattern"))
-            try:
-                values.append(regex_to_expr(pattern, search=True))
-            except GrammarLimitError:
-                raise
-            except GrammarError as exc:
-                return self.unsupported("pattern", _ptr(ptr, "pattern"), f"pattern {pattern!r}: {exc}",
-                                        fallback=plain(lo, hi))
-        for i, more in enumerate(schema.get(MORE_STRINGS, [])):
-            (k, v), = more.items()
-            where = _ptr(ptr, "allOf", i, k)
-            if not isinstance(v, str):
-                raise SchemaError(f"{k} must be a string", where)
-            try:
-                extra = self.format_of(v) if k == "format" else regex_to_expr(v, search=True)
-            except GrammarLimitError:
-                raise
-            except GrammarError as exc:
-                return self.unsupported(k, where, f"{k} {v!r}: {exc}", fallback=plain(lo, hi))
-            if extra is not None:
-                values.append(extra)
-        excluded = leaves(schema["not"]) if "not" in schema else []
-        if excluded or len(values) > 1:
-            return self.attempt(lambda: self.string_automaton(values, lo, hi, excluded, ptr, raw), "not" if excluded
-                                else "pattern", ptr, lambda: self.quoted(values[0], 0, None, ptr, raw) if values
-                                else plain(lo, hi))
-        if not values:
-            return plain(lo, hi)
-        return self.quoted(values[0], lo, hi, ptr, raw)
-
-    def string_automaton(self, values: list[Expr], lo: int, hi: int | None, excluded: list[dict], ptr: str,
-                         raw: bool = False) -> Expr | None:
-        """A string meeting every pattern/format in `values`, the length bounds, and none of the
-        `excluded` leaves (`pattern`, `format`, string `enum`/`const`): the languages met and
-        complemented on automata over the decoded text (regular.py), then spelled as JSON (or,
-        `raw`, as raw text without `<`). For what the plain path cannot build: two patterns, a
-        length bound a pattern's structure does not carry, a negation."""
-        dfa = None
-
-        def meet(x: KeyDFA) -> None:
-            nonlocal dfa
-            dfa = x if dfa is None else intersect(dfa, x)
-
-        try:
-            for v in values:
-                meet(_key_dfa(v))
-            if lo > 0 or hi is not None:
-                meet(_key_dfa(Repeat(ANY_CHAR, lo, hi)))
-            if raw:
-                meet(_key_dfa(Repeat(CharClass(((0x3C, 0x3C),), negated=True), 0, None)))
-            for leaf in excluded:
-                (k, v), = ((k, v) for k, v in leaf.items() if k not in ANNOTATIONS)
-                if k == "pattern":
-                    try:
-                        e = regex_to_expr(v, search=True)
-                    except GrammarLimitError:
-                        raise
-                    except GrammarError as exc:
-                        return self.unsupported("not", _ptr(ptr, "not"), f"pattern {v!r}: {exc}", fallback=None)
-                elif k == "format":
-                    e = self.format_of(v) if isinstance(v, str) else None
-                    if e is None:
-                        return None     # a format that is an annotation: every string has it
-                else:
-                    e = _choice([Literal(x) for x in (v if k == "enum" else [v])]) or NEVER
-                meet(_key_dfa(e).complement())
-        except GrammarLimitError as exc:
-            if exc.pointer is not None:
-                raise
-            raise GrammarLimitError(f"{exc.message} (the string language of pattern, format, length and 'not' "
-                                    "met on an automaton)", pointer=ptr) from None
-        if dfa is None:
-            dfa = _key_dfa(Repeat(ANY_CHAR, 0, None))
-        if raw:
-            return to_rules(dfa, lambda cc: cc, self.new_name, self.rules)
-
-        def build():
-            if self.excl is None:
-                body = to_rules(dfa, self.spell, self.new_name, self.rules)
-            else:
-                body = self.excluded(lambda: self.excl.avoid_spelled(dfa, self.spell, self.new_name,
-                                                                     self.rules), ptr)
-            return None if body is None else Seq((Literal('"'), body, Literal('"')))
-        return self.cached_or_none(("string_automaton", dfa), "string_value", build)
-
-    def quoted(self, value: Expr, lo: int, hi: int | None, ptr: str, raw: bool = False) -> Expr | None:
-        if lo > 0 or hi is not None:
-            limited = _with_length(value, lo, hi)
-            if limited is _CANNOT:
-                return self.attempt(lambda: self.string_automaton([value], lo, hi, [], ptr, raw), "maxLength", ptr,
-                                    lambda: self.quoted(value, 0, None, ptr, raw))
-            if limited is None:
-                return None
-            value = limited
-        if raw:
-            return value
-        body = self.spell(value)
-        if self.excl is not None:
-            body = self.avoid(body, ptr)
-            if body is None:
-                return None
-        return self.cached(("quoted", body), "string_value", lambda: Seq((Literal('"'), body, Literal('"'))))
-
     def any_value(self, d: int) -> Expr | None:
         if self.xml_at(d):
             if d:   # every value of a recursive style is lowered through its element (xml_body)
@@ -898,121 +753,6 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
                 return union(subs)
         return self.typed(self.close_unevaluated(schema, ptr), ptr, d)
 
-    def finite_values(self, s: Any, ptr: str) -> list | None:
-        """Every value of `s` when they are few (listed, or only booleans and null), else None."""
-        s = self.flatten(s, ptr)
-        if s is False:
-            return []
-        if s is True or not isinstance(s, dict):
-            return None
-        values, _where = _listed_values(s, ptr)
-        if values is None:
-            if not set(self.types(s, ptr)) <= {"boolean", "null"}:
-                return None
-            values = [True, False, None]
-        checker = self.checker()
-        out: list = []
-        for v in values:
-            if checker.valid(v, s, ptr) and not any(json_equal(v, w) for w in out):
-                out.append(v)
-        return out if len(out) <= MAX_UNIQUE_VALUES else None
-
-    def unique_array(self, schema: dict, prefix: list, rest: Any, lo: int, hi: int | None, ptr: str, d: int):
-        """uniqueItems over items that take few values: rules over which values have been written
-        (each at most once). _CANNOT after the typed error in lenient mode (the array is then
-        lowered without it)."""
-        where = _ptr(ptr, "uniqueItems")
-        values = None if prefix or "contains" in schema or self.xml_at(d) else self.finite_values(rest, ptr)
-        if values is None:
-            self.unsupported("uniqueItems", where, "uniqueItems is enforced where the items take at most "
-                             f"{MAX_UNIQUE_VALUES} values (listed, booleans, null) and there are no "
-                             "prefixItems or contains")
-            return _CANNOT
-        if hi is None or hi > len(values):
-            hi = len(values)
-        if lo > hi:
-            return self.nothing(f"minItems {lo} with uniqueItems, but the items take only {len(values)} values",
-                                ptr)
-        items = [self.add_rule("item", self.const(v, d + 1, ptr)) for v in values]
-
-        def body(state, used: int) -> Expr | None:
-            n = used.bit_count()
-            alts: list[Expr | None] = [EMPTY] if n and n >= lo else []
-            if n < hi:
-                lead = self.sep(d) if n else EMPTY
-                alts += [_seq(lead, item, state(used | 1 << i)) for i, item in enumerate(items)
-                         if item is not None and not used >> i & 1]
-            return _choice(alts)
-
-        start = state_rules(self.new_name, self.rules, "unique_items", (0,), body)
-        out: list[Expr | None] = [_seq(self.open("[", d), start, self.close("]", d))] if hi > 0 else []
-        if lo == 0:
-            out.append(self.empty("[]", d))
-        return _choice(out)
-
-    def contains_array(self, group: dict, prefix: list, prefix_ptr: str, rest: Any, rest_ptr: str, lo: int,
-                       hi: int | None, ptr: str, d: int, uneval: Any = None) -> Expr | None:
-        """An array under `contains` with minContains/maxContains: rules over (items written, items
-        matching counted up to what the bounds need). Each position's schema splits into its
-        matching values and, when there is a maximum, the others (the complement of `contains`);
-        without one any item may be read as not matching, so at least the minimum really match.
-        `uneval` (unevaluatedItems): what an item after the prefix that does not match must meet."""
-        where = _ptr(ptr, "contains")
-        want = group["contains"]
-        mn = self.bound(group, "minContains", ptr, 1)
-        mx = self.bound(group, "maxContains", ptr, None)
-        if mx is not None and mn > mx:
-            return self.nothing(f"minContains is greater than maxContains: {mn} > {mx}", ptr)
-        other = True
-        if mx is not None:
-            other = self.complement(want, where)
-            if other is _CANNOT:
-                relaxed = {x: v for x, v in group.items() if x != "maxContains"}
-                return self.unsupported("maxContains", _ptr(ptr, "maxContains"), "maxContains of a schema whose "
-                                        "complement has no positive form that can be enforced",
-                                        fallback=self.contains_array(relaxed, prefix, prefix_ptr, rest, rest_ptr,
-                                                                     lo, hi, ptr, d, uneval))
-        k = len(prefix)
-        cap = mn if mx is None else mx
-        last = max(k, lo, 1) if hi is None else hi     # positions from `last` on are alike (hi: none left)
-        if (last + 1) * (cap + 1) > MAX_CONTAINS_STATES:
-            raise GrammarLimitError(f"contains on an array with {last} counted positions and counts up to {cap} "
-                                    f"needs more than {MAX_CONTAINS_STATES} states", pointer=where)
-        items: dict[tuple[int, bool], Expr | None] = {}
-
-        def item(p: int, match: bool) -> Expr | None:
-            at = min(p, k)
-            if (at, match) not in items:
-                base, bp = (prefix[at], _ptr(prefix_ptr, at)) if at < k else (rest, rest_ptr)
-                both = _both(base, want if match else other)
-                if not match and at >= k and uneval is not None:
-                    both = _both(both, uneval)
-                items[at, match] = self.add_rule("item", self.lower(both, bp, d + 1)) if both is not False else None
-            return items[at, match]
-
-        def body(state, p: int, c: int) -> Expr | None:
-            def at(p2: int, c2: int) -> RuleRef:
-                return state(min(p2, last) if hi is None else p2, c2)
-
-            alts: list[Expr | None] = []
-            if p > 0 and p >= lo and c >= mn:
-                alts.append(EMPTY)
-            if hi is None or p < hi:
-                lead = self.sep(d) if p > 0 else EMPTY
-                w = item(p, True)
-                if w is not None and (mx is None or c < mx):
-                    alts.append(_seq(lead, w, at(p + 1, min(c + 1, cap))))
-                n = item(p, False)
-                if n is not None:
-                    alts.append(_seq(lead, n, at(p + 1, c)))
-            return _choice(alts)
-
-        start = state_rules(self.new_name, self.rules, "contains_items", (0, 0), body)
-        out: list[Expr | None] = [_seq(self.open("[", d), start, self.close("]", d))]
-        if lo == 0 and mn == 0:
-            out.append(self.empty("[]", d))
-        return _choice(out)
-
     def ref_branch_key(self, s: dict, rest: dict, ptr: str) -> tuple | None:
         """The identity of a `$ref` branch merged with the keywords beside its union, or None when
         the branch is no reference. A reference that leads back to the same union with the same
@@ -1039,139 +779,6 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
             raise GrammarLimitError(f"combining two {kw} keywords needs {len(out)} branches, more "
                                     f"than the limit of {MAX_CROSS_BRANCHES}", pointer=_ptr(ptr, kw))
         return out or [False]
-
-    def leaf_applies(self, schema: dict, ptr: str) -> bool:
-        """Whether the schema's `not` is a leaf negation its typed lowering enforces (json_negation.py):
-        a leaf of a domain that holds every type the schema allows."""
-        kind = leaf_kind(schema["not"])
-        return kind is not None and set(self.types(schema, ptr)) <= _LEAF_TYPES[kind]
-
-    def lower_not(self, schema: dict, ptr: str, d: int) -> Expr | None:
-        """`not` as the complement of its schema (json_negation.py), met with the rest."""
-        rest = {k: v for k, v in schema.items() if k != "not"}
-        # `not` evaluates no member or item: the rest settles its unevaluated keywords first
-        rest = self.close_unevaluated(rest, ptr)
-        comp = self.complement(schema["not"], _ptr(ptr, "not"))
-        if comp is _CANNOT:
-            self.unsupported("not", _ptr(ptr, "not"), "this form of 'not' has no positive equivalent that can be "
-                             "enforced")
-            return self.lower(rest, ptr, d)   # lenient: not enforced
-        if comp is False:
-            return self.nothing("'not' of a schema every value meets", _ptr(ptr, "not"))
-        if comp is True:
-            return self.lower(rest, ptr, d)
-        return self.lower(self.merge(rest, comp, ptr), ptr, d)
-
-    def lower_conditions(self, schema: dict, ptr: str, d: int) -> Expr | None:
-        """`if`/`then`/`else` as ``(if and then) or (not if and else)``, for every such group.
-
-        Beside unevaluated keywords (one group): where `if` holds, its members (items) and those of
-        `then` count as evaluated, so that branch is merged whole and closed when lowered; where it
-        fails only those of `else` do, so that branch is closed before the complement joins it."""
-        groups = [*([{g: schema[g] for g in ("if", "then", "else") if g in schema}] if "if" in schema else []),
-                  *schema.get(CONDITIONS, [])]
-        rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else", CONDITIONS)}
-        if _UNEVALUATED & set(schema):
-            if len(groups) != 1:
-                schema = self.close_unevaluated(schema, ptr)   # refused (or dropped, lenient)
-                rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else", CONDITIONS)}
-            else:
-                cond, then, other = groups[0]["if"], groups[0].get("then", True), groups[0].get("else", True)
-                ncond = self.complement(cond, _ptr(ptr, "if"))
-                if ncond is _CANNOT:
-                    self.unsupported("if", _ptr(ptr, "if"), "'if' whose negation has no positive form that can be "
-                                     "enforced (needed for its 'else', or for values where it fails)")
-                    return self.lower(rest, ptr, d)
-                branches = [self.merge(rest, {"allOf": [cond, then]}, ptr)]     # `rest` holds: it closes them
-                if other is not False and ncond is not False:
-                    closed = self.close_unevaluated(self.merge(rest, {} if other is True else other, ptr), ptr)
-                    branches.append({"allOf": [closed, ncond]})
-                return self.lower({"anyOf": branches}, ptr, d)
-        conj = []
-        for group in groups:
-            where = _ptr(ptr, "if")
-            cond, then, other = group["if"], group.get("then", True), group.get("else", True)
-            if then is True and other is True:
-                continue
-            ncond = self.complement(cond, where)
-            if ncond is _CANNOT:
-                self.unsupported("if", where, "'if' whose negation has no positive form that can be enforced (needed "
-                                 "for its 'else', or for values where it fails)")
-                continue    # lenient: not enforced
-            conj.append({"anyOf": [{"allOf": [cond, then]}, {"allOf": [ncond, other]}]})
-        if not conj:
-            return self.lower(rest, ptr, d)
-        return self.lower(self.merge(rest, {"allOf": conj}, ptr), ptr, d)
-
-    def lower_dependent_schemas(self, schema: dict, ptr: str, d: int) -> Expr | None:
-        """dependentSchemas (and draft 4-7 `dependencies` with schemas): for each key, the member
-        is absent, or present and the whole object meets the schema (whose members then count as
-        evaluated; the trigger itself is not named, so that it does not count)."""
-        rest = dict(schema)
-        deps = dict(rest.pop("dependentSchemas", {}))
-        if not isinstance(deps, dict):
-            raise SchemaError("dependentSchemas must be an object", _ptr(ptr, "dependentSchemas"))
-        old = _schema_dependencies(schema)
-        if old:
-            rest["dependencies"] = {a: v for a, v in schema["dependencies"].items() if a not in old}
-            if not rest["dependencies"]:
-                rest.pop("dependencies")
-            for a in old:
-                deps[a] = _both(deps.get(a, True), schema["dependencies"][a])
-        named = not _UNEVALUATED & set(schema)     # the trigger first in member order, where that is harmless
-        conj = [{"anyOf": [{"properties": {a: False}},
-                           {"allOf": [{"required": [a], **({"properties": {a: True}} if named else {})}, sub]}]}
-                for a, sub in deps.items() if sub is not True]
-        if not conj:
-            return self.lower(rest, ptr, d)
-        return self.lower(self.merge(rest, {"allOf": conj}, ptr), ptr, d)
-
-    def exactly_one(self, subs: list, ptr: str, context: dict) -> list:
-        """oneOf's branches made disjoint: each met with the complement of every branch it may
-        overlap (those not shown disjoint by `overlaps`). Unsupported when a complement has no
-        positive form."""
-        pairs = self.overlaps(subs, ptr, context)
-        if not pairs:
-            return subs
-        # Beside unevaluated keywords the members a complement names are not evaluated by it: each
-        # branch is merged with the schema around the oneOf and closed before the complements join.
-        closing = bool(_UNEVALUATED & set(context))
-        out = []
-        for i, b in enumerate(subs):
-            others = [j for j in range(len(subs)) if (min(i, j), max(i, j)) in pairs]
-            if not others or b is False:
-                out.append(b)
-                continue
-            comps = [self.complement(subs[j], _ptr(ptr, "oneOf", j)) for j in others]
-            if any(c is _CANNOT for c in comps):
-                self.unsupported("oneOf", _ptr(ptr, "oneOf"), ONE_OF_OVERLAP)
-                return subs     # lenient: anyOf
-            if any(c is False for c in comps):
-                continue        # a branch every value meets: no other branch can hold alone
-            if closing:
-                b = self.close_unevaluated(self.merge(context, {} if b is True else b, ptr), ptr)
-            out.append({"allOf": [True if b is True else b, *[c for c in comps if c is not True]]})
-        return out or [False]
-
-    def overlaps(self, subs: list, ptr: str, context: dict | None = None) -> set[tuple[int, int]]:
-        """The pairs of oneOf branches (i < j) not shown disjoint (see `one_of_disjoint`)."""
-        branches = []
-        for i, b in enumerate(subs):
-            where = _ptr(ptr, "oneOf", i)
-            b = self.flatten(b, where)
-            if b is False:
-                branches.append(None)
-                continue
-            b = b if isinstance(b, dict) else {}
-            if context is not None:
-                shared = {k: context[k] for k in ("type", *MEMBER_KEYWORDS, "required") if k in context}
-                if shared:
-                    b = self.merge(shared, b, where)
-            branches.append((b, where))
-        checker = self.checker()
-        return {(i, j) for i, x in enumerate(branches) for j in range(i + 1, len(branches))
-                if x is not None and branches[j] is not None
-                and not self.disjoint(x[0], branches[j][0], checker, x[1], branches[j][1])}
 
     def one_of_disjoint(self, subs: list, ptr: str, context: dict | None = None) -> bool:
         """Whether no value can satisfy two branches, shown by types (the branch's own and those of
@@ -1294,274 +901,6 @@ class _Converter(XMLLowering, ObjectLowering, NegationLowering):
             raise GrammarLimitError(f"{kw} {v} exceeds the limit of {MAX_BOUND}", pointer=_ptr(ptr, kw))
         return int(v)
 
-    def numeric_bounds(self, schema: dict, ptr: str):
-        """(lo, lo_inclusive, hi, hi_inclusive) as exact decimals, from the draft 6+ keywords and the
-        draft 4 boolean `exclusiveMinimum`/`exclusiveMaximum`."""
-        def num(k):
-            v = schema[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
-                raise SchemaError(f"{k} must be a finite number", _ptr(ptr, k))
-            return to_decimal(v)
-
-        lo = hi = None
-        lo_incl = hi_incl = True
-        if "minimum" in schema:
-            lo, lo_incl = num("minimum"), schema.get("exclusiveMinimum") is not True
-        if "maximum" in schema:
-            hi, hi_incl = num("maximum"), schema.get("exclusiveMaximum") is not True
-        if not isinstance(schema.get("exclusiveMinimum", False), bool):
-            v = num("exclusiveMinimum")
-            if lo is None or v >= lo:
-                lo, lo_incl = v, False
-        if not isinstance(schema.get("exclusiveMaximum", False), bool):
-            v = num("exclusiveMaximum")
-            if hi is None or v <= hi:
-                hi, hi_incl = v, False
-        return lo, lo_incl, hi, hi_incl
-
-    def multiple_of(self, schema: dict, ptr: str):
-        if "multipleOf" not in schema:
-            return None
-        v = schema["multipleOf"]
-        where = _ptr(ptr, "multipleOf")
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise SchemaError(f"multipleOf {json.dumps(v)} is no number (Value must be a number)", where)
-        if not math.isfinite(v):
-            raise SchemaError("multipleOf must be a finite number", where)
-        if v <= 0:
-            raise SchemaError(f"multipleOf must be greater than 0, not {v}", where)
-        return to_decimal(v)
-
-    def integer(self, schema: dict, ptr: str) -> Expr | None:
-        """Integers under the schema's bounds, multipleOf and `not`: canonical, or with
-        `integers_as_numbers` also with a zero fraction (``3.0``), and, when nothing bounds them,
-        with a non-negative exponent (``1e2``, ``1.0E+3``): spellings whose value is integral."""
-        out = self._integer(schema, ptr)
-        if out is None or not self.integers_as_numbers:
-            return out
-        plain = not any(k in schema for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                                              "multipleOf", "not"))
-        return Seq((out, ZERO_FRACTION, *([NONNEGATIVE_EXPONENT] if plain else [])))
-
-    def _integer(self, schema: dict, ptr: str) -> Expr | None:
-        lo, lo_incl, hi, hi_incl = self.numeric_bounds(schema, ptr)
-        ilo = None if lo is None else (math.floor(lo) + 1 if not lo_incl and lo == math.floor(lo) else math.ceil(lo))
-        ihi = None if hi is None else (math.ceil(hi) - 1 if not hi_incl and hi == math.ceil(hi) else math.floor(hi))
-        step = self.multiple_of(schema, ptr)
-        if step is not None and step != step.to_integral_value():
-            step = to_decimal(_integer_step(step))
-        if "not" in schema:
-            return self.integer_excluding(ilo, ihi, 1 if step is None else int(step), leaves(schema["not"]), ptr)
-        if step is None or step == 1:
-            if ilo is None and ihi is None:
-                return self.cached(("integer",), "integer", lambda: INTEGER)
-            return int_range(ilo, ihi)
-        try:
-            out = int_multiple(int(step), ilo, ihi, self.new_name, self.rules)
-            return out if out is not None else self.nothing(
-                f"no integer in [{ilo}, {ihi}] is a multiple of {step} (the range contains no multipleOf value)", _ptr(ptr, "multipleOf"))
-        except ValueError:
-            # bounds away from zero: the remainder automaton met with the range's (integer_excluding)
-            return self.integer_excluding(ilo, ihi, int(step), [], ptr)
-
-    def integer_excluding(self, lo: int | None, hi: int | None, step: int, excluded: list[dict],
-                          ptr: str) -> Expr | None:
-        """Canonical integers in [lo, hi], multiples of `step`, and none of the `excluded` leaves
-        (`multipleOf`, integer `enum`/`const`): listed when few, else a remainder automaton met
-        with the range's and the listed values' automata (regular.py)."""
-        banned: set[int] = set()
-        moduli: list[int] = []
-        for leaf in excluded:
-            (k, v), = ((k, v) for k, v in leaf.items() if k not in ANNOTATIONS)
-            if k == "multipleOf":
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                    raise SchemaError("multipleOf must be a number greater than 0", _ptr(ptr, "not", "multipleOf"))
-                moduli.append(_integer_step(to_decimal(v)))
-            else:
-                banned.update(int(x) for x in (v if k == "enum" else [v]))
-        if 1 in moduli:
-            return self.nothing("'not' of a multipleOf every integer meets", _ptr(ptr, "not"))
-
-        def ok(x: int) -> bool:
-            return x % step == 0 and x not in banned and all(x % m for m in moduli)
-
-        if lo is not None and hi is not None and (hi - lo) // step <= MAX_LISTED_INTEGERS:
-            first = -(-lo // step) * step
-            alts = [Literal(str(x)) for x in range(first, hi + 1, step) if ok(x)]
-            return _choice(factor_literals(alts, self.add_rule, MAX_INLINE_CHARS)) if alts else self.nothing(
-                f"no integer in [{lo}, {hi}] meets multipleOf and 'not'", ptr)
-        modulus = math.lcm(step, *moduli)
-        if modulus > MAX_DIVISOR:
-            kw = "not" if excluded else "multipleOf"
-            return self.unsupported(kw, _ptr(ptr, kw), f"multipleOf over a wide range needs remainders modulo "
-                                    f"{modulus}, more than {MAX_DIVISOR}", fallback=int_range(lo, hi))
-        try:
-            dfa = residue_dfa(modulus, lambda r: r % step == 0 and all(r % m for m in moduli))
-            if lo is not None or hi is not None:
-                rng = int_range(lo, hi)
-                if rng is None:
-                    return None
-                dfa = intersect(dfa, _key_dfa(rng))
-            if banned:
-                spelled = [str(x) for x in sorted(banned)] + (["-0"] if 0 in banned else [])
-                dfa = intersect(dfa, _key_dfa(Choice(tuple(Literal(t) for t in spelled))).complement())
-        except GrammarLimitError as exc:
-            raise GrammarLimitError(f"{exc.message} (integers under 'not')", pointer=ptr) from None
-        return self.cached_or_none(("integer_automaton", dfa), "integer",
-                                   lambda: to_rules(dfa, lambda cc: cc, self.new_name, self.rules))
-
-    def number(self, schema: dict, ptr: str) -> Expr | None:
-        lo, lo_incl, hi, hi_incl = self.numeric_bounds(schema, ptr)
-        step = self.multiple_of(schema, ptr)
-        bounded = lo is not None or hi is not None
-        if "not" in schema and (step is None or step == step.to_integral_value()):
-            # the integers apart (integer() reads the leaves), then the numbers that are not
-            # integers, which no integer multipleOf or integer enum excludes
-            for leaf in leaves(schema["not"]):
-                v = leaf.get("multipleOf", 1)
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
-                        to_decimal(v) != to_decimal(v).to_integral_value():
-                    return self.unsupported("not", _ptr(ptr, "not"), "'not' of a fractional multipleOf on numbers",
-                                            fallback=self.number({k: x for k, x in schema.items() if k != "not"}, ptr))
-            ints = self.integer(schema, ptr)
-            if step is not None:
-                return ints
-            rng = decimal_range(lo, lo_incl, hi, hi_incl) if bounded else None
-            if bounded and rng is None:
-                return ints
-
-            def fractions():
-                dfa = intersect(_key_dfa(NON_INTEGER), _key_dfa(SHORT_DECIMAL))
-                return to_rules(dfa if rng is None else intersect(dfa, _key_dfa(rng)), lambda cc: cc,
-                                self.new_name, self.rules)
-            return _choice([ints, self.cached_or_none(("fractions", lo, lo_incl, hi, hi_incl), "fraction", fractions)])
-        if step is not None and step == step.to_integral_value():
-            return self.integer(schema, ptr)  # a number that is a multiple of an integer is an integer
-        if step is not None:
-            places = -step.normalize().as_tuple().exponent
-            if step.normalize() == to_decimal(10) ** -places and not bounded:
-                return decimal_places(places)
-            fallback = decimal_range(lo, lo_incl, hi, hi_incl) if bounded else NUMBER
-            return self.unsupported("multipleOf", _ptr(ptr, "multipleOf"),
-                                    "multipleOf on numbers is enforced only for powers of ten without bounds",
-                                    fallback=fallback)
-        if not bounded:
-            return self.cached(("number",), "number", lambda: NUMBER)
-        return decimal_range(lo, lo_incl, hi, hi_incl)
-
-    def array(self, schema: dict, ptr: str, d: int) -> Expr | None:
-        items = schema.get("items")
-        if "prefixItems" in schema:
-            prefix = schema["prefixItems"]
-            prefix_ptr = _ptr(ptr, "prefixItems")
-            rest = items if "items" in schema else (not self.strict)
-            rest_ptr = _ptr(ptr, "items")
-        elif isinstance(items, list):
-            prefix, prefix_ptr = items, _ptr(ptr, "items")
-            rest = schema.get("additionalItems", not self.strict)
-            rest_ptr = _ptr(ptr, "additionalItems")
-        else:
-            prefix, prefix_ptr = [], ""
-            rest = items if "items" in schema else True
-            rest_ptr = _ptr(ptr, "items")
-        if not isinstance(prefix, list):
-            raise SchemaError("prefixItems must be an array", prefix_ptr)
-        for i, s in enumerate(prefix):
-            if not isinstance(s, (dict, bool)):
-                raise SchemaError(f"{prefix_ptr.rsplit('/', 1)[-1]} must be an array of objects or booleans "
-                                  "(each one a schema)", _ptr(prefix_ptr, i))
-        if not isinstance(rest, (dict, bool)):
-            raise SchemaError(f"{rest_ptr.rsplit('/', 1)[-1]} must be a boolean or an object (a schema)", rest_ptr)
-        lo = self.bound(schema, "minItems", ptr, 0)
-        hi = self.bound(schema, "maxItems", ptr, None)
-        if self.xml_at(d):
-            # items are elements; a style that cannot write unconstrained values leaves an array
-            # that says nothing of its items empty (as xgrammar does)
-            if self.xml.names is None and rest is True and "items" not in schema and "additionalItems" not in schema:
-                rest = False
-            item = self.xml_element
-        else:
-            def item(_name, s, p, depth):
-                return self.lower(s, p, depth)
-        if schema.get("uniqueItems") is True:
-            out = self.unique_array(schema, prefix, rest, lo, hi, ptr, d)
-            if out is not _CANNOT:
-                return out
-        groups = [*([{g: schema[g] for g in ("contains", "minContains", "maxContains") if g in schema}]
-                    if "contains" in schema else []), *schema.get(MORE_CONTAINS, [])]
-        uneval = schema.get(UNEVALUATED_ITEMS)
-        if uneval is None:      # with unevaluatedItems even minContains 0 matters: it evaluates
-            groups = [g for g in groups if not (g.get("minContains", 1) == 0 and "maxContains" not in g)]
-        if groups:
-            if self.xml_at(d) or len(groups) > 1:
-                self.unsupported("contains", _ptr(ptr, "contains"), "more than one contains on one array"
-                                 if len(groups) > 1 else "contains in an XML style")
-            else:
-                return self.contains_array(groups[0], prefix, prefix_ptr, rest, rest_ptr, lo, hi, ptr, d, uneval)
-        elems: list[Expr | None] = []
-        for i, s in enumerate(prefix):
-            e = item(None, s, _ptr(prefix_ptr, i), d + 1)
-            elems.append(self.add_rule("item", e))
-        r = self.add_rule("item", item(None, rest, rest_ptr, d + 1))
-        # the longest allowed array: stop at the first unsatisfiable position
-        cap = hi
-        for i, e in enumerate(elems):
-            if e is None:
-                cap = i if cap is None else min(cap, i)
-                break
-        if r is None:
-            cap = len(elems) if cap is None else min(cap, len(elems))
-        if cap is not None and lo > cap:
-            if hi is not None and lo > hi:
-                return self.nothing(f"minItems is greater than maxItems: {lo} > {hi}", ptr)
-            if r is None and cap == len(elems):
-                return self.nothing("minItems is greater than the number of prefixItems, but additional items are "
-                                    f"not allowed: {lo} > {len(elems)}", ptr)
-            return self.nothing(f"minItems is {lo}, but item {cap} accepts no value", _ptr(prefix_ptr, cap))
-        sep = self.sep(d)
-        k = min(len(elems), cap) if cap is not None else len(elems)
-        # rest part after the prefix
-        if r is not None and (cap is None or cap > k):
-            more_min = max(lo - k, 0)
-            more_max = None if cap is None else cap - k
-            if k == 0:
-                first = _seq(r, Repeat(Seq((sep, r)), max(more_min - 1, 0), None if more_max is None else more_max - 1))
-                nonempty = first
-            else:
-                nonempty = None
-            rest_tail = Repeat(Seq((sep, r)), more_min, more_max)
-        else:
-            nonempty = None
-            rest_tail = EMPTY
-        if k > 0:
-            tail_expr: Expr = rest_tail
-            for i in range(k - 1, 0, -1):
-                step = _seq(sep, elems[i], tail_expr)
-                tail_expr = step if i < lo else _opt(step)
-                if i % 50 == 0:
-                    tail_expr = self.add_rule("items_tail", tail_expr)
-            nonempty = _seq(elems[0], tail_expr)
-        out: list[Expr | None] = []
-        if nonempty is not None and (cap is None or cap > 0):
-            out.append(_seq(self.open("[", d), nonempty, self.close("]", d)))
-        if lo == 0:
-            out.append(self.empty("[]", d))
-        return _choice(out)
-
-
-#: The types whose lowering enforces a leaf negation of each kind (json_negation.py).
-_LEAF_TYPES = {"string": {"string"}, "integer": {"integer", "number"}, "object": {"object"}}
-
-
-def _schema_dependencies(schema: dict) -> list[str]:
-    """The keys of draft 4-7 `dependencies` whose value is a schema that says more than `required`
-    (the object lowering tracks the others as dependentRequired)."""
-    deps = schema.get("dependencies")
-    if not isinstance(deps, dict):
-        return []
-    return [a for a, v in deps.items() if isinstance(v, (dict, bool)) and v is not True
-            and not (isinstance(v, dict) and set(v) - ANNOTATIONS <= {"required"})]
-
 
 def _declared_types(x: Any) -> set[str] | None:
     if x is False:
@@ -1581,52 +920,6 @@ def _types_meet(x: Any, y: Any) -> bool:
     return tx is None and ty is None or (tx is None and bool(ty)) or (ty is None and bool(tx)) or bool(tx and ty and tx & ty)
 
 
-#: Most integers listed for a bounded range under `not` (beyond it: a remainder automaton).
-MAX_LISTED_INTEGERS = 4096
-#: Largest modulus of the remainder automaton for integers under `not`.
-MAX_DIVISOR = 2048
-#: Numbers that are not integers, in plain decimal notation (a fraction with a non-zero digit;
-#: with SHORT_DECIMAL, few enough digits that a double reads it as no integer either).
-NON_INTEGER = Seq((Repeat(Literal("-"), 0, 1), Choice((Literal("0"), Seq((CharClass(((0x31, 0x39),)),
-                  Repeat(CharClass(((0x30, 0x39),)), 0, None))))), Literal("."), Repeat(CharClass(((0x30, 0x39),)), 0, None),
-                  CharClass(((0x31, 0x39),)), Repeat(CharClass(((0x30, 0x39),)), 0, None)))
-
-
-#: At most 15 significant digits: a double keeps such a fraction apart from every integer, so
-#: validators that read numbers as doubles agree that it is not one.
-SHORT_DECIMAL = Seq((Repeat(Literal("-"), 0, 1), Repeat(CharClass(((0x2E, 0x2E), (0x30, 0x39))), 1, 16)))
-
-
-#: `integers_as_numbers`: a zero fraction, and a non-negative exponent, after an integer.
-_DIGIT = CharClass(((0x30, 0x39),))
-ZERO_FRACTION = Repeat(Seq((Literal("."), Repeat(Literal("0"), 1, None))), 0, 1)
-NONNEGATIVE_EXPONENT = Repeat(Seq((CharClass(((0x45, 0x45), (0x65, 0x65))), Repeat(Literal("+"), 0, 1),
-                                   Repeat(_DIGIT, 1, None))), 0, 1)
-
-
-def _decimal_lcm(a: float, b: float) -> float | int:
-    """The least common multiple of two positive decimals (exact: both scaled to integers), as an
-    int when it is whole and otherwise as the float whose shortest spelling it is."""
-    x, y = to_decimal(a), to_decimal(b)
-    places = max(-x.as_tuple().exponent, -y.as_tuple().exponent, 0)
-    scale = 10 ** places
-    out = to_decimal(math.lcm(int(x * scale), int(y * scale))) / scale
-    return int(out) if out == out.to_integral_value() else float(out)
-
-
-def _integer_step(step) -> int:
-    """The integers that are multiples of p/q are the multiples of p / gcd(p, q)."""
-    num, den = step.as_integer_ratio()
-    return num // math.gcd(num, den)
-
-
-_UNEVALUATED = frozenset({"unevaluatedProperties", "unevaluatedItems"})
-#: Most values items may take for uniqueItems to be enforced (rules over subsets: 2**n).
-MAX_UNIQUE_VALUES = 10
-#: Most (position, count) states of an array under `contains`.
-MAX_CONTAINS_STATES = 4096
-
-
 def _presence_sets(subs: list) -> list[tuple[str, ...]] | None:
     """The required-sets of branches that only say `required` (None if any branch says more)."""
     out = []
@@ -1636,63 +929,6 @@ def _presence_sets(subs: list) -> list[tuple[str, ...]] | None:
             return None
         out.append(tuple(b["required"]))
     return out
-
-
-def _length_range(e: Expr) -> tuple[int, int | None] | None:
-    """(min, max) number of characters of the strings of a rule-free expression (None: unbounded)."""
-    if isinstance(e, Literal):
-        return len(e.text), len(e.text)
-    if isinstance(e, CharClass):
-        return 1, 1
-    if isinstance(e, Seq):
-        lo, hi = 0, 0
-        for x in e.items:
-            a, b = _length_range(x)
-            lo, hi = lo + a, None if hi is None or b is None else hi + b
-        return lo, hi
-    if isinstance(e, Choice):
-        ranges = [_length_range(x) for x in e.alts]
-        return min(a for a, _ in ranges), None if any(b is None for _, b in ranges) else max(b for _, b in ranges)
-    if isinstance(e, Repeat):
-        a, b = _length_range(e.expr)
-        return a * e.min, None if e.max is None or b is None else b * e.max
-    raise TypeError(f"unexpected {e!r}")
-
-
-def _with_length(e: Expr, lo: int, hi: int | None):
-    """`e` restricted to strings of lo..hi characters: `e` itself when the bounds cannot cut, the
-    bounds folded into the one variable-length repetition of a fixed-width element (per
-    alternative), None when nothing fits, or _CANNOT when the structure does not allow it exactly."""
-    a, b = _length_range(e)
-    if a >= lo and (hi is None or (b is not None and b <= hi)):
-        return e
-    if b is not None and b < lo or hi is not None and a > hi:
-        return None
-    if isinstance(e, Choice):
-        alts = [_with_length(x, lo, hi) for x in e.alts]
-        if any(x is _CANNOT for x in alts):
-            return _CANNOT
-        alts = [x for x in alts if x is not None]
-        return Choice(tuple(alts)) if len(alts) > 1 else (alts[0] if alts else None)
-    items = list(e.items) if isinstance(e, Seq) else [e]
-    ranges = [_length_range(x) for x in items]
-    variable = [i for i, (x, y) in enumerate(ranges) if x != y]
-    if len(variable) != 1 or not isinstance(items[variable[0]], Repeat):
-        return _CANNOT
-    i = variable[0]
-    rep = items[i]
-    w, w2 = _length_range(rep.expr)
-    if w != w2 or w == 0:
-        return _CANNOT
-    fixed = sum(x for j, (x, _) in enumerate(ranges) if j != i)
-    new_min = max(rep.min, -(-(lo - fixed) // w))
-    new_max = (hi - fixed) // w if hi is not None else None
-    if rep.max is not None:
-        new_max = rep.max if new_max is None else min(new_max, rep.max)
-    if new_max is not None and new_min > new_max:
-        return None
-    items[i] = Repeat(rep.expr, new_min, new_max)
-    return Seq(tuple(items)) if len(items) > 1 else items[0]
 
 
 def _bool_excl(a: dict, b: dict) -> bool:
