@@ -150,3 +150,22 @@ def test_an_id_written_as_a_path():
     assert exc.value.pointer == "/properties/x/$ref" and "does not resolve" in exc.value.message
     with pytest.warns(xg2.SchemaWarning, match="document's root"):
         json_schema_to_ir(schema, lenient=True)
+
+
+def test_options_and_registered_documents_travel_with_a_serialized_grammar(byte_compiler):
+    """A serialized JSON Schema grammar names its source: the new options and the registered
+    documents are part of it, so the grammar rebuilt elsewhere is the same language."""
+    schema = {"properties": {"a": {"$ref": "https://o.example/s.json#/$defs/n"},
+                             "b": {"type": "string", "format": "date"}}}
+    compiled = byte_compiler.compile_json_schema(schema, schema_store=STORE_INT, format_assertion=False,
+                                                 integers_as_numbers=True)
+    options = json.loads(compiled._source[1])["options"]
+    assert options["format_assertion"] is False and options["integers_as_numbers"] is True
+    assert options["schema_store"] == STORE_INT
+    loaded = byte_compiler.deserialize(compiled.serialize())
+    for text, ok in [('{"a": 1.0, "b": "06/19/1963"}', True), ('{"a": "s"}', False)]:
+        m = xg2.GrammarMatcher(loaded)
+        assert (m.accept_string(text) and m.accept_token(256)) == ok, text
+
+
+STORE_INT = {"https://o.example/s.json": {"$defs": {"n": {"type": "integer"}}}}

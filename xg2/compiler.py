@@ -305,9 +305,11 @@ def _source_of(key: tuple) -> tuple[str, str] | None:
         return ("builtin_json", "")
     if key[0] == "json":
         names = ("any_whitespace", "indent", "separators", "strict_mode", "max_whitespace_cnt", "any_order",
-                 "lenient")
-        return ("json_schema", msgspec.json.encode({"schema": msgspec.Raw(key[1]),
-                                                    "options": dict(zip(names, key[2]))}).decode())
+                 "lenient", "format_assertion", "string_escapes", "integers_as_numbers")
+        options: dict[str, Any] = dict(zip(names, key[2], strict=True))
+        if len(key) > 3 and key[3] is not None:
+            options["schema_store"] = msgspec.Raw(key[3])      # the registered documents travel too
+        return ("json_schema", msgspec.json.encode({"schema": msgspec.Raw(key[1]), "options": options}).decode())
     return None
 
 
@@ -545,7 +547,8 @@ class GrammarCompiler:
         compiled = CompiledGrammar(lambda: Grammar.from_json_schema(schema, **options), self.tokenizer_info,
                                    lowered, core)
         compiled._warnings = said
-        compiled._source = _source_of(("json", _ENCODER.encode(schema), opts))
+        compiled._source = _source_of(("json", _ENCODER.encode(schema),
+                                       tuple(v for k, v in options.items() if k != "schema_store")))
         return self._finish(key, compiled, t0)
 
     def _module(self, key: tuple, build: Callable[[], Grammar], keep_fsms: bool = False) -> Module | None:
