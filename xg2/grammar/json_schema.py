@@ -107,7 +107,7 @@ from .numbers import NUMBER
 from .regular import intersect
 from .schema_merge import both as _both
 from .schema_merge import merge_items as _merge_items
-from .schema_refs import link_references
+from .schema_refs import MISSING, follow, link_references
 from .validator import MAX_VALIDATION_DEPTH, Validator, json_equal
 
 __all__ = ["MAX_BOUND", "MAX_INDENT_DEPTH", "MAX_SCHEMA_DEPTH", "json_schema_to_ir"]
@@ -435,15 +435,9 @@ class _Converter(XMLLowering, ObjectLowering, StringLowering, ArrayLowering, Num
         frag = unquote(ref[1:])
         if frag and not frag.startswith("/"):
             raise SchemaError(f"unsupported $ref {ref!r} (anchors are not supported)", ptr)
-        node = self.root
-        for raw in frag.split("/")[1:] if frag else []:
-            part = raw.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise SchemaError(f"$ref {ref!r} does not resolve", ptr)
+        node = follow(self.root, frag)
+        if node is MISSING:
+            raise SchemaError(f"$ref {ref!r} does not resolve", ptr)
         return node, frag
 
     def inline_ref(self, schema: dict, ptr: str) -> dict:

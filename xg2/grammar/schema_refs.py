@@ -142,7 +142,12 @@ class _Index:
             stack.extend((v, f"{where}/{_escape(k)}", base) for k, v in node.items() if k not in DATA_KEYWORDS)
 
 
-def _exists(doc: Any, pointer: str) -> bool:
+#: What `follow` gives for a pointer that leads nowhere.
+MISSING = object()
+
+
+def follow(doc: Any, pointer: str) -> Any:
+    """The node a JSON pointer (decoded, ``/a/0/b``) names in `doc`, or MISSING."""
     node = doc
     for raw in pointer.split("/")[1:] if pointer else []:
         part = raw.replace("~1", "/").replace("~0", "~")
@@ -151,8 +156,12 @@ def _exists(doc: Any, pointer: str) -> bool:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return False
-    return True
+            return MISSING
+    return node
+
+
+def _exists(doc: Any, pointer: str) -> bool:
+    return follow(doc, pointer) is not MISSING
 
 
 def link_references(root: Any, schema_store: Mapping[str, Any] | None = None, lenient: bool = False) -> Any:
