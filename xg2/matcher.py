@@ -171,14 +171,9 @@ class GrammarMatcher:
         if not 0 <= token_id < self._vocab_size:
             _log.warning("token id %d is out of range [0, %d); rejecting it", token_id, self._vocab_size)
             return False
-        if self._capture_table is None:         # (the common case: the core enforces any budget)
-            ok = self._core.accept_token(token_id)
-        else:
-            before = self._core.n_sets
-            ok = self._core.accept_token(token_id, False)
-            if ok:
-                self._record_captures(before)
-                self._core.enforce_budgets()
+        # the common case inline (a token's cost): without captures the core enforces any budget
+        ok = self._core.accept_token(token_id) if self._capture_table is None else \
+            self._accept_capturing(self._core.accept_token, token_id)
         if ok and self._max_rollback >= 0:
             self._core.forget_history(self._max_rollback)
         return bool(ok)
@@ -188,17 +183,21 @@ class GrammarMatcher:
         if self._core.terminated:
             return False
         data = input_str.encode("utf-8") if isinstance(input_str, str) else bytes(input_str)
-        if self._capture_table is None:
-            ok = self._core.accept_bytes(data)
-        else:
-            before = self._core.n_sets
-            ok = self._core.accept_bytes(data, False)
-            if ok:
-                self._record_captures(before)
-                self._core.enforce_budgets()
+        ok = self._core.accept_bytes(data) if self._capture_table is None else \
+            self._accept_capturing(self._core.accept_bytes, data)
         if ok and self._max_rollback >= 0:
             self._core.forget_history(self._max_rollback)
         return bool(ok)
+
+    def _accept_capturing(self, step, unit) -> bool:
+        """`step(unit, enforce=False)` on the core, then the captures it completed recorded and
+        only then the budgets enforced, as the core would have done in one step."""
+        before = self._core.n_sets
+        ok = step(unit, False)
+        if ok:
+            self._record_captures(before)
+            self._core.enforce_budgets()
+        return ok
 
     def _record_captures(self, first: int) -> None:
         """The captured rules (and stop rules, whose markers enclosing captures leave out) that

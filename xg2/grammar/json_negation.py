@@ -497,7 +497,10 @@ class NegationLowering:
         return out or [False]
 
     def overlaps(self, subs: list, ptr: str, context: dict | None = None) -> set[tuple[int, int]]:
-        """The pairs of oneOf branches (i < j) not shown disjoint (see `one_of_disjoint`)."""
+        """The pairs of oneOf branches (i < j) not shown disjoint: by types (the branch's own and
+        those `context`, the schema holding the oneOf, merges in), listed values, a required
+        property whose schemas are disjoint, or closed objects (`disjoint`). Conservative: a pair it
+        cannot tell apart is listed."""
         branches = []
         for i, b in enumerate(subs):
             where = _ptr(ptr, "oneOf", i)

@@ -778,21 +778,7 @@ class _Converter(XMLLowering, ObjectLowering, StringLowering, ArrayLowering, Num
         """Whether no value can satisfy two branches, shown by types (the branch's own and those of
         `context`, the schema holding the oneOf), listed values, a required property whose schemas
         are disjoint, or closed objects; then oneOf is anyOf. Conservative: False when it cannot tell."""
-        branches = []
-        for i, b in enumerate(subs):
-            where = _ptr(ptr, "oneOf", i)
-            b = self.flatten(b, where)
-            if b is False:
-                continue
-            b = b if isinstance(b, dict) else {}
-            if context is not None:     # what the branch is merged with when lowered
-                shared = {k: context[k] for k in ("type", *MEMBER_KEYWORDS, "required") if k in context}
-                if shared:
-                    b = self.merge(shared, b, where)
-            branches.append((b, where))
-        checker = self.checker()
-        return all(self.disjoint(a, b, checker, pa, pb) for i, (a, pa) in enumerate(branches)
-                   for b, pb in branches[i + 1:])
+        return not self.overlaps(subs, ptr, context)
 
     def flatten(self, b: Any, where: str) -> Any:
         """`b` with its `$ref`s and `allOf`s merged in (False when that leaves nothing valid)."""
