@@ -37,6 +37,9 @@ DEFAULT_COMPILE_TIMEOUT_MS = 5000.0
 #: multi-tenant one 2.5 GB (every new tool set adds tables and pool entries): a process that
 #: serves for days needs a bound by default. Past it the pool's entries go first (see _evict).
 DEFAULT_CACHE_LIMIT_BYTES = 1 << 30
+#: GrammarCompiler.reuse's counters.
+REUSE_COUNTS = ("modules_local", "modules_shards", "modules_lowered", "entries_needed", "entries_local",
+                "entries_shards")
 
 
 def _budgeted(what: str):
@@ -67,6 +70,7 @@ class CompiledGrammar:
         self._pending_entries: dict[int, bytes] | None = None   # loaded: entries installed after the first mask
         self._precompute_budget_ms: float | None = None         # None: the compiler's
         self._tier_found: int | None = None     # first-mask entries a second tier had (None: not asked)
+        self._tier_modules = 0      # its modules that came from a second tier (see ShardedCache.prefetch)
         self._make_trie: Callable[[], ClassTrie | None] | None = None   # its class trie, to build in the background
 
     @property
@@ -401,6 +405,11 @@ class GrammarCompiler:
         #: The same tier for modules: `fetch(keys)` gets those it holds in one batch, `take(key)`
         #: hands one over (or None), `publish(key, module)` sends a module built here.
         self.module_source: Any = None
+        #: What compiles here found where (read by the runtime's reuse figures): modules found in
+        #: this compiler's cache, taken from the second tier, or lowered; pool keys of first masks
+        #: needed, found in the pool, found in the second tier. Deserialized grammars are not
+        #: counted (their writer counted them).
+        self.reuse: dict[str, int] = dict.fromkeys(REUSE_COUNTS, 0)
 
     @property
     def entry_pool(self) -> EntryPool | None:
@@ -547,6 +556,7 @@ class GrammarCompiler:
         compiled = CompiledGrammar(lambda: Grammar.from_json_schema(schema, **options), self.tokenizer_info,
                                    lowered, core)
         compiled._warnings = said
+        compiled._tier_modules = sum(m.from_tier for m in modules)
         compiled._source = _source_of(("json", _ENCODER.encode(schema),
                                        tuple(v for k, v in options.items() if k != "schema_store")))
         return self._finish(key, compiled, t0)
@@ -557,13 +567,16 @@ class GrammarCompiler:
             module = self._modules.pop(key, None)
             if module is not None:
                 self._modules[key] = module
+                self.reuse["modules_local"] += 1
                 return module
         if self.module_source is not None:
             module = self.module_source.take(key)
             if module is not None and (module.lowered.fsms is not None or not keep_fsms):
+                module.from_tier = True
                 with self._lock:
                     self._keep(self._modules, key, module, module.nbytes)
                     self._evict()
+                self.reuse["modules_shards"] += 1
                 return module
         try:
             with warnings.catch_warnings(record=True) as caught:
@@ -579,6 +592,7 @@ class GrammarCompiler:
         module.keys  # noqa: B018 - computed once here, outside any request that reuses the module
         if not keep_fsms:
             lowered.fsms = None     # linking needs the tables and keys only; the automata stay memoised
+        self.reuse["modules_lowered"] += 1
         with self._lock:
             self._keep(self._modules, key, module, module.nbytes)
             self._evict()
@@ -670,6 +684,7 @@ class GrammarCompiler:
         compiled = CompiledGrammar(lambda: Grammar.from_structural_tag(tag, self.tokenizer_info), self.tokenizer_info,
                                    lowered, core)
         compiled._source = _source_of(key)
+        compiled._tier_modules = sum(m.from_tier for m in modules.values())
         return self._finish(key, compiled, t0)
 
     @_budgeted("the built-in JSON grammar")
@@ -685,14 +700,23 @@ class GrammarCompiler:
                 self._cache[key] = hit      # most recently used last
             return hit
 
-    def _finish(self, key: tuple | None, compiled: CompiledGrammar, t0: float) -> CompiledGrammar:
+    def _finish(self, key: tuple | None, compiled: CompiledGrammar, t0: float,
+                counted: bool = True) -> CompiledGrammar:
         """Fetch what another tier holds, precompute, time, and keep the compiled grammar (within
-        the caches' byte budget)."""
-        if self.entry_source is not None and self._pool is not None:
+        the caches' byte budget). `counted`: a grammar lowered here (its first mask's entries
+        count in `reuse`)."""
+        if self._pool is not None and (counted or self.entry_source is not None):
             core = compiled._core
-            wanted = [k for k in core.pool_keys(core.initial_nodes()).values() if k not in self._pool]
-            if wanted:
-                compiled._tier_found = self.entry_source(wanted)
+            needed = core.pool_keys(core.initial_nodes()).values()
+            wanted = [k for k in needed if k not in self._pool]
+            found = 0
+            if wanted and self.entry_source is not None:
+                found = compiled._tier_found = self.entry_source(wanted)
+            if counted:
+                r = self.reuse
+                r["entries_needed"] += len(needed)
+                r["entries_local"] += len(needed) - len(wanted)
+                r["entries_shards"] += found
         self._precompute(compiled, t0)
         self.last_compile_seconds = time.perf_counter() - t0
         with self._lock:
@@ -773,7 +797,7 @@ class GrammarCompiler:
         compiled._built_keys = payload.built
         compiled._pending_entries = pending
         compiled._precompute_budget_ms = None if precompute else 0.0
-        return self._finish(None, compiled, t0)
+        return self._finish(None, compiled, t0, counted=False)
 
     def _precompute(self, compiled: CompiledGrammar, t0: float) -> None:
         """Partial JIT: the entries the first mask needs now, then the costliest others (see

@@ -8,7 +8,7 @@ p99. A worker process has its own interpreter: the parent only reads the compile
 (`CompiledGrammar.serialize` bytes, about a millisecond), and the workers run at a lower priority,
 so the decode loop keeps its core.
 
-Each worker is `python -m xg2.actors.compile_workers`, talking over its stdin and stdout (its own
+Each worker is a Python process running `_serve` below, talking over its stdin and stdout (its own
 stdout goes to stderr, so nothing a library prints can corrupt the frames). It holds a
 GrammarCompiler with its own caches (modules and automata are reused across the compiles it runs),
 compiles a spec, builds its first mask (by default nothing more: the parent's background precompute
@@ -30,6 +30,7 @@ under load; a separate class starves only the tenant that put itself there.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import queue
@@ -48,11 +49,21 @@ from ..grammar.budget import CompileTimeout
 from ..tokenizer import TokenizerInfo
 from .spec import GrammarSpec
 
+_log = logging.getLogger("xg2.compile_workers")
 _SPEC_ENC = msgspec.msgpack.Encoder()
 _SPEC_DEC = msgspec.msgpack.Decoder(GrammarSpec)
 
 _OK, _ERROR, _READY = b"o", b"e", b"r"
-_CPU = struct.Struct("<d")      # after _OK: the compile's CPU seconds in the worker
+# A worker's questions while it compiles: _FETCH + kind (b"m" modules, b"e" pool entries) + keys,
+# answered with the blobs the parent's tier found; _PUBLISH + a module's 16-byte digest + its blob.
+_FETCH, _PUBLISH = b"f", b"p"
+# A spec is sent behind one of these: whether the compile may use the parent's cache tier.
+_WITH_TIER, _ALONE = b"t", b"-"
+_HEAD = struct.Struct("<dI")    # after _OK: the compile's CPU seconds in the worker, the meta's length
+_KEYS = msgspec.msgpack.Encoder()
+_KEYS_DEC = msgspec.msgpack.Decoder(list[bytes])
+_BLOBS_DEC = msgspec.msgpack.Decoder(list[bytes | None])
+_META_DEC = msgspec.msgpack.Decoder(dict[str, Any])
 
 #: How long a worker may take to start (import, build the vocabulary's tables) before it counts as
 #: failed to start.
@@ -89,7 +100,8 @@ class _Worker:
     def __init__(self, setup: bytes):
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "xg2.actors.compile_workers"],
+        # not `-m` this module: the package imports it first, and runpy would run it twice
+        self.proc = subprocess.Popen([sys.executable, "-c", "from xg2.actors.compile_workers import _serve; _serve()"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         send_fd, recv_fd = os.dup(self.proc.stdin.fileno()), os.dup(self.proc.stdout.fileno())
         for fd in (send_fd, recv_fd):       # gevent's subprocess, when patched in, makes them nonblocking
@@ -147,9 +159,10 @@ class CompileWorkers:
         self._lock = threading.Lock()
         self._closed = False
         self.restarts = 0
-        # the CPU seconds the worker spent on the last compile this thread got back (what a
-        # tenant is charged: wall time would charge it for the machine being busy)
-        self.last_cpu_s = threading.local()
+        # Per compile thread, of the last compile it got back: `cpu_s`, the CPU seconds the worker
+        # spent (what a tenant is charged: wall time would charge it for the machine being busy),
+        # and `meta`, what the worker found where (GrammarCompiler.reuse's counts, `tier_found`).
+        self.last = threading.local()
         for _ in range(workers):
             self._idle.put(self._start())
         for _ in range(background_workers):
@@ -179,8 +192,11 @@ class CompileWorkers:
         for w in workers:
             w.wait_ready(timeout)
 
-    def compile(self, spec: Any, timeout: float, background: bool = False) -> bytes:
-        """`background`: on a background worker (SCHED_IDLE), when there is one."""
+    def compile(self, spec: Any, timeout: float, background: bool = False, tier: Any = None) -> bytes:
+        """`background`: on a background worker (SCHED_IDLE), when there is one. `tier`: the
+        parent's second cache tier (xg2.actors.tier.ShardedCache), through which the worker fetches
+        the modules and first-mask entries it lacks before lowering them, and publishes the modules
+        it lowered; this thread answers the worker's questions while it waits."""
         if self._closed:
             raise CompileWorkerError("the compile workers were closed")
         idle = self._idle_background if background and self.background_workers else self._idle
@@ -194,19 +210,30 @@ class CompileWorkers:
             self._replace(w)
             raise
         try:
-            w.send.send_bytes(_SPEC_ENC.encode(spec))
-            if not w.recv.poll(timeout):
-                self._replace(w)
-                raise CompileTimeout(f"the compile did not finish within {timeout:g} s")
-            msg = w.recv.recv_bytes()
+            w.send.send_bytes((_WITH_TIER if tier is not None else _ALONE) + _SPEC_ENC.encode(spec))
+            deadline = time.monotonic() + timeout
+            while True:
+                if not w.recv.poll(max(0.0, deadline - time.monotonic())):
+                    self._replace(w)
+                    raise CompileTimeout(f"the compile did not finish within {timeout:g} s")
+                msg = w.recv.recv_bytes()
+                if msg[:1] == _FETCH:
+                    w.send.send_bytes(_answer(tier, msg[1:2], msg[2:]))
+                elif msg[:1] == _PUBLISH:
+                    if tier is not None:
+                        tier.publish_module_blob(msg[1:17], msg[17:])
+                else:
+                    break
         except (EOFError, OSError, BrokenPipeError):
             self._replace(w)
             raise CompileWorkerError("the compile worker died while compiling this spec "
                                      "(out of memory, or killed); it was started again") from None
         idle.put(w)
         if msg[:1] == _OK:
-            self.last_cpu_s.value = _CPU.unpack_from(msg, 1)[0]
-            return msg[1 + _CPU.size:]
+            cpu_s, n = _HEAD.unpack_from(msg, 1)
+            self.last.cpu_s = cpu_s
+            self.last.meta = _META_DEC.decode(msg[1 + _HEAD.size:1 + _HEAD.size + n])
+            return msg[1 + _HEAD.size + n:]
         raise _error_from(msg[1:])
 
     def pids(self) -> list[int]:
@@ -219,6 +246,82 @@ class CompileWorkers:
             workers, self._all = self._all, []
         for w in workers:
             w.kill()
+
+
+def _answer(tier: Any, kind: bytes, keys: bytes) -> bytes:
+    """The blobs the tier holds for a worker's question (None for each where it holds none, or
+    when the shards cannot be read: a miss only costs lowering)."""
+    wanted = _KEYS_DEC.decode(keys)
+    blobs: list = [None] * len(wanted)
+    if tier is not None and kind in (b"m", b"e"):
+        try:
+            blobs = tier.get_blobs(kind, wanted)
+        except Exception:       # noqa: BLE001 - a failed read is a miss
+            _log.warning("cache tier read for a compile worker failed; it lowers what it lacks", exc_info=True)
+    return _KEYS.encode(blobs)
+
+
+class _ParentTier:
+    """The parent's cache tier as a worker's compiler sees it (its `module_source`, and
+    `load_entries` as its `entry_source`): questions over the pipe, answered by the parent's
+    ShardedCache between the worker's frames. The worker needs no Ray, and the parent's reads
+    are those a compile on its own thread would make. What comes back is checked here as a
+    tier's blobs always are (checksum, versions, vocabulary): a bad one is lowered again."""
+
+    def __init__(self, inp: Connection, out: Connection, compiler: Any):
+        from .tier import ShardedCache
+
+        self.inp, self.out, self.compiler = inp, out, compiler
+        self.fingerprint = compiler.tokenizer_info.fingerprint
+        self.module_key = ShardedCache.module_key
+        self._fetched: dict[tuple, Any] = {}
+
+    def _ask(self, kind: bytes, keys: list[bytes]) -> list[bytes | None]:
+        self.out.send_bytes(_FETCH + kind + _KEYS.encode(keys))
+        return _BLOBS_DEC.decode(self.inp.recv_bytes())
+
+    def fetch(self, keys: list[tuple]) -> int:
+        from .. import transport
+
+        found = 0
+        for key, blob in zip(keys, self._ask(b"m", [self.module_key(k) for k in keys])):
+            if blob is None:
+                continue
+            try:
+                self._fetched[key] = transport.load_module(blob, self.fingerprint)
+                found += 1
+            except transport.DeserializeError:
+                pass
+        return found
+
+    def take(self, key: tuple) -> Any:
+        return self._fetched.pop(key, None)
+
+    def publish(self, key: tuple, module: Any) -> None:
+        from .. import transport
+
+        self.out.send_bytes(_PUBLISH + self.module_key(key) + transport.dump_module(module, self.fingerprint))
+
+    def load_entries(self, keys: list[bytes]) -> int:
+        from .. import transport
+
+        pool = self.compiler.entry_pool
+        loaded = 0
+        for key, blob in zip(keys, self._ask(b"e", keys)):
+            if blob is None:
+                continue
+            try:
+                pool.load(key, transport.load_entry(blob, self.fingerprint))
+                loaded += 1
+            except (ValueError, MemoryError):
+                pass
+        return loaded
+
+    def attach(self, on: bool) -> None:
+        """For the next compile: through the parent's tier, or alone (a background tenant's)."""
+        self._fetched.clear()
+        self.compiler.module_source = self if on else None
+        self.compiler.entry_source = self.load_entries if on else None
 
 
 def _serve() -> None:
@@ -249,6 +352,7 @@ def _serve() -> None:
         out.send_bytes(_ERROR + _error_bytes(e))
         return
     out.send_bytes(_READY)
+    parent_tier = _ParentTier(inp, out, compiler)
     while True:
         try:
             data = inp.recv_bytes()
@@ -256,11 +360,15 @@ def _serve() -> None:
             return      # the parent closed the pipe: stop
         cpu0 = time.process_time()
         try:
-            spec = _SPEC_DEC.decode(data)
+            parent_tier.attach(data[:1] == _WITH_TIER)
+            spec = _SPEC_DEC.decode(data[1:])
+            before = dict(compiler.reuse)
             compiled = spec.compile(compiler)
             compiled._precomputed.wait()
             blob = compiled.serialize(all_entries=True)
-            reply = _OK + _CPU.pack(time.process_time() - cpu0) + blob
+            meta = _KEYS.encode({**{k: v - before[k] for k, v in compiler.reuse.items()},
+                                 "tier_found": compiled._tier_found, "tier_modules": compiled._tier_modules})
+            reply = _OK + _HEAD.pack(time.process_time() - cpu0, len(meta)) + meta + blob
         except XG2Error as e:
             reply = _ERROR + _error_bytes(e)
         except RecursionError:
@@ -272,5 +380,3 @@ def _serve() -> None:
         out.send_bytes(reply)
 
 
-if __name__ == "__main__":
-    _serve()

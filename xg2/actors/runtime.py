@@ -50,7 +50,7 @@ import numpy as np
 
 from .._ext.core import fill_rows
 from ..batch_matcher import MIN_ROWS_PER_THREAD, _bitmask_base
-from ..compiler import CompiledGrammar, GrammarCompiler
+from ..compiler import REUSE_COUNTS, CompiledGrammar, GrammarCompiler
 from ..errors import QuotaError, SessionError, SpecError, UsageError, XG2Error
 from ..grammar.budget import CompileTimeout
 from ..matcher import GrammarMatcher
@@ -261,7 +261,8 @@ class GrammarRuntime:
         self.stats = {"compiles": 0, "compile_shared": 0, "grammar_hits": 0, "failures_refused": 0,
                       "tier_grammar_hits": 0, "sessions_opened": 0, "sessions_reaped": 0,
                       "deserialize_ms": 0.0, "compile_budget_refused": 0, "background_compiles": 0,
-                      "background_timeouts": 0}
+                      "background_timeouts": 0, "compile_cpu_ms": 0.0}
+        self._worker_reuse = dict.fromkeys(REUSE_COUNTS, 0)    # GrammarCompiler.reuse, summed over workers
         self.cache_tier = None
         if cache_tier is not None:
             self.attach_tier(cache_tier)
@@ -292,13 +293,21 @@ class GrammarRuntime:
                 except XG2Error as e:      # a stale or damaged copy costs a compile, never a wrong mask
                     _log.warning("cache tier gave an unusable grammar (%s); compiling it", e)
         if self.compile_workers is not None:
+            workers = self.compile_workers
             try:
-                blob = self.compile_workers.compile(grammar, self.compile_timeout_s, background=background)
+                # through this process's tier (modules and first-mask entries fetched before the worker
+                # lowers them, the modules it lowered published); not for a background tenant's
+                blob = workers.compile(grammar, self.compile_timeout_s, background=background,
+                                       tier=None if background else tier)
             except CompileTimeout:
                 if not background:
                     raise
                 raise self._background_timeout(count=False) from None
-            self._charge.worker_s = self.compile_workers.last_cpu_s.value
+            self._charge.worker_s = workers.last.cpu_s
+            meta = workers.last.meta
+            with self._lock:
+                for name in REUSE_COUNTS:
+                    self._worker_reuse[name] += meta.get(name, 0)
             t0 = time.perf_counter()
             # the worker built the first mask; the costliest other entries are built here in the
             # background (the partial JIT: in C, mostly without the GIL), not on the compile path.
@@ -308,6 +317,10 @@ class GrammarRuntime:
             compiled = self.compiler.deserialize(blob, precompute=not background)
             if background:
                 self._unshared.add(compiled)        # nor published when its sessions close
+            # what the worker found in the shards decides the prefetch, as for a compile here: every
+            # key the grammar names, not only those the worker built
+            compiled._built_keys, compiled._tier_found = None, meta.get("tier_found")
+            compiled._tier_modules = meta.get("tier_modules", 0)
             self.stats["deserialize_ms"] += (time.perf_counter() - t0) * 1e3
         else:
             compiled = grammar.compile(self.compiler)
@@ -458,6 +471,7 @@ class GrammarRuntime:
             spent = (now - t0) if failed and self.compile_workers is not None else \
                 (time.thread_time() - cpu0) + (worker_s or 0.0)
             with self._lock:
+                self.stats["compile_cpu_ms"] += spent * 1e3
                 self._usage[tenant] = (self._tenant_usage(tenant, now) + spent, now)
                 if len(self._usage) > 4096:     # forget the tenants whose usage has decayed away
                     for t in [t for t in self._usage if self._tenant_usage(t, now) < 1e-3]:
@@ -708,6 +722,29 @@ class GrammarRuntime:
             if k:
                 del s.tokens[len(s.tokens) - k:]
             s.last_used = time.monotonic()
+
+    def reuse(self) -> dict[str, Any]:
+        """What this runtime's compiles found where, wherever they ran (on its threads or in its
+        worker processes): modules and first-mask entries from the process's own caches, from the
+        shards, or built; grammars by content key; and the hit rates and compile CPU per open
+        that the load tests and benchmarks report. Lookups = local + shards + built."""
+        with self._lock:
+            r = {k: v + self.compiler.reuse[k] for k, v in self._worker_reuse.items()}
+            st = dict(self.stats)
+        tier = self.cache_tier.counts if self.cache_tier is not None else {}
+        modules = r["modules_local"] + r["modules_shards"] + r["modules_lowered"]
+        # an open found its grammar here, in the shards, or shared a compile in flight; else it compiled
+        opens = st["grammar_hits"] + st["compile_shared"] + st["compiles"]
+        grammars_found = st["grammar_hits"] + st["compile_shared"] + st["tier_grammar_hits"]
+        return {**r, "modules": modules, "grammar_opens": opens, "grammars_local": st["grammar_hits"],
+                "grammars_shards": st["tier_grammar_hits"],
+                "module_hit_rate": (r["modules_local"] + r["modules_shards"]) / modules if modules else None,
+                "entry_hit_rate": (r["entries_local"] + r["entries_shards"]) / r["entries_needed"]
+                if r["entries_needed"] else None,
+                "grammar_hit_rate": grammars_found / opens if opens else None,
+                "compile_cpu_ms": st["compile_cpu_ms"],
+                "compile_cpu_ms_per_request": st["compile_cpu_ms"] / opens if opens else None,
+                "shard_module_gets": tier.get("module_gets", 0), "shard_entry_gets": tier.get("entry_gets", 0)}
 
     # -- lifetime ------------------------------------------------------------------------------------
     def cache_bytes(self) -> dict[str, int]:

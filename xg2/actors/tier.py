@@ -196,6 +196,27 @@ class ShardedCache:
         self.counts["module_get_ms"] += (time.perf_counter() - t0) * 1e3
         return len(found)
 
+    def get_blobs(self, kind: bytes, keys: list[bytes]) -> list[bytes | None]:
+        """One batched read for a compile running in another process (a compile worker asks
+        through its parent): the blobs of modules (`kind` b"m", keys their `module_key`) or of
+        pool entries (b"e", pool keys), None where the shards hold none. The worker checks and
+        loads them; they are counted here as the in-process fetches are."""
+        t0 = time.perf_counter()
+        sks = [self.shard_key(kind, k) for k in keys]
+        found = self.router.get_many(sks)
+        with self._lock:
+            for sk in found:        # the shards hold these: not to be sent back
+                self._remember(sk)
+        name = "module" if kind == b"m" else "entry"
+        self.counts[f"{name}_gets"] += len(keys)
+        self.counts[f"{name}_hits"] += len(found)
+        self.counts[f"{name}_get_ms"] += (time.perf_counter() - t0) * 1e3
+        return [found.get(sk) for sk in sks]
+
+    def publish_module_blob(self, digest: bytes, blob: bytes) -> None:
+        """A module another process lowered and dumped (a compile worker), sent in the background."""
+        self._submit(("module_blob", digest, blob))
+
     def take(self, key: tuple) -> Any:
         with self._lock:
             return self._fetched.pop(key, None)
@@ -222,9 +243,11 @@ class ShardedCache:
     def prefetch(self, compiled: Any, key: bytes) -> None:
         """Fetch, in the background, the entries of every other key the grammar names (one batched
         read), while the model prefills; the precompute and the fills then find them in the pool.
-        A grammar compiled here whose first mask's entries the shards did not hold is new to the
-        deployment: its other keys are not asked for (nearly all of them would miss)."""
-        if compiled._built_keys is None and compiled._tier_found == 0:
+        A grammar compiled here whose first mask's entries the shards did not hold, and none of
+        whose modules came from them, is new to the deployment: its other keys are not asked for
+        (nearly all of them would miss). A new set of known tools is not: its tools' entries are
+        there."""
+        if compiled._built_keys is None and compiled._tier_found == 0 and not compiled._tier_modules:
             self.counts["prefetch_skipped"] += 1
             return
         with self._lock:
@@ -300,12 +323,13 @@ class ShardedCache:
                     obj.set()
                     continue
                 items = []
-                if kind == "module":
-                    sk = self.shard_key(b"m", self.module_key(key))
+                if kind in ("module", "module_blob"):
+                    sk = self.shard_key(b"m", self.module_key(key) if kind == "module" else key)
                     with self._lock:
                         fresh = self._remember(sk)
                     if fresh:
-                        self.router.put_many([(sk, transport.dump_module(obj, self._fingerprint))])
+                        blob = transport.dump_module(obj, self._fingerprint) if kind == "module" else obj
+                        self.router.put_many([(sk, blob)])
                         self.counts["published_modules"] += 1
                     continue
                 if kind == "grammar":

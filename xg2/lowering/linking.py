@@ -51,6 +51,7 @@ class Module:
     _nbytes: int | None = None
     _under: dict = field(default_factory=dict)      # root context -> keys (see keys_under)
     _rules: GrammarKeys | None = None               # the rule keys alone (contexts empty)
+    from_tier: bool = False     # read from a second cache tier: its entries are likely there too
 
     @property
     def rule_keys(self) -> GrammarKeys:

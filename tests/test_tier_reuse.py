@@ -1,0 +1,109 @@
+"""Tools reused across replicas in the configuration that ships: two Serve replicas' Replica objects
+(ReplicaOptions' defaults, so compiles run in worker processes) on one real shard tier in Ray.
+
+Replica one answers a chat request with tools [A, B]; replica two one with [A, C], a set nobody
+compiled. Replica two must take A's module and first-mask entries from the shards and lower only C;
+its masks must be those of an in-process compiler that shares nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import numpy as np
+import pytest
+
+import xg2
+from xg2.actors.router import ShardRouter
+from xg2.actors.spec import SessionSpec, ToolsSpec
+
+TOOL_A = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}
+TOOL_B = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+TOOL_C = {"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1,
+                                                                               "maximum": 50}},
+    "required": ["query"]}}}
+
+
+@pytest.fixture(scope="module")
+def replicas(ray_local):
+    from serve.replica import Replica, ReplicaOptions
+
+    router = ShardRouter.create(2, prefix="reuse-shard", namespace="xg2-tests", budget_bytes=64 << 20)
+    names = router.names
+    made = []
+    try:
+        for _ in range(2):
+            made.append(Replica(ReplicaOptions(model="tiny", max_len=512, shards=names,
+                                               shard_namespace="xg2-tests")))
+        yield made
+    finally:
+        for r in made:
+            asyncio.run(r.close())
+        for h in router.handles:
+            ray_local.kill(h, no_restart=True)
+
+
+def _chat(replica, tools):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "weather in Paris?"}], "tools": tools,
+            "tool_choice": "required", "max_tokens": 8, "temperature": 0}
+    return json.loads(asyncio.run(replica.chat("tenant-x", json.dumps(body).encode())))
+
+
+def test_a_tool_lowered_on_one_replica_is_taken_from_the_shards_on_another(replicas, ray_local):
+    one, two = replicas
+    assert one.runtime.compile_workers is not None      # the default: compiles in worker processes
+    _chat(one, [TOOL_A, TOOL_B])
+    assert one.runtime.cache_tier.flush()
+    first = one.runtime.reuse()
+    assert first["modules_lowered"] == 2 and first["modules_shards"] == 0
+    assert one.runtime.cache_tier.counts["published_modules"] == 2
+
+    before = two.runtime.reuse()
+    entry_hits = two.runtime.cache_tier.counts["entry_hits"]
+    _chat(two, [TOOL_A, TOOL_C])
+    assert two.runtime.cache_tier.flush()       # the background prefetch too
+    after = two.runtime.reuse()
+    got = {k: after[k] - before[k] for k in ("modules_local", "modules_shards", "modules_lowered",
+                                             "entries_needed", "entries_shards")}
+    assert got["modules_shards"] == 1, got          # A's, from the shards
+    assert got["modules_lowered"] == 1, got         # C's, lowered in the worker
+    assert got["modules_local"] == 0, got
+    # A's entries: the first mask's (a new frame's: none there) in the worker, the others by the
+    # prefetch that a module from the shards starts
+    assert two.runtime.cache_tier.counts["entry_hits"] > entry_hits
+    assert after["grammars_shards"] == before["grammars_shards"]      # no grammar of [A, C] existed
+    assert two.runtime.cache_tier.counts["published_modules"] == 1     # C's, for the next replica
+
+
+def test_masks_of_a_reused_tool_set_are_a_fresh_compilers(replicas):
+    """Walk [A, C] on replica two (grammar, modules and entries from the shards and its own caches)
+    and compare every mask with a compiler that shares nothing."""
+    _one, two = replicas
+    rt = two.runtime
+    spec = ToolsSpec(tools=[TOOL_A, TOOL_C], tool_choice="required", model=two.loaded.tool_format)
+    info = rt.tokenizer_info
+    reference = xg2.GrammarCompiler(info, cross_grammar_cache=False, cache_enabled=False)
+    ref = xg2.GrammarMatcher(spec.compile(reference))
+    session = asyncio.run(rt.open(SessionSpec(grammar=spec, tenant="walker")))
+    width = (info.vocab_size + 31) // 32
+    rng = random.Random(5)
+    try:
+        for step in range(60):
+            if ref.is_terminated():
+                break
+            want = xg2.allocate_token_bitmask(1, info.vocab_size).numpy()
+            ref.fill_next_token_bitmask(want, 0)
+            got = np.zeros((1, width), np.int32)
+            rt.fill([session], got)
+            assert np.array_equal(got, want), f"mask {step} differs"
+            allowed = np.flatnonzero(np.unpackbits(want.view(np.uint8), bitorder="little")[:info.vocab_size])
+            token = int(rng.choice(allowed))
+            assert ref.accept_token(token) and rt.accept([session], [token]) == [True]
+    finally:
+        rt.close(session)
