@@ -1,5 +1,8 @@
-"""`xg2 serve`: a local Ray, the cache shards, the model replicas and the mask service, on the
-loopback by default, until SIGINT or SIGTERM."""
+"""`xg2 serve`: the cache shards, the model replicas and the mask service, on a local Ray (or a
+Ray cluster it joins with `--address`), on the loopback by default, until SIGINT or SIGTERM.
+
+What it deployed ends with it: its applications are deleted (the shards with their keeper), and
+Serve itself is shut down when no other application is left on it, or when the Ray is its own."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from typing import Any
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--address", default=None,
+                    help="join this Ray cluster (auto, or HOST:PORT of its head); default: start a local Ray")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default: the loopback only)")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--model", default="default",
@@ -29,14 +34,18 @@ class Server:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 8000, model: str = "default", replicas: int = 1,
                  shards: int = 2, max_batch: int = 8, mask_service: bool = True, progress: bool = True,
                  api_keys: dict[str, str] | None = None, options: dict[str, Any] | None = None,
-                 shard_mb: int | None = None):
+                 shard_mb: int | None = None, address: str | None = None):
+        from xg2.actors.keeper import shard_prefix
+
+        self.address = address
         self.host, self.port, self.model = host, port, model
         self.shard_mb = shard_mb        # each cache shard's budget (None: xg2.actors.shard's default)
         self.replicas, self.shards, self.max_batch = replicas, shards, max_batch
         self.mask_service, self.progress, self.api_keys = mask_service, progress, api_keys
         self.options = dict(options or {})
-        self.shard_prefix = f"xg2-cache-shard-{os.getpid()}"
+        self.shard_prefix = shard_prefix()     # this build's: another build's shards are not these
         self._started_ray = False
+        self._apps: list[str] = []
 
     @property
     def url(self) -> str:
@@ -65,8 +74,8 @@ class Server:
         load_model(self.model, progress=self.progress)
         self.say(f"model ready ({time.perf_counter() - t0:.1f} s); starting Ray")
         if not ray.is_initialized():
-            ray.init(address="local", include_dashboard=False, logging_level="ERROR", namespace="xg2",
-                     log_to_driver=self.progress)
+            ray.init(address=self.address or "local", include_dashboard=False if not self.address else None,
+                     logging_level="ERROR", namespace="xg2", log_to_driver=self.progress)
             self._started_ray = True
         serve.start(http_options={"host": self.host, "port": self.port}, logging_config={"log_level": "WARNING"})
         args = {"model": self.model, "replicas": self.replicas, "shards": self.shards,
@@ -75,19 +84,27 @@ class Server:
         if self.api_keys is not None:
             args["api_keys"] = self.api_keys
         self.say(f"starting {self.shards} cache shard(s), {self.replicas} model replica(s)")
-        # the shards first: a replica's first requests should not wait for an actor to start
-        from xg2.actors.router import ShardRouter
+        from .shards import build_shards
 
-        router = ShardRouter([f"{self.shard_prefix}-{i}" for i in range(self.shards)], namespace="xg2",
-                             budget_bytes=self.shard_mb << 20 if self.shard_mb else None)
-        ray.get([router._handle(i).ping.remote() for i in range(self.shards)])
-        serve.run(build(args), name="xg2", route_prefix="/")
-        if self.mask_service:
-            serve.run(build_masks({"model": self.model, "shards": self.shards, "shard_prefix": self.shard_prefix,
-                                   "shard_namespace": "xg2"}), name="xg2-masks", route_prefix=None)
-        self._wait_healthy()
+        try:
+            # the shards first (their keeper answers once every shard does): the replicas find them
+            self._run(serve, build_shards({"shards": self.shards, "shard_prefix": self.shard_prefix,
+                                           "shard_namespace": "xg2", "shard_mb": self.shard_mb}), "xg2-shards", None)
+            self._run(serve, build(args), "xg2", "/")
+            if self.mask_service:
+                self._run(serve, build_masks({"model": self.model, "shards": self.shards,
+                                              "shard_prefix": self.shard_prefix, "shard_namespace": "xg2"}),
+                          "xg2-masks", None)
+            self._wait_healthy()
+        except BaseException:
+            self.stop()         # what was deployed goes, whatever failed
+            raise
         self.say(f"serving at {self.url} (OpenAI API; GET /health) in {time.perf_counter() - t0:.1f} s")
         return self
+
+    def _run(self, serve: Any, app: Any, name: str, route_prefix: str | None) -> None:
+        self._apps.append(name)
+        serve.run(app, name=name, route_prefix=route_prefix)
 
     def _wait_healthy(self, timeout_s: float = 300.0) -> None:
         import urllib.request
@@ -112,11 +129,19 @@ class Server:
             return
         self.say("shutting down")
         try:
-            serve.shutdown()
-        finally:
-            for i in range(self.shards):
+            for name in reversed(self._apps):       # the shards' keeper last: the others use them
                 try:
-                    ray.kill(ray.get_actor(f"{self.shard_prefix}-{i}", namespace="xg2"))
+                    serve.delete(name)
+                except Exception as e:      # noqa: BLE001 - the others still go
+                    self.say(f"could not delete the application {name}: {e}")
+            self._apps = []
+            others = serve.status().applications if not self._started_ray or self.address else {}
+            if not others:
+                serve.shutdown()        # Serve's own actors too, when nothing else of anyone's runs on it
+        finally:
+            for i in range(self.shards):        # in case the keeper could not take them with it
+                try:
+                    ray.kill(ray.get_actor(f"{self.shard_prefix}-{i}", namespace="xg2"), no_restart=True)
                 except ValueError:
                     pass
             if self._started_ray:
@@ -131,7 +156,7 @@ class Server:
 
 def run(args: argparse.Namespace) -> int:
     server = Server(host=args.host, port=args.port, model=args.model, replicas=args.replicas, shards=args.shards,
-                    max_batch=args.max_batch, mask_service=not args.no_mask_service)
+                    max_batch=args.max_batch, mask_service=not args.no_mask_service, address=args.address)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -121,9 +121,13 @@ class Replica:
             from xg2.actors.router import ShardRouter
             from xg2.actors.tier import ShardedCache
 
-            router = ShardRouter(o.shards, namespace=o.shard_namespace)
+            # the shards' application (serve/shards.py) creates and owns them; a replica only finds them
+            router = ShardRouter(o.shards, namespace=o.shard_namespace, create=False)
             for i in range(len(o.shards)):
-                router._handle(i)           # looked up (or started) now, not on the first request
+                try:
+                    router._handle(i)       # looked up now, not on the first request
+                except ValueError:
+                    _log.warning("cache shard %s not found yet: its keys miss until it is", o.shards[i])
             tier = ShardedCache(router)
         self.runtime = GrammarRuntime(tokenizer_info(self.loaded), cache_tier=tier,
                                       max_sessions_per_tenant=o.max_sessions_per_tenant,

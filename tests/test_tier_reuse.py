@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import xg2
+from xg2.actors.keeper import ShardKeeper, shard_names
 from xg2.actors.router import ShardRouter
 from xg2.actors.spec import SessionSpec, ToolsSpec
 
@@ -34,8 +35,9 @@ TOOL_C = {"type": "function", "function": {"name": "search", "parameters": {
 def replicas(ray_local):
     from serve.replica import Replica, ReplicaOptions
 
-    router = ShardRouter.create(2, prefix="reuse-shard", namespace="xg2-tests", budget_bytes=64 << 20)
-    names = router.names
+    keeper = ShardKeeper(shard_names(2, "reuse-shard"), "xg2-tests", 64 << 20)     # owns the shards, as in Serve
+    names = keeper.names
+    router = ShardRouter(names, namespace="xg2-tests", create=False)
     made = []
     try:
         for _ in range(2):

@@ -30,9 +30,11 @@ can be rebuilt on demand.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import zlib
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -73,6 +75,28 @@ def engine_version() -> str:
     from . import __version__
 
     return __version__
+
+
+@functools.lru_cache(maxsize=1)
+def build_id() -> str:
+    """This build, as 16 hex digits: the package version, the transport format and the compiled
+    core. Two builds (a rolling deploy) may lower or fill differently, so the cache tier keeps
+    their items apart: shard actors are named by it and every shard key carries it.
+
+    The core is read from the sources it was compiled from (the .pyx and .pxi files installed
+    beside it, which the package ships), so that nodes that built the same sources agree; where
+    they are absent, from the compiled modules themselves."""
+    from . import _ext
+
+    folder = Path(_ext.__file__).parent
+    parts = sorted(folder.glob("*.pyx")) + sorted(folder.glob("*.pxi"))
+    if not parts:
+        parts = sorted(p for p in folder.iterdir() if p.suffix in (".so", ".pyd"))
+    h = hashlib.blake2b(f"xg2/{engine_version()}/{FORMAT_VERSION}".encode(), digest_size=8)
+    for path in parts:
+        h.update(path.name.encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def _vocab_digest(fingerprint: str) -> bytes:

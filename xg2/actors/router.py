@@ -76,8 +76,11 @@ class ShardRouter:
                 raise
             from .shard import DEFAULT_SHARD_BYTES, shard_actor_class
 
-            h = shard_actor_class().options(name=self.names[i], namespace=self.namespace, lifetime="detached",
-                                            get_if_exists=True).remote(self.budget_bytes or DEFAULT_SHARD_BYTES)
+            # owned by this process (never detached: it ends with its creator); an application's
+            # shards are created by its ShardKeeper (xg2.actors.keeper), and its replicas only find them
+            h = shard_actor_class().options(name=self.names[i], namespace=self.namespace, get_if_exists=True,
+                                            scheduling_strategy="SPREAD").remote(
+                                                self.budget_bytes or DEFAULT_SHARD_BYTES)
         with self._lock:
             self._handles[i] = h
         return h

@@ -95,6 +95,12 @@ class CacheShard:
         self._items.clear()
         self._bytes = 0
 
+    async def node_id(self) -> str:
+        """The Ray node this shard runs on (where a cluster spread it)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     async def ping(self) -> int:
         """An empty call (its round trip is the cost of any call); returns the actor's pid."""
         return os.getpid()

@@ -14,7 +14,8 @@ compiled grammars). This one is the deployment's: what any process built, any ot
   entries decoding built) in batches. Nothing waits on it, and a key once sent is not sent again.
 
 Shard keys are the item's own content key (at least 128 bits), its kind and a digest of the
-namespace (format version, engine version, vocabulary fingerprint); values are transport blobs,
+namespace (the build: engine version, format version, compiled core; and the vocabulary
+fingerprint); values are transport blobs,
 checked on the way in (checksum, versions, vocabulary, then the entry itself). Anything that fails a check is
 dropped and rebuilt: a damaged, stale or lost item costs time, never a wrong mask.
 """
@@ -27,7 +28,7 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 import msgspec
@@ -47,6 +48,16 @@ YIELD_EVERY = 8
 FOREGROUND_WAIT_S = 0.005
 #: Pairs per put call.
 PUBLISH_BATCH = 512
+#: Publish jobs waiting at most (a grammar, a session's entries, a module): past it the oldest is
+#: dropped and counted (`publish_dropped`). Publishing is best effort, and a queue that grows
+#: while the shards are slow or gone would hold every grammar it names in memory.
+MAX_PUBLISH_JOBS = 1024
+
+
+def namespace_digest(build: str, fingerprint: str) -> bytes:
+    """What every shard key of one build and vocabulary ends with (its first 8 bytes): items of
+    two builds or two vocabularies never meet, even in one shard."""
+    return hashlib.blake2b(f"xg2/{build}/{fingerprint}".encode(), digest_size=16).digest()
 
 
 class ShardedCache:
@@ -60,7 +71,9 @@ class ShardedCache:
         self._ns = b""
         self._fingerprint = ""
         self._sent: OrderedDict[bytes, None] = OrderedDict()
-        self._jobs: queue.Queue = queue.Queue()
+        self._jobs: deque[tuple] = deque()
+        self._jobs_ready = threading.Condition(threading.Lock())
+        self.max_publish_jobs = MAX_PUBLISH_JOBS
         self._worker: threading.Thread | None = None
         self._fetches: queue.Queue = queue.Queue()
         self._fetcher: threading.Thread | None = None
@@ -68,7 +81,8 @@ class ShardedCache:
         self.counts = {"grammar_gets": 0, "grammar_hits": 0, "entry_gets": 0, "entry_hits": 0,
                        "entries_refused": 0, "published_grammars": 0, "published_entries": 0,
                        "grammar_get_ms": 0.0, "entry_get_ms": 0.0, "module_gets": 0, "module_hits": 0,
-                       "module_get_ms": 0.0, "published_modules": 0, "prefetch_skipped": 0}
+                       "module_get_ms": 0.0, "published_modules": 0, "prefetch_skipped": 0,
+                       "publish_dropped": 0}
         self._fetched: OrderedDict[tuple, Any] = OrderedDict()
         self.also_found: bytes | None = None
         self._foreground = 0
@@ -109,8 +123,7 @@ class ShardedCache:
         compiler.entry_source = self.load_entries
         compiler.module_source = self
         self._fingerprint = compiler.tokenizer_info.fingerprint
-        self._ns = hashlib.blake2b(f"xg2/{transport.FORMAT_VERSION}/{transport.engine_version()}/"
-                                   f"{self._fingerprint}".encode(), digest_size=16).digest()
+        self._ns = namespace_digest(transport.build_id(), self._fingerprint)
 
     def shard_key(self, kind: bytes, key: bytes) -> bytes:
         """The item's own content key (a digest already: the router spreads by its first bytes),
@@ -291,7 +304,23 @@ class ShardedCache:
             if self._worker is None or not self._worker.is_alive():
                 self._worker = threading.Thread(target=self._run, name="xg2-tier-publish", daemon=True)
                 self._worker.start()
-        self._jobs.put(job)
+        with self._jobs_ready:
+            jobs = self._jobs
+            if job[0] != "flush" and len(jobs) >= self.max_publish_jobs:
+                # the oldest job that is not a flush goes (a flush is a caller waiting)
+                for i, old in enumerate(jobs):
+                    if old[0] != "flush":
+                        del jobs[i]
+                        self.counts["publish_dropped"] += 1
+                        break
+            jobs.append(job)
+            self._jobs_ready.notify()
+
+    def _next_job(self) -> tuple:
+        with self._jobs_ready:
+            while not self._jobs:
+                self._jobs_ready.wait()
+            return self._jobs.popleft()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything submitted so far is published (or `timeout_s` passes)."""
@@ -317,7 +346,7 @@ class ShardedCache:
 
     def _run(self) -> None:
         while True:
-            kind, key, obj = self._jobs.get()
+            kind, key, obj = self._next_job()
             try:
                 if kind == "flush":
                     obj.set()
