@@ -74,9 +74,16 @@ class Server:
         load_model(self.model, progress=self.progress)
         self.say(f"model ready ({time.perf_counter() - t0:.1f} s); starting Ray")
         if not ray.is_initialized():
+            # ray.init puts its own SIGTERM handler in (it exits at once, leaving what was deployed
+            # running); the caller's handlers (run's: stop cleanly) are put back after it
+            handlers = {}
+            if threading.current_thread() is threading.main_thread():
+                handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
             ray.init(address=self.address or "local", include_dashboard=False if not self.address else None,
                      logging_level="ERROR", namespace="xg2", log_to_driver=self.progress)
             self._started_ray = True
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
         serve.start(http_options={"host": self.host, "port": self.port}, logging_config={"log_level": "WARNING"})
         args = {"model": self.model, "replicas": self.replicas, "shards": self.shards,
                 "shard_prefix": self.shard_prefix, "shard_namespace": "xg2", "max_batch": self.max_batch,
