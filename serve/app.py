@@ -83,7 +83,8 @@ async def _events(stream: Any) -> Any:
 
 class _Metrics:
     """The replica's figures as Ray metrics (Prometheus through Ray's metrics agent): compile and
-    fill time, cache hits per tier, open sessions, cache bytes."""
+    fill time, cache hits per tier (grammars, modules, first-mask entries: local or from the
+    shards), compile CPU, open sessions, cache bytes."""
 
     def __init__(self, replica: Replica):
         from ray.util import metrics
@@ -94,7 +95,14 @@ class _Metrics:
             ("compiles", "grammars compiled on this replica"),
             ("grammar_hits_local", "grammars found in the replica's own cache"),
             ("grammar_hits_shards", "grammars read from the cache shards"),
-            ("steps", "decode steps"))}
+            ("steps", "decode steps"),
+            ("modules_local", "tool/branch modules found in a compiler's own cache"),
+            ("modules_shards", "tool/branch modules read from the cache shards"),
+            ("modules_lowered", "tool/branch modules lowered"),
+            ("entries_needed", "mask entries the first masks of new grammars needed"),
+            ("entries_local", "first-mask entries found in the process's entry pool"),
+            ("entries_shards", "first-mask entries read from the cache shards"),
+            ("compile_cpu_ms", "compile CPU time, in this process and its compile workers (ms)"))}
         self.gauges = {name: metrics.Gauge(f"xg2_{name}", description=desc) for name, desc in (
             ("open_sessions", "grammar sessions open"), ("cache_bytes", "bytes in the replica's caches"),
             ("step_forward_ms", "median forward time per step"), ("step_fill_ms", "median mask fill per step"),
@@ -114,6 +122,10 @@ class _Metrics:
             values = {"requests": r.counts["requests"], "constrained_requests": r.counts["constrained"],
                       "compiles": rt["compiles"] - rt["tier_grammar_hits"], "grammar_hits_local": rt["grammar_hits"],
                       "grammar_hits_shards": rt["tier_grammar_hits"], "steps": r.engine.counts["steps"]}
+            reuse = r.runtime.reuse()
+            values.update({k: reuse[k] for k in ("modules_local", "modules_shards", "modules_lowered",
+                                                 "entries_needed", "entries_local", "entries_shards",
+                                                 "compile_cpu_ms")})
             for name, value in values.items():
                 delta = value - self._last.get(name, 0)
                 if delta > 0:

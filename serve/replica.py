@@ -334,7 +334,7 @@ class Replica:
         out = {"requests": dict(self.counts), "engine": dict(self.engine.counts),
                "steps": self.engine.exposed_mask_ms(), "runtime": dict(rt.stats),
                "cache_bytes": rt.cache_bytes(), "open_sessions": rt.open_sessions(),
-               "compiler": rt.compiler.cache_stats(), "compile_usage": rt.compile_usage(),
+               "compiler": rt.compiler.cache_stats(), "compile_usage": rt.compile_usage(), "reuse": rt.reuse(),
                "recent": list(self.recent[-64:])}
         if rt.cache_tier is not None:
             out["tier"] = rt.cache_tier.stats()
