@@ -44,14 +44,15 @@ LOCUSTFILE = HERE / "locustfile.py"
 FAILURE_KINDS = ("invalid_output", "http_4xx", "http_5xx", "timeout", "connection", "stream_error")
 #: The summary's fields the issue names (the tests check them all).
 REQUIRED_FIELDS = ("requests", "failed_requests", "invalid_outputs", "p50_ms", "p99_ms", "ttft_p50_ms",
-                   "tokens_per_s", "cache_hit_rate", "rss_mb")
+                   "tokens_per_s", "cache_hit_rate", "rss_mb", "module_hit_rate", "entry_hit_rate",
+                   "grammar_hit_rate", "compile_cpu_ms_per_request")
 #: Serve and xg2 processes by their Ray process titles.
 ROLES = (("ray::ServeReplica:xg2:xg2-model", "replica"), ("ray::CacheShard", "shard"),
          ("ray::ServeReplica:xg2-masks", "masks"), ("ray::ProxyActor", "proxy"),
-         ("ray::ServeController", "controller"))
+         ("ray::ServeController", "controller"), ("ray::ServeReplica:xg2-shards", "shard_keeper"))
 #: Processes told by a part of their command line: the compile workers (children of a replica or
 #: of the mask service).
-ROLES_IN = (("-m xg2.actors.compile_workers", "compile_worker"), ("-m locust", "locust"),
+ROLES_IN = (("xg2.actors.compile_workers import _serve", "compile_worker"), ("-m locust", "locust"),
             ("/raylet", "ray_system"), ("gcs_server", "ray_system"))
 #: Positions allowed a sequence by the model, for the tools' prompt budget (estimated tokens).
 PROMPT_BUDGETS = {"tiny": 2000, "default": 3600}
@@ -141,27 +142,56 @@ def app_processes() -> dict[int, tuple[str, float, float]]:
 # The replicas' statistics
 # ------------------------------------------------------------------------------------------------
 
-def _counters(stats: dict) -> dict[str, int]:
+#: What the replicas' compiles found where (GrammarRuntime.reuse), summed like the other counters.
+REUSE_FIELDS = ("modules_local", "modules_shards", "modules_lowered", "entries_needed", "entries_local",
+                "entries_shards", "compile_cpu_ms", "grammar_opens")
+
+
+def _counters(stats: dict) -> dict[str, float]:
     rt = stats.get("runtime") or {}
+    reuse = stats.get("reuse") or {}
     return {"hits_local": rt.get("grammar_hits", 0), "hits_shards": rt.get("tier_grammar_hits", 0),
             "compiled": rt.get("compiles", 0) - rt.get("tier_grammar_hits", 0), "shared": rt.get("compile_shared", 0),
             "requests": (stats.get("requests") or {}).get("requests", 0),
-            "failed": (stats.get("requests") or {}).get("failed", 0)}
+            "failed": (stats.get("requests") or {}).get("failed", 0),
+            **{k: reuse.get(k, 0) for k in REUSE_FIELDS}}
+
+
+def reuse_rates(c: dict[str, float]) -> dict[str, float | None]:
+    """Module, first-mask entry and grammar hit rates (local or from the shards, over lookups) and
+    the compile CPU per grammar request, of summed counters."""
+    modules = c.get("modules_local", 0) + c.get("modules_shards", 0) + c.get("modules_lowered", 0)
+    entries = c.get("entries_needed", 0)
+    opens = c.get("grammar_opens", 0)
+    return {"module_hit_rate": _r((c.get("modules_local", 0) + c.get("modules_shards", 0)) / modules, 3)
+            if modules else None,
+            "entry_hit_rate": _r((c.get("entries_local", 0) + c.get("entries_shards", 0)) / entries, 3)
+            if entries else None,
+            "grammar_hit_rate": _r(hit_rate(c), 3),
+            "compile_cpu_ms_per_request": _r(c.get("compile_cpu_ms", 0) / opens, 2) if opens else None,
+            "modules": modules, "modules_from_shards": c.get("modules_shards", 0)}
 
 
 class ReplicaTracker:
-    """/v1/xg2/stats is the answering replica's, and does not say which replica that is: samples
-    are matched to the replica whose counters they continue (all at least as large, least
-    apart), else counted as a new (or restarted) replica. Exact with one replica."""
+    """/v1/xg2/stats is the answering replica's: samples are matched to it by its replica id, or
+    (an older server that does not say it) to the replica whose counters they continue (all at
+    least as large, least apart), else counted as a new (or restarted) replica."""
 
     def __init__(self) -> None:
-        self.replicas: list[dict[str, int]] = []
-        self.totals_seen: dict[str, int] = defaultdict(int)
+        self.replicas: list[dict[str, float]] = []
+        self.ids: dict[str, int] = {}
+        self.totals_seen: dict[str, float] = defaultdict(int)
 
-    def add(self, stats: dict) -> tuple[int, dict[str, int]]:
+    def add(self, stats: dict) -> tuple[int, dict[str, float]]:
         c = _counters(stats)
         best, gap = None, None
-        for i, prev in enumerate(self.replicas):
+        rid = (stats.get("replica") or {}).get("id")
+        if rid is not None:
+            best = self.ids.get(rid)
+            if best is None:
+                self.replicas.append({k: 0 for k in c})
+                best = self.ids[rid] = len(self.replicas) - 1
+        for i, prev in enumerate(self.replicas if rid is None else ()):
             if all(c[k] >= prev[k] for k in c):
                 d = sum(c[k] - prev[k] for k in c)
                 if gap is None or d < gap:
@@ -436,6 +466,15 @@ def _window_stats(reqs: list[dict], lo: float, hi: float) -> dict:
             "p50_ms": _r(quantile(ms, 0.5)), "p99_ms": _r(quantile(ms, 0.99))}
 
 
+def _windows_since(samples: list[dict], t: float) -> Counter:
+    """The counters' changes seen by the samples taken after `t`, summed."""
+    out: Counter = Counter()
+    for s in samples:
+        if "window" in s and s["t"] >= t:
+            out.update(s["window"])
+    return out
+
+
 def _series_hit_rate(samples: list[dict], t0: float, bucket_s: float) -> list[dict]:
     """The hit rate per time bucket (the windows of the samples in it, summed) and cumulative."""
     out = []
@@ -604,6 +643,9 @@ def summarize(events: list[dict], samples: list[dict], faults: list[dict], *, ti
                                "compiled": counters.get("compiled", 0),
                                "joined_compile_in_flight": counters.get("shared", 0)},
         "cache_hit_rate_over_time": _series_hit_rate(samples, t0, 10.0),
+        **{k: v for k, v in reuse_rates(counters).items() if k.endswith(("_rate", "_per_request"))},
+        "reuse": reuse_rates(counters),
+        "reuse_last_third": reuse_rates(_windows_since(samples, t0 + 2 * span / 3)),
         "cache_bytes": cache_bytes,
         "rss_mb": [{k: v for k, v in r.items() if k != "processes"} for r in rss_series],
         "rss_mb_processes": [{"t": r["t"], **r["processes"]} for r in rss_series],
@@ -649,6 +691,10 @@ def print_summary(s: dict, out: Any = sys.stdout) -> None:
     hr = s["cache_hit_rate_over_time"]
     p(f"cache hit rate: {s['cache_hit_rate']} (by tier {s['cache_hits_by_tier']}); over time "
       + " ".join(f"{h['t']:.0f}s:{h['window']}" for h in hr))
+    last = s["reuse_last_third"]
+    p(f"reuse: modules {s['module_hit_rate']} (last third {last['module_hit_rate']}), first-mask entries "
+      f"{s['entry_hit_rate']} (last third {last['entry_hit_rate']}), grammars {s['grammar_hit_rate']}; "
+      f"compile CPU {s['compile_cpu_ms_per_request']} ms a request (last third {last['compile_cpu_ms_per_request']})")
     if s["cache_bytes"]:
         a, b = s["cache_bytes"][0], s["cache_bytes"][-1]
         p(f"cache bytes: replica grammars {a.get('grammars', 0) >> 10} -> {b.get('grammars', 0) >> 10} KiB, compiler "

@@ -192,8 +192,10 @@ def test_short_multi_tenant_run(ray_local, tmp_path):
     assert summary["cpu_s_by_role"].get("replica", 0) > 0 and "locust" in summary["cpu_s_by_role"]
     assert set(summary["outcomes_by_class"]) == {"ToolAgent", "Extractor", "GrammarUser", "StreamingChatter"}
     assert summary["tenants"] == 4
-    for key in ("p50_ms", "p99_ms", "ttft_p50_ms", "cache_hit_rate"):
+    for key in ("p50_ms", "p99_ms", "ttft_p50_ms", "cache_hit_rate", "module_hit_rate", "entry_hit_rate",
+                "grammar_hit_rate", "compile_cpu_ms_per_request"):
         assert summary[key] is not None, key
+    assert summary["reuse"]["modules"] > 0 and summary["compile_cpu_ms_per_request"] > 0   # tool sets compiled
     assert summary["tokens_per_s"] > 0 and summary["cache_hit_rate_over_time"]
     assert summary["rss_mb"] and any("replica" in r for r in summary["rss_mb"])
     assert summary["cache_bytes"] and summary["cache_bytes"][-1]["grammars"] > 0
