@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -109,3 +110,35 @@ def test_masks_of_a_reused_tool_set_are_a_fresh_compilers(replicas):
             assert ref.accept_token(token) and rt.accept([session], [token]) == [True]
     finally:
         rt.close(session)
+
+
+class _StuckRouter:
+    """A router whose writes wait for `gate` (shards slow or gone): the publish queue fills."""
+
+    def __init__(self):
+        self.on_restart, self.failures, self.restarts = [], 0, 0
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.stored: list[bytes] = []
+
+    def put_many(self, items):
+        self.entered.set()
+        self.gate.wait(30)
+        self.stored += [k for k, _v in items]
+        return len(items)
+
+
+def test_the_publish_queue_is_bounded_the_oldest_dropped_and_counted():
+    from xg2.actors.tier import ShardedCache
+
+    router = _StuckRouter()
+    tier = ShardedCache(router)
+    tier._ns = bytes(16)
+    tier.max_publish_jobs = 4
+    tier.publish_module_blob(b"m" * 16, b"first")          # taken by the publisher, which waits
+    assert router.entered.wait(10)
+    for i in range(10):
+        tier.publish_module_blob(bytes([i]) * 16, b"blob")
+    assert tier.counts["publish_dropped"] == 6 and len(tier._jobs) == 4
+    router.gate.set()
+    assert tier.flush(10)
+    assert [k[:16] for k in router.stored] == [b"m" * 16] + [bytes([i]) * 16 for i in range(6, 10)]   # the newest kept
