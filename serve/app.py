@@ -20,6 +20,7 @@ never by the key itself).
 
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -32,7 +33,7 @@ from ray import serve
 from xg2.errors import UsageError, XG2Error
 
 from . import protocol as p
-from .replica import Replica, ReplicaOptions
+from .replica import Replica, ReplicaOptions, grammar_info
 
 _log = logging.getLogger("xg2.serve")
 #: The gauges (cache bytes, step medians over the last steps) are read at most this often: their
@@ -109,7 +110,7 @@ class _Metrics:
             ("step_mask_exposed_ms", "median mask time not hidden by the forward, per step"))}
         self.compile_ms = metrics.Histogram(
             "xg2_grammar_ready_ms", description="time from a request's arrival to its grammar session, by "
-            "where the grammar came from (local, shards, compiled)",
+            "where the grammar came from (local, joined: a compile in flight, shards, compiled)",
             boundaries=[0.1, 1, 5, 10, 25, 50, 100, 250, 1000, 5000], tag_keys=("tier",))
         self._last: dict[str, float] = {}
         self._seen_recent = 0
@@ -160,8 +161,10 @@ class ModelServer:
         self.replica = Replica(ReplicaOptions(**(options or {})))
         self.api_keys = api_keys
         self._metrics = _Metrics(self.replica)
+        self._replica_id = serve.get_replica_context().replica_id.unique_id
 
     async def _call(self, fn: Any, request: Request) -> Response:
+        grammar_info(reset=True)
         try:
             tenant = tenant_of(request, self.api_keys)
             out = await fn(tenant, await request.body())
@@ -169,9 +172,13 @@ class ModelServer:
             return _error(e)
         finally:
             self._metrics.update()
+        info = grammar_info()
+        headers = None
+        if info is not None:        # where the grammar came from and what it cost (see serve.replica)
+            headers = {"x-xg2-grammar": json.dumps({**info, "replica": self._replica_id}, separators=(",", ":"))}
         if isinstance(out, bytes):
-            return Response(out, media_type="application/json")
-        return StreamingResponse(_events(out), media_type="text/event-stream")
+            return Response(out, media_type="application/json", headers=headers)
+        return StreamingResponse(_events(out), media_type="text/event-stream", headers=headers)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
@@ -194,7 +201,7 @@ class ModelServer:
         """This replica's figures: requests, steps (forward, fill, mask time exposed), runtime and
         cache tiers (hits, bytes)."""
         stats = self.replica.stats()
-        stats["replica"] = {"pid": os.getpid(), "id": serve.get_replica_context().replica_id.unique_id}
+        stats["replica"] = {"pid": os.getpid(), "id": self._replica_id}
         return Response(p.encode(stats), media_type="application/json")
 
     async def check_health(self) -> None:

@@ -14,6 +14,7 @@ flight on a replica and, through the runtime, on its open sessions and running c
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -65,6 +66,22 @@ class ReplicaOptions:
     shards: list[str] = field(default_factory=list)
     shard_namespace: str | None = None
 
+
+#: What the grammar of the request being answered in this task cost: where it came from
+#: (Session.source), the time until its session was open, and for a grammar compiled for it what
+#: its compile found where (modules and first-mask entries: local, from the shards, built). The
+#: HTTP layer sends it back as the X-XG2-Grammar header: a client (a benchmark) sees per request
+#: what the cache tiers saved it.
+_GRAMMAR_INFO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("xg2_grammar_info", default=None)
+
+
+def grammar_info(reset: bool = False) -> dict | None:
+    """The grammar info of the request this task answers (see _GRAMMAR_INFO); `reset` clears it
+    before a request. (A function: Serve pickles the ingress app, and a ContextVar does not pickle.)"""
+    if reset:
+        _GRAMMAR_INFO.set(None)
+        return None
+    return _GRAMMAR_INFO.get()
 
 #: Request bodies and prompts past this many bytes are rendered and tokenized on a thread.
 _LARGE_PROMPT_BYTES = 32 << 10
@@ -245,10 +262,12 @@ class Replica:
             tier = "none"
             if spec is not None:
                 self.counts["constrained"] += 1
-                before = dict(self.runtime.stats)
                 session = await self.runtime.open(SessionSpec(grammar=spec, tenant=tenant))
-                tier = _tier_of(before, self.runtime.stats)
+                tier = session.source
             compile_s = time.perf_counter() - t0
+            if session is not None:
+                reuse = session.matcher.compiled_grammar._reuse if tier == "compiled" else None
+                _GRAMMAR_INFO.set({"from": tier, "ready_ms": round(compile_s * 1e3, 3), **(reuse or {})})
             gen = self.engine.submit(prompt, params, session)
         except BaseException as e:
             self._done(tenant, session)
@@ -343,17 +362,6 @@ class Replica:
     async def close(self) -> None:
         await self.engine.close()
         await asyncio.to_thread(self.runtime.shutdown)
-
-
-def _tier_of(before: dict, after: dict) -> str:
-    """Where an open's grammar came from, by the runtime's counters around it: "local" (this
-    replica's cache, or a compile in flight), "shards" (the cache shards), "compiled" (built here).
-    Concurrent opens can blur it; it is for metrics and reports."""
-    if after["tier_grammar_hits"] > before["tier_grammar_hits"]:
-        return "shards"
-    if after["compiles"] > before["compiles"]:
-        return "compiled"
-    return "local"
 
 
 class _Run:

@@ -260,3 +260,26 @@ def test_mask_service_handle_gives_the_in_process_masks(app, loaded, reference):
             client_.step([sid], [None])
     finally:
         reference.close(local)
+
+
+def test_each_response_says_where_its_grammar_came_from(app):
+    """The X-XG2-Grammar header: a new tool set is compiled (its tools lowered), the same set again
+    is found in the replica's cache; a request without a grammar has no header."""
+    tools = [{"type": "function", "function": {"name": f"probe_{i}", "parameters": {
+        "type": "object", "properties": {f"field_{i}": {"type": "integer", "maximum": 1000 + i}},
+        "required": [f"field_{i}"]}}} for i in range(3)]
+
+    def grammar_header(body: dict) -> dict | None:
+        request = urllib.request.Request(app.url + "/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Authorization": "Bearer k-probe", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as r:
+            value = r.headers.get("x-xg2-grammar")
+        return None if value is None else json.loads(value)
+
+    body = {"model": "tiny", "messages": MESSAGES, "tools": tools, "tool_choice": "required", "max_tokens": 4}
+    first = grammar_header(body)
+    assert first["from"] == "compiled" and first["modules_lowered"] == 3, first
+    assert first["ready_ms"] > 0 and first["replica"]
+    again = grammar_header(body)
+    assert again["from"] == "local" and "modules_lowered" not in again, again
+    assert grammar_header({"model": "tiny", "messages": MESSAGES, "max_tokens": 2}) is None

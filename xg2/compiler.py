@@ -71,6 +71,10 @@ class CompiledGrammar:
         self._precompute_budget_ms: float | None = None         # None: the compiler's
         self._tier_found: int | None = None     # first-mask entries a second tier had (None: not asked)
         self._tier_modules = 0      # its modules that came from a second tier (see ShardedCache.prefetch)
+        # where a runtime got it (see GrammarRuntime: "compiled" or "shards") and, compiled, what
+        # its compile found where (GrammarCompiler.reuse's counts)
+        self._origin = "compiled"
+        self._reuse: dict[str, int] | None = None
         self._make_trie: Callable[[], ClassTrie | None] | None = None   # its class trie, to build in the background
 
     @property

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import itertools
 import logging
 import math
@@ -81,6 +82,7 @@ class Session:
         "key",
         "last_used",
         "matcher",
+        "source",
         "spec",
         "tenant",
         "tokens",
@@ -99,6 +101,7 @@ class Session:
         self.tokens: list[int] = []       # accepted so far, for replay (fork, restore)
         self.last_used = time.monotonic()
         self.closed = False
+        self.source = "local"       # where its grammar came from (see _opened_from)
 
     def _open_matcher(self) -> GrammarMatcher:
         if self.matcher is None:
@@ -153,6 +156,11 @@ def _spec_error(e: msgspec.ValidationError) -> SpecError:
             parts.append(piece.replace("~", "~0").replace("/", "~1"))
     return SpecError(message, "/" + "/".join(parts) if parts else "")
 
+
+#: Where the grammar of the open running in this task came from (set by `_compiled_for`, read by
+#: `open` into Session.source): "local" (this runtime's cache), "joined" (a compile another open
+#: started), "shards" (the cache tier's copy), "compiled" (compiled for this open).
+_opened_from: contextvars.ContextVar[str] = contextvars.ContextVar("xg2_opened_from", default="local")
 
 #: `_compile_blocking`'s blob when nobody has asked the tier yet.
 _ASK = object()
@@ -286,6 +294,7 @@ class GrammarRuntime:
                 try:
                     t0 = time.perf_counter()
                     compiled = self.compiler.deserialize(blob, precompute=False)    # the tier brings the rest
+                    compiled._origin = "shards"
                     self.stats["deserialize_ms"] += (time.perf_counter() - t0) * 1e3
                     self.stats["tier_grammar_hits"] += 1
                     tier.prefetch(compiled, key)
@@ -321,9 +330,13 @@ class GrammarRuntime:
             # key the grammar names, not only those the worker built
             compiled._built_keys, compiled._tier_found = None, meta.get("tier_found")
             compiled._tier_modules = meta.get("tier_modules", 0)
+            compiled._reuse = {k: meta.get(k, 0) for k in REUSE_COUNTS}
             self.stats["deserialize_ms"] += (time.perf_counter() - t0) * 1e3
         else:
+            before = dict(self.compiler.reuse)
             compiled = grammar.compile(self.compiler)
+            # (compiles on other threads meanwhile are counted in too: exact with one at a time)
+            compiled._reuse = {k: v - before[k] for k, v in self.compiler.reuse.items()}
         if tier is not None and not background:
             tier.prefetch(compiled, key)
             tier.publish_grammar(key, compiled)
@@ -363,6 +376,7 @@ class GrammarRuntime:
         own), so one tenant's slow specs cannot hold every compile worker."""
         found = self._known(key)
         if isinstance(found, CompiledGrammar):
+            _opened_from.set("local")
             return found
         if found is None:
             budget_s = self.max_compile_seconds_per_tenant
@@ -386,6 +400,7 @@ class GrammarRuntime:
             async with gate:
                 found = self._known(key)        # compiled, or started, while this one waited
                 if isinstance(found, CompiledGrammar):
+                    _opened_from.set("local")
                     return found
                 if found is None:
                     blob = _ASK
@@ -394,6 +409,7 @@ class GrammarRuntime:
                         blob = await tier.get_grammar_async(key)    # on the loop: no thread waits on it
                         found = self._known(key)
                         if isinstance(found, CompiledGrammar):
+                            _opened_from.set("local")
                             return found
                 if found is None:
                     background = self._background_pool is not None and \
@@ -407,7 +423,9 @@ class GrammarRuntime:
                     # not under the lock
                     (self._background_pool if background else self._compile_pool).submit(self._next_compile, background)
                     found.add_done_callback(lambda f, key=key: self._compiled(key, f))
-                    return await self._wait(found, background)
+                    compiled = await self._wait(found, background)
+                    _opened_from.set(compiled._origin)
+                    return compiled
                 return await self._join(found, grammar, key, tenant, again)
         return await self._join(found, grammar, key, tenant, again)
 
@@ -416,7 +434,9 @@ class GrammarRuntime:
         """Wait for a compile another request started; if that was a heavy tenant's background
         compile refused for its quota, this tenant compiles the spec itself (once)."""
         try:
-            return await self._wait(fut)
+            compiled = await self._wait(fut)
+            _opened_from.set("joined")
+            return compiled
         except QuotaError:
             if again:
                 raise
@@ -542,6 +562,7 @@ class GrammarRuntime:
                 with tier.foreground():
                     compiled = await self._compiled_for(spec.grammar, key, tenant)
             session = Session(secrets.token_hex(12), spec, key, compiled)
+            session.source = _opened_from.get()
         except BaseException:
             self._release(tenant)
             raise
