@@ -70,6 +70,10 @@ _META_DEC = msgspec.msgpack.Decoder(dict[str, Any])
 START_TIMEOUT_S = 120.0
 
 
+class _WorkerDied(Exception):
+    """A worker's pipe closed under a compile."""
+
+
 class CompileWorkerError(GrammarLimitError):
     """A compile worker died while compiling a spec (out of memory, or killed): the spec is
     refused like any input past a limit, and the worker is started again."""
@@ -196,22 +200,46 @@ class CompileWorkers:
         """`background`: on a background worker (SCHED_IDLE), when there is one. `tier`: the
         parent's second cache tier (xg2.actors.tier.ShardedCache), through which the worker fetches
         the modules and first-mask entries it lacks before lowering them, and publishes the modules
-        it lowered; this thread answers the worker's questions while it waits."""
+        it lowered; this thread answers the worker's questions while it waits.
+
+        A worker that dies under a spec is replaced and the spec tried once more on another: the
+        first death may not be the spec's (a worker killed from outside while idle is seen only
+        when the spec is sent to it), a second one is, and the spec is refused."""
         if self._closed:
             raise CompileWorkerError("the compile workers were closed")
         idle = self._idle_background if background and self.background_workers else self._idle
+        deadline = time.monotonic() + timeout
+        for attempt in range(2):
+            try:
+                msg = self._compile_once(idle, spec, deadline, timeout, tier)
+                break
+            except _WorkerDied:
+                if attempt or self._closed or time.monotonic() >= deadline:
+                    raise CompileWorkerError("the compile worker died while compiling this spec (out of "
+                                             "memory, or killed); it was started again") from None
+        if msg[:1] == _OK:
+            cpu_s, n = _HEAD.unpack_from(msg, 1)
+            self.last.cpu_s = cpu_s
+            self.last.meta = _META_DEC.decode(msg[1 + _HEAD.size:1 + _HEAD.size + n])
+            return msg[1 + _HEAD.size + n:]
+        raise _error_from(msg[1:])
+
+    def _compile_once(self, idle: queue.SimpleQueue, spec: Any, deadline: float, timeout: float, tier: Any) -> bytes:
+        """One worker's answer to the spec (its reply frame); _WorkerDied if it died meanwhile."""
         w = idle.get()
         while w.proc.poll() is not None:        # died while idle (killed from outside): replaced unseen
             self._replace(w)
             w = idle.get()
         try:
-            w.wait_ready(START_TIMEOUT_S)
+            w.wait_ready(max(0.0, min(START_TIMEOUT_S, deadline - time.monotonic())))
+        except (EOFError, OSError):
+            self._replace(w)
+            raise _WorkerDied from None
         except BaseException:
             self._replace(w)
             raise
         try:
             w.send.send_bytes((_WITH_TIER if tier is not None else _ALONE) + _SPEC_ENC.encode(spec))
-            deadline = time.monotonic() + timeout
             while True:
                 if not w.recv.poll(max(0.0, deadline - time.monotonic())):
                     self._replace(w)
@@ -226,15 +254,9 @@ class CompileWorkers:
                     break
         except (EOFError, OSError, BrokenPipeError):
             self._replace(w)
-            raise CompileWorkerError("the compile worker died while compiling this spec "
-                                     "(out of memory, or killed); it was started again") from None
+            raise _WorkerDied from None
         idle.put(w)
-        if msg[:1] == _OK:
-            cpu_s, n = _HEAD.unpack_from(msg, 1)
-            self.last.cpu_s = cpu_s
-            self.last.meta = _META_DEC.decode(msg[1 + _HEAD.size:1 + _HEAD.size + n])
-            return msg[1 + _HEAD.size + n:]
-        raise _error_from(msg[1:])
+        return msg
 
     def pids(self) -> list[int]:
         with self._lock:
