@@ -2,9 +2,11 @@
 service for engines that keep their own model.
 
 - `ModelServer` (deployment "xg2-model"): a Replica (model + runtime + decoding loop) behind a
-  FastAPI ingress. HTTP requests reach the replicas through Serve's proxy, so the model, its
-  matchers and the HTTP handling share a process: no remote call per request or per token. Every
-  replica's runtime uses the same cache shards (named Ray actors), so a grammar one replica
+  FastAPI ingress, so the model, its matchers and the HTTP handling share a process. By default
+  requests reach it through a thin ingress deployment (serve/ingress.py) whose handle routes each
+  one to the replica that holds its grammar or most of its tools (serve/routing.py); with
+  `router="default"` Serve's proxy sends HTTP straight to the replicas, with Serve's own routing.
+  Every replica's runtime uses the same cache shards (named Ray actors), so a grammar one replica
   compiled is read by the others.
 - `MaskService` (deployment "xg2-masks"): a MatcherHost (xg2.actors.host) behind a handle:
   `open(tenant, spec, first_mask)`, `step_packed(tenant, request)` (StepClient's packed step: one
@@ -24,6 +26,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,6 +37,7 @@ from xg2.errors import UsageError, XG2Error
 
 from . import protocol as p
 from .replica import Replica, ReplicaOptions, grammar_info
+from .routing import REPLICA_HEADER
 
 _log = logging.getLogger("xg2.serve")
 #: The gauges (cache bytes, step medians over the last steps) are read at most this often: their
@@ -157,6 +161,10 @@ class _Metrics:
                   health_check_period_s=10)
 @serve.ingress(api)
 class ModelServer:
+    """A model replica. HTTP reaches it straight from Serve's proxy (router "default"), or the
+    ingress calls `generate` by handle (router "affinity"); both run `_call`, so an answer is the
+    same either way. Every answer names the replica in its REPLICA_HEADER."""
+
     def __init__(self, options: dict | None = None, api_keys: dict[str, str] | None = None):
         self.replica = Replica(ReplicaOptions(**(options or {})))
         self.api_keys = api_keys
@@ -182,11 +190,11 @@ class ModelServer:
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
-        return await self._call(self.replica.chat, request)
+        return self._tagged(await self._call(self.replica.chat, request))
 
     @api.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
-        return await self._call(self.replica.completions, request)
+        return self._tagged(await self._call(self.replica.completions, request))
 
     @api.get("/v1/models")
     async def models(self) -> Response:
@@ -207,6 +215,37 @@ class ModelServer:
     async def check_health(self) -> None:
         if self.replica.engine._closed:
             raise RuntimeError("the decoding loop is closed")
+
+    async def generate(self, kind: str, authorization: str, body: bytes, affinity: Any = None) -> AsyncIterator[Any]:
+        """The ingress's call (serve/ingress.py, by handle, streamed): the answer the HTTP route
+        gives, as (status, media type, headers), then the body: the whole JSON, or the server-sent
+        events one by one. `affinity` is for the router (serve/routing.py), which read it from
+        this call to place it here; the replica has no use for it."""
+        fn = {"chat": self.replica.chat, "completions": self.replica.completions}.get(kind)
+        if fn is None:
+            raise UsageError(f"no {kind!r} requests here: 'chat' or 'completions'")
+        response = self._tagged(await self._call(fn, self._forwarded(authorization, body)))
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+        yield response.status_code, response.media_type, headers
+        if isinstance(response, StreamingResponse):
+            async for event in response.body_iterator:
+                yield event
+        else:
+            yield response.body
+
+    @staticmethod
+    def _forwarded(authorization: str, body: bytes) -> Request:
+        """The forwarded request as `_call` reads it: its API key and its body."""
+        async def receive() -> dict:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        scope = {"type": "http", "method": "POST", "headers": [(b"authorization", authorization.encode("latin-1"))]}
+        return Request(scope, receive)
+
+    @staticmethod
+    def _tagged(response: Response) -> Response:
+        response.headers[REPLICA_HEADER] = serve.get_replica_context().replica_id.unique_id
+        return response
 
     async def __del__(self) -> None:
         await self.replica.close()
@@ -275,14 +314,32 @@ def _shard_names(args: dict[str, Any]) -> list[str]:
 
 def build(args: dict[str, Any]) -> Any:
     """The model application (`serve run serve.app:build`, or `serve/config.yaml`): args `model`,
-    `replicas`, `shards` (how many), `shard_prefix`, `api_keys` (key -> tenant), and any
-    ReplicaOptions field."""
+    `replicas`, `shards` (how many), `shard_prefix`, `api_keys` (key -> tenant), `router`
+    ("affinity", the default: the ingress and the grammar-affinity router; "default": Serve's
+    proxy and router, for comparison), `routing_imbalance` and `ingress_replicas` (with
+    "affinity"), and any ReplicaOptions field."""
     args = dict(args or {})
     replicas = int(args.pop("replicas", 1))
     api_keys = args.pop("api_keys", None)
+    router = args.pop("router", "affinity")
+    imbalance = args.pop("routing_imbalance", None)
+    ingress_replicas = int(args.pop("ingress_replicas", 1))
+    if router not in ("affinity", "default"):
+        raise UsageError(f"router must be 'affinity' or 'default', got {router!r}")
     shards = _shard_names(args)
     options = {**args, "shards": shards}
-    return ModelServer.options(num_replicas=replicas).bind(options, api_keys)
+    if router == "default":
+        return ModelServer.options(num_replicas=replicas).bind(options, api_keys)
+    from .ingress import Ingress
+    from .routing import DEFAULT_IMBALANCE, router_config
+
+    config = router_config(imbalance=DEFAULT_IMBALANCE if imbalance is None else int(imbalance))
+    model = ModelServer.options(num_replicas=replicas, request_router_config=config).bind(options, api_keys)
+    defaults = ReplicaOptions()
+    return Ingress.options(num_replicas=ingress_replicas).bind(
+        model, tool_format=options.get("tool_format", defaults.tool_format),
+        max_tokens_limit=options.get("max_tokens_limit", defaults.max_tokens_limit),
+        max_body_bytes=options.get("max_body_bytes", defaults.max_body_bytes))
 
 
 def build_masks(args: dict[str, Any]) -> Any:

@@ -26,6 +26,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shards", type=int, default=2, help="cache shard actors")
     ap.add_argument("--max-batch", type=int, default=8, help="sequences decoded together per replica")
     ap.add_argument("--no-mask-service", action="store_true", help="do not start the mask service")
+    ap.add_argument("--router", choices=("affinity", "default"), default="affinity",
+                    help="how requests reach the model replicas: affinity (default: to the replica that holds "
+                    "their grammar or most of their tools) or default (Serve's own routing, for comparison)")
 
 
 class Server:
@@ -163,7 +166,8 @@ class Server:
 
 def run(args: argparse.Namespace) -> int:
     server = Server(host=args.host, port=args.port, model=args.model, replicas=args.replicas, shards=args.shards,
-                    max_batch=args.max_batch, mask_service=not args.no_mask_service, address=args.address)
+                    max_batch=args.max_batch, mask_service=not args.no_mask_service, address=args.address,
+                    options={"router": args.router})
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
