@@ -9,12 +9,16 @@ Without `--attach` the application is started here (`serve.cli.Server`, the tiny
 a free loopback port) and stopped at the end; with it, the driver joins a running Ray (`auto` by
 default) and uses the application named `--app` (`xg2-masks`, as serve/cli.py names it).
 
-Each tenant task plays an engine that keeps its own model and asks the mask service for masks: it
+Each tenant task plays an engine that keeps its own model and asks the mask service for masks, as
+an engine would: through a `StepClient` over the application's Serve handle, which asks Serve once
+for a replica's host actor and then calls it directly (the default, `--step-mode packed`). It
 opens a batch of sessions (`open`, first mask included), then makes ONE call per decode step for
-the whole batch (`step_packed` through `StepClient`'s row book, or `step_rows`), picks each next
-token at random among those the mask allows (so every token is valid by construction, and any
-refusal is the service's fault), and closes the batch when its sessions have ended (stop token
-accepted) or reached `--max-tokens`. The tenant classes and their grammars are the locust
+the whole batch (`step_packed` through the client's row book), picks each next token at random
+among those the mask allows (so every token is valid by construction, and any refusal is the
+service's fault), and closes the batch when its sessions have ended (stop token accepted) or
+reached `--max-tokens`. For comparison, `--step-mode packed-serve` sends the same steps through the
+Serve handle (routed by session id to the replica that holds them), and `rows` sends `step_rows`
+(whole rows) through the handle. The tenant classes and their grammars are the locust
 scenario's (loadtests/workload.py, the same seed, the same specs as the HTTP front end builds, so
 both share compiled grammars by content key):
 
@@ -30,10 +34,18 @@ its grammar's language (workload's checks). Every call is bounded (`--call-timeo
 by method; failures by exception type. Sessions are always closed, and the service's open-session
 count is compared before and after (a leak check).
 
+A step's latency is what an engine waits for: from the call to the rows in hand (the reply read
+into the bitmask). The driver's own share is reported beside it: its CPU (in cores, over the run;
+six engines share one Python process here, which a real deployment would not) and how late its
+event loop runs a 5 ms timer (p99): when either is high, the latencies are the driver's, not the
+service's.
+
 The JSON summary (printed on stdout, and written to `--json`: the file is what to parse, since Ray
 prints its own shutdown messages on stdout too): calls, failed calls by type, invalid outputs,
 check failures, step-call latency p50/p95/p99, open latency p50/p99, masks per second, per tenant
-class counts, and the service's runtime counters; the headline figures go to stderr. The exit
+class counts, the driver's CPU and loop lag, and the service's runtime counters summed over its
+replicas (`handle.broadcast("stats")`) with each replica's open sessions and clients; the
+headline figures go to stderr. The exit
 status is 1 when anything failed or did not check.
 """
 
@@ -95,10 +107,39 @@ def cause_of(e: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) else e
 
 
-def allowed_tokens(row: np.ndarray, vocab_size: int) -> np.ndarray:
-    """Token ids a bitmask row allows (bit j of word i is token 32 i + j, xgrammar's layout)."""
-    bits = np.unpackbits(np.ascontiguousarray(row, "<i4").view(np.uint8), bitorder="little")
-    return np.flatnonzero(bits[:vocab_size])
+def _bit_counts(words: np.ndarray) -> np.ndarray:
+    if hasattr(np, "bitwise_count"):        # numpy >= 2.0
+        return np.bitwise_count(words)
+    return np.unpackbits(words.view(np.uint8)).reshape(-1, 32).sum(1)
+
+
+class RowView:
+    """One mask row read the way the tenant reads it every step (bit j of word i is token 32 i +
+    j, xgrammar's layout): how many tokens it allows, and the k-th of them in id order, from
+    per-word bit counts (the row's 1,500 words, not its 49,000 bits: unpacking every bit twice a
+    row a step was a fifth of the driver's CPU)."""
+
+    def __init__(self, row: np.ndarray, vocab_size: int):
+        words = np.ascontiguousarray(row, "<u4").view(np.uint32)
+        tail = vocab_size - 32 * (len(words) - 1)       # bits past the vocabulary do not count
+        if tail < 32:
+            words = words.copy()
+            words[-1] &= np.uint32((1 << tail) - 1)
+        self.words = words
+        self.counts = np.cumsum(_bit_counts(words), dtype=np.int64)
+        self.size = int(self.counts[-1]) if len(self.counts) else 0
+
+    def allows(self, token: int) -> bool:
+        return bool(self.words[token >> 5] >> np.uint32(token & 31) & 1) if token >> 5 < len(self.words) else False
+
+    def kth(self, k: int) -> int:
+        """The k-th allowed token (0-based, in id order)."""
+        i = int(np.searchsorted(self.counts, k, side="right"))
+        word = int(self.words[i])
+        skip = k - (int(self.counts[i - 1]) if i else 0)
+        for _ in range(skip):
+            word &= word - 1
+        return 32 * i + (word & -word).bit_length() - 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -204,6 +245,7 @@ class Tally:
     ttfm_ms: list[float] = field(default_factory=list)          # the service's own, from open's reply
     close_ms: list[float] = field(default_factory=list)
     batch_rows: list[int] = field(default_factory=list)
+    loop_lag_ms: list[float] = field(default_factory=list)      # the driver's event loop, late by
     by_class: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     labels: dict[str, set] = field(default_factory=lambda: defaultdict(set))
 
@@ -230,6 +272,7 @@ class Session:
     draw: Draw
     mask: np.ndarray
     tokens: list[int] = field(default_factory=list)
+    view: RowView | None = None
 
 
 class Tenant:
@@ -253,9 +296,14 @@ class Tenant:
         self.counts = tally.by_class[cls]
 
     async def _call(self, method: str, *args: Any) -> Any:
-        """One bounded call through the handle (a timeout cancels the request)."""
+        """One bounded call through the Serve handle (a timeout cancels the request)."""
         self.tally.calls[method] += 1
         return await asyncio.wait_for(getattr(self.handle, method).remote(self.tenant, *args), self.timeout)
+
+    async def _bounded(self, method: str, call: Any) -> Any:
+        """One bounded call the StepClient makes (on the replica's host, directly)."""
+        self.tally.calls[method] += 1
+        return await asyncio.wait_for(call, self.timeout)
 
     async def run(self) -> None:
         self.counts["tenants"] += 1
@@ -278,7 +326,7 @@ class Tenant:
         self.tally.labels[self.cls].add(draw.label)
         t0 = time.perf_counter()
         try:
-            reply = await self._call("open", draw.spec, True)
+            reply = await self._bounded("open", self.client.open_async(draw.spec))
         except Exception as e:      # noqa: BLE001 - every failure is counted, the run goes on
             c = cause_of(e)
             if type(c).__name__ in REFUSALS:
@@ -300,7 +348,8 @@ class Tenant:
 
     def _mask_ok(self, s: Session) -> bool:
         """A session that has not ended must be allowed some token."""
-        if allowed_tokens(s.mask, self.vocab_size).size:
+        s.view = RowView(s.mask, self.vocab_size)
+        if s.view.size:
             return True
         self.counts["empty_masks"] += 1
         self.tally.check("empty_mask", "a live session's mask allows no token", label=s.draw.label,
@@ -310,25 +359,27 @@ class Tenant:
     def _pick(self, s: Session) -> int:
         """A random allowed token; a stop token, when allowed, with probability `stop_bias` (a
         model stops when it can; a uniform draw among 49k tokens almost never would)."""
-        allowed = allowed_tokens(s.mask, self.vocab_size)
-        stops = [t for t in self.stop_ids if t < self.vocab_size and s.mask[t >> 5] >> (t & 31) & 1]
+        view = s.view
+        stops = [t for t in self.stop_ids if t < self.vocab_size and view.allows(t)]
         if stops and self.rng.random() < self.stop_bias:
             return self.rng.choice(stops)
-        return int(allowed[self.rng.randrange(allowed.size)])
+        return view.kth(self.rng.randrange(view.size))
 
     async def _step(self, ids: list[str], tokens: list[int]) -> tuple[np.ndarray, list[bool], list[bool]]:
-        """One call for the whole batch: the tokens chosen go in, the next rows come back."""
+        """One call for the whole batch: the tokens chosen go in, the next rows come back (the
+        latency counted is until they are in hand, read as the engine reads them)."""
         t0 = time.perf_counter()
         if self.mode == "packed":
+            out = await self._bounded("step_packed", self.client.step_async(ids, tokens))
+        elif self.mode == "packed-serve":
             reply = await self._call("step_packed", self.client.request(ids, tokens))
             t1 = time.perf_counter()
             out = self.client.read(ids, reply)
             self.tally.read_ms.append((time.perf_counter() - t1) * 1e3)
         else:
             reply = await self._call("step_rows", ids, tokens)
-            t1 = time.perf_counter()
             out = np.asarray(reply["masks"]), list(reply["accepted"]), list(reply["ended"])
-        self.tally.step_ms.append((t1 - t0) * 1e3)
+        self.tally.step_ms.append((time.perf_counter() - t0) * 1e3)
         return out
 
     async def _decode(self, sessions: list[Session]) -> None:
@@ -344,7 +395,7 @@ class Tenant:
             except Exception as e:  # noqa: BLE001 - counted; the batch is given up and closed
                 self.counts["step_failed"] += 1
                 self.counts["abandoned"] += len(live)
-                self.tally.fail("step_packed" if self.mode == "packed" else "step_rows", e, rows=len(ids))
+                self.tally.fail("step_rows" if self.mode == "rows" else "step_packed", e, rows=len(ids))
                 return
             self.counts["steps"] += 1
             self.counts["masks"] += len(ids)
@@ -393,12 +444,10 @@ class Tenant:
         ids = [s.id for s in sessions]
         t0 = time.perf_counter()
         try:
-            closed = await self._call("close", ids)
+            closed = await self._bounded("close", self.client.close_async(ids))
         except Exception as e:      # noqa: BLE001
             self.tally.fail("close", e, sessions=len(ids))
             return
-        finally:
-            self.client.forget(ids)
         self.tally.close_ms.append((time.perf_counter() - t0) * 1e3)
         if closed != len(ids):
             self.tally.check("close_count", f"close found {closed} of {len(ids)} open sessions")
@@ -416,9 +465,11 @@ async def drive(handle: Any, args: argparse.Namespace, workload: Workload, token
     tally.calls.update(("info", "stats"))
     info = await asyncio.wait_for(handle.info.remote(), args.call_timeout)
     vocab_size = int(info["vocab_size"])
-    before = await asyncio.wait_for(handle.stats.remote(), args.call_timeout)
+    before = await service_stats(handle, args.call_timeout)
     t0 = time.monotonic()
+    cpu0 = time.process_time()
     deadline = t0 + args.duration
+    lag = asyncio.create_task(loop_lag(tally, deadline))
     tenants = [Tenant(n, CLASS_CYCLE[n % len(CLASS_CYCLE)], handle, workload, tally, args=args,
                       vocab_size=vocab_size, stop_ids=stop_ids, tokenizer=tokenizer, deadline=deadline)
                for n in range(args.tenants)]
@@ -426,12 +477,44 @@ async def drive(handle: Any, args: argparse.Namespace, workload: Workload, token
         f"{args.sessions_per_step} sessions a batch, {args.step_mode} steps, {args.duration:g} s")
     results = await asyncio.gather(*(t.run() for t in tenants), return_exceptions=True)
     elapsed = time.monotonic() - t0
+    cpu = time.process_time() - cpu0
+    await lag
     crashed = [r for r in results if isinstance(r, BaseException)]
     for r in crashed:                   # a driver bug, not the service's: reported as such
         tally.fail("driver", r)
     tally.calls["stats"] += 1
-    after = await asyncio.wait_for(handle.stats.remote(), args.call_timeout)
-    return summarize(tally, elapsed, before, after, args, vocab_size, len(crashed))
+    after = await service_stats(handle, args.call_timeout)
+    summary = summarize(tally, elapsed, before, after, args, vocab_size, len(crashed))
+    summary["driver"] = {"cpu_cores": round(cpu / max(elapsed, 1e-9), 2),
+                         "loop_lag_p50_ms": _r(quantile(tally.loop_lag_ms, 0.5)),
+                         "loop_lag_p99_ms": _r(quantile(tally.loop_lag_ms, 0.99))}
+    return summary
+
+
+async def loop_lag(tally: Tally, deadline: float, period_s: float = 0.005) -> None:
+    """How late the driver's event loop wakes a timer: the time a reply waits before its tenant
+    runs again, which a step's latency includes without being the service's."""
+    while time.monotonic() < deadline:
+        t = time.perf_counter()
+        await asyncio.sleep(period_s)
+        tally.loop_lag_ms.append((time.perf_counter() - t - period_s) * 1e3)
+
+
+async def service_stats(handle: Any, timeout_s: float) -> dict:
+    """Every replica's figures (`stats` broadcast): runtime counters, open sessions and cache bytes
+    summed, and each replica's open sessions and bound clients."""
+    replies = await handle.broadcast("stats").results_async(timeout_s=timeout_s)
+    runtime: Counter = Counter()
+    cache: Counter = Counter()
+    for r in replies:
+        runtime.update({k: v for k, v in (r.get("runtime") or {}).items() if isinstance(v, (int, float))})
+        cache.update(r.get("cache_bytes") or {})
+    return {"runtime": dict(runtime), "cache_bytes": dict(cache),
+            "open_sessions": sum(r.get("open_sessions", 0) for r in replies),
+            "replicas": sorted(({"tag": (r.get("replica") or {}).get("tag"),
+                                 "clients": (r.get("replica") or {}).get("clients"),
+                                 "open_sessions": r.get("open_sessions")} for r in replies),
+                               key=lambda x: str(x["tag"]))}
 
 
 def summarize(t: Tally, elapsed: float, before: dict, after: dict, args: argparse.Namespace, vocab_size: int,
@@ -486,6 +569,7 @@ def summarize(t: Tally, elapsed: float, before: dict, after: dict, args: argpars
             "compile_shared": rt1.get("compile_shared", 0) - rt0.get("compile_shared", 0),
             "sessions_reaped": rt1.get("sessions_reaped", 0) - rt0.get("sessions_reaped", 0),
             "cache_bytes": after.get("cache_bytes"),
+            "replicas_before": before.get("replicas"), "replicas_after": after.get("replicas"),
         },
         "driver_crashes": crashed,
         "config": {"duration_s": args.duration, "tenants": args.tenants, "sessions_per_step": args.sessions_per_step,
@@ -506,6 +590,10 @@ def print_summary(s: dict) -> None:
     for cls, c in s["by_class"].items():
         say(f"  {cls:8s} sessions {c['sessions']}, finished {c['finished']} (ok {c['checked_ok']}, invalid "
             f"{c['invalid']}), truncated {c['truncated']}, cut {c['cut_at_end']}, grammars {c['distinct_grammars']}")
+    d = s.get("driver") or {}
+    spread = ", ".join(f"{r['tag']}: {r['clients']} clients" for r in s["service"].get("replicas_after") or [])
+    say(f"driver: {d.get('cpu_cores')} cores of CPU, event loop late p50/p99 {d.get('loop_lag_p50_ms')} / "
+        f"{d.get('loop_lag_p99_ms')} ms; replicas: {spread}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -516,8 +604,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sessions-per-step", type=int, default=8,
                     help=f"sessions a tenant opens and steps together (default 8, at most {MAX_BATCH})")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens a session is given before it is cut")
-    ap.add_argument("--step-mode", choices=("packed", "rows"), default="packed",
-                    help="step_packed through StepClient (default), or step_rows")
+    ap.add_argument("--step-mode", choices=("packed", "packed-serve", "rows"), default="packed",
+                    help="step_packed through StepClient on the replica's host (default), the same through "
+                    "the Serve handle (packed-serve), or step_rows through the Serve handle")
     ap.add_argument("--stop-bias", type=float, default=0.3,
                     help="probability of taking a stop token when the mask allows one (default 0.3)")
     ap.add_argument("--model", default="tiny", help="the model the started application serves (default tiny)")

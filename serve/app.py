@@ -8,12 +8,13 @@ service for engines that keep their own model.
   `router="default"` Serve's proxy sends HTTP straight to the replicas, with Serve's own routing.
   Every replica's runtime uses the same cache shards (named Ray actors), so a grammar one replica
   compiled is read by the others.
-- `MaskService` (deployment "xg2-masks"): a MatcherHost (xg2.actors.host) behind a handle:
-  `open(tenant, spec, first_mask)`, `step_packed(tenant, request)` (StepClient's packed step: one
-  call per decode step for a whole batch), `step_rows` (whole rows), `close`, `fork`, `rollback`. It
-  runs as one replica: a session lives in the replica that opened it, and Serve's handle routing
-  cannot pin a caller to a replica; one replica fills a whole batch in microseconds a row, so an
-  engine process needs one (run one mask service application per engine if needed).
+- `MaskService` (deployment "xg2-masks", two replicas by default): each replica starts a MaskHost
+  actor (serve/masks.py: a MatcherHost, xg2.actors.host) that holds its sessions, and gives its
+  handle to a client once (`host`); StepClient then calls it directly, one Ray call per decode
+  step for a whole batch. The same calls go through the handle too: `open(tenant, spec,
+  first_mask)`, `step_packed(tenant, request)`, `step_rows`, `close`, `fork`, `rollback`, routed by
+  the replica id every session id starts with (serve.masks.SessionRouter). A replica that stops
+  loses only its own sessions: calls naming them raise SessionLostError.
 
 Tenants are told apart by their API key (`Authorization: Bearer ...`): with `api_keys` (key ->
 tenant) only those keys are let in; without, any key is its own tenant (named by a digest of it,
@@ -33,7 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from ray import serve
 
-from xg2.errors import UsageError, XG2Error
+from xg2.errors import SessionLostError, UsageError, XG2Error
 
 from . import protocol as p
 from .replica import Replica, ReplicaOptions, grammar_info
@@ -251,59 +252,90 @@ class ModelServer:
         await self.replica.close()
 
 
-@serve.deployment(name="xg2-masks", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256)
+@serve.deployment(name="xg2-masks", num_replicas=2, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
+                  health_check_period_s=5,
+                  request_router_config={"request_router_class": "serve.masks.SessionRouter",
+                                         "request_routing_stats_period_s": 2.0})
 class MaskService:
-    """See the module note; every method names the tenant (a tenant reaches only its sessions)."""
+    """One replica of the mask service: its sessions live in its MaskHost actor (serve.masks),
+    which clients reach directly after one `host` call; the other methods are the same calls
+    through Serve, routed by session id to this replica (serve.masks.SessionRouter). Every method
+    names the tenant (a tenant reaches only its sessions)."""
 
-    def __init__(self, model: str = "default", shards: list[str] | None = None, shard_namespace: str | None = None):
-        from xg2.actors.host import MatcherHost
+    async def __init__(self, model: str = "default", shards: list[str] | None = None,
+                       shard_namespace: str | None = None):
+        from .masks import start_host
 
-        from .model import load_model, tokenizer_info
-
-        loaded = load_model(model)
-        self.vocab_size = loaded.vocab_size
-        self.host = MatcherHost(tokenizer_info(loaded), shards=shards or None, shard_namespace=shard_namespace,
-                                compile_processes=True,     # compiles off this process's GIL: steps stay quick
-                                max_compile_seconds_per_tenant=ReplicaOptions.max_compile_seconds_per_tenant,
-                                grammar_cache_bytes=ReplicaOptions.grammar_cache_mb << 20,   # as a replica's:
-                                cache_limit_bytes=ReplicaOptions.compiler_cache_mb << 20)    # the shards are behind
-        if self.host.runtime.compile_workers is not None:
-            self.host.runtime.compile_workers.wait_ready()
+        self.tag = serve.get_replica_context().replica_id.unique_id
+        self._host = start_host(model, self.tag, shards, shard_namespace)
+        self.vocab_size = (await self._host.info.remote())["vocab_size"]
+        self._clients = 0
 
     async def info(self) -> dict:
-        return {"vocab_size": self.vocab_size}
+        return {"vocab_size": self.vocab_size, "tag": self.tag}
+
+    async def host(self) -> dict:
+        """This replica's MaskHost actor, for a client to call directly (StepClient binds with it)."""
+        self._clients += 1
+        return {"host": self._host, "tag": self.tag, "vocab_size": self.vocab_size}
 
     async def open(self, tenant: str, spec: Any, first_mask: bool = False) -> dict:
-        return await self._typed(self.host.open(tenant, spec, first_mask))
+        return await self._forward(self._host.open.remote(tenant, spec, first_mask))
 
     async def step_packed(self, tenant: str, request: bytes) -> bytes:
-        return await self._typed(self.host.step_packed(tenant, request))
+        from xg2.actors.host import step_request_sessions
+
+        return await self._forward(self._host.step_packed.remote(tenant, request), lambda: step_request_sessions(request))
 
     async def step_rows(self, tenant: str, session_ids: list[str], tokens: list[int | None]) -> dict:
-        return await self._typed(self.host.step(tenant, session_ids, tokens))
+        return await self._forward(self._host.step.remote(tenant, session_ids, tokens), lambda: session_ids)
 
     async def close(self, tenant: str, session_ids: list[str]) -> int:
-        return await self.host.close(tenant, session_ids)
+        return await self._forward(self._host.close.remote(tenant, session_ids), lambda: session_ids)
 
     async def fork(self, tenant: str, session_id: str, n: int = 1) -> list[str]:
-        return await self._typed(self.host.fork(tenant, session_id, n))
+        return await self._forward(self._host.fork.remote(tenant, session_id, n), lambda: [session_id])
 
     async def rollback(self, tenant: str, session_ids: list[str], counts: int | list[int] = 1) -> None:
-        return await self._typed(self.host.rollback(tenant, session_ids, counts))
+        return await self._forward(self._host.rollback.remote(tenant, session_ids, counts), lambda: session_ids)
 
     async def stats(self) -> dict:
-        return await self.host.stats()
+        """This replica's figures (`handle.broadcast("stats")` gathers every replica's)."""
+        out = await self._forward(self._host.stats.remote())
+        out["replica"] = {"tag": self.tag, "clients": self._clients}
+        return out
 
-    @staticmethod
-    async def _typed(coro: Any) -> Any:
-        """xg2's typed errors go back to the caller as they are (they pickle); anything else as a
-        UsageError naming it, so a caller's `except XG2Error` sees every refusal."""
+    def record_routing_stats(self) -> dict:
+        return {"clients": self._clients}
+
+    async def check_health(self) -> None:
+        """The host answers, or this replica is replaced (with its host: their sessions are lost
+        together, never one without the other)."""
+        await self._host.ping.remote()
+
+    async def _forward(self, ref: Any, sessions: Any = None) -> Any:
+        """The host's answer. Its typed errors reach the caller as the host raised them; a host
+        that has stopped is SessionLostError for the sessions the call named."""
+        import ray
+
         try:
-            return await coro
-        except XG2Error:
-            raise
-        except (ValueError, TypeError, KeyError) as e:
-            raise UsageError(f"{type(e).__name__}: {e}") from None
+            return await ref
+        except ray.exceptions.RayTaskError as e:
+            raise e.cause from None
+        except ray.exceptions.ActorDiedError:
+            if sessions is None:
+                raise XG2Error(f"mask service replica {self.tag} has lost its host and is being replaced: "
+                               "call again") from None
+            lost = list(sessions())
+            raise SessionLostError(f"mask service replica {self.tag} has lost its host: {len(lost)} session(s) "
+                                   "lost (open them again)", lost) from None
+
+    def __del__(self) -> None:
+        import ray
+
+        host = getattr(self, "_host", None)
+        if host is not None and ray.is_initialized():
+            ray.kill(host, no_restart=True)
 
 
 def _shard_names(args: dict[str, Any]) -> list[str]:
@@ -344,7 +376,12 @@ def build(args: dict[str, Any]) -> Any:
 
 def build_masks(args: dict[str, Any]) -> Any:
     """The mask service application (reached by handle: `serve.get_app_handle("xg2-masks")`):
-    args `model` (its tokenizer), `shards`, `shard_prefix` (the same shards as the model's)."""
+    args `model` (its tokenizer), `replicas` (default 2), `shards`, `shard_prefix`,
+    `shard_namespace` (the same shards as the model's)."""
     args = dict(args or {})
+    replicas = int(args.pop("replicas", 2))
+    if replicas < 1:
+        raise UsageError(f"the mask service needs at least one replica, not {replicas}")
     shards = _shard_names(args)
-    return MaskService.bind(args.get("model", "default"), shards, args.get("shard_namespace"))
+    return MaskService.options(num_replicas=replicas).bind(args.get("model", "default"), shards,
+                                                           args.get("shard_namespace"))

@@ -26,6 +26,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shards", type=int, default=2, help="cache shard actors")
     ap.add_argument("--max-batch", type=int, default=8, help="sequences decoded together per replica")
     ap.add_argument("--no-mask-service", action="store_true", help="do not start the mask service")
+    ap.add_argument("--mask-replicas", type=int, default=2,
+                    help="mask service replicas (each holds the sessions opened on it; default 2)")
     ap.add_argument("--router", choices=("affinity", "default"), default="affinity",
                     help="how requests reach the model replicas: affinity (default: to the replica that holds "
                     "their grammar or most of their tools) or default (Serve's own routing, for comparison)")
@@ -37,7 +39,7 @@ class Server:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 8000, model: str = "default", replicas: int = 1,
                  shards: int = 2, max_batch: int = 8, mask_service: bool = True, progress: bool = True,
                  api_keys: dict[str, str] | None = None, options: dict[str, Any] | None = None,
-                 shard_mb: int | None = None, address: str | None = None):
+                 shard_mb: int | None = None, address: str | None = None, mask_replicas: int = 2):
         from xg2.actors.keeper import shard_prefix
 
         self.address = address
@@ -45,6 +47,7 @@ class Server:
         self.shard_mb = shard_mb        # each cache shard's budget (None: xg2.actors.shard's default)
         self.replicas, self.shards, self.max_batch = replicas, shards, max_batch
         self.mask_service, self.progress, self.api_keys = mask_service, progress, api_keys
+        self.mask_replicas = mask_replicas
         self.options = dict(options or {})
         self.shard_prefix = shard_prefix()     # this build's: another build's shards are not these
         self._started_ray = False
@@ -102,7 +105,7 @@ class Server:
                                            "shard_namespace": "xg2", "shard_mb": self.shard_mb}), "xg2-shards", None)
             self._run(serve, build(args), "xg2", "/")
             if self.mask_service:
-                self._run(serve, build_masks({"model": self.model, "shards": self.shards,
+                self._run(serve, build_masks({"model": self.model, "replicas": self.mask_replicas, "shards": self.shards,
                                               "shard_prefix": self.shard_prefix, "shard_namespace": "xg2"}),
                           "xg2-masks", None)
             self._wait_healthy()
@@ -167,6 +170,7 @@ class Server:
 def run(args: argparse.Namespace) -> int:
     server = Server(host=args.host, port=args.port, model=args.model, replicas=args.replicas, shards=args.shards,
                     max_batch=args.max_batch, mask_service=not args.no_mask_service, address=args.address,
+                    mask_replicas=args.mask_replicas,
                     options={"router": args.router})
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -109,3 +109,18 @@ class QuotaError(XG2Error, RuntimeError):
 
 class SessionError(XG2Error, LookupError):
     """A session that is not open: closed, reaped after its idle timeout, or not the caller's."""
+
+
+class SessionLostError(SessionError):
+    """A session whose mask service replica stopped: its matcher state lived in that process and
+    went with it, so it cannot be stepped, forked or rolled back anywhere. `session_ids` names the
+    lost sessions the call named; the other replicas' sessions are untouched, so an engine opens
+    these again (on any replica) and goes on."""
+
+    def __init__(self, message: str, session_ids: list[str] | tuple[str, ...] = ()):
+        self.message = message
+        self.session_ids = list(session_ids)
+        super().__init__(message)
+
+    def __reduce__(self):       # the ids travel with it across processes (Ray pickles errors)
+        return type(self), (self.message, self.session_ids)

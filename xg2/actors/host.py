@@ -9,7 +9,14 @@ session id of another tenant is answered exactly as an unknown one.
 
 The class is plain Python around the runtime (usable and tested in process); `host_actor_class()`
 makes it an async Ray actor. With `shards` (CacheShard names) its runtime uses the deployment's
-second cache tier.
+second cache tier. With a `tag` (the mask service gives each replica's host its replica id), its
+session ids are `<tag>.<id>`: whoever holds an id knows which host holds the session, and a host
+asked for another tag's session answers SessionLostError (the router of serve.masks sends such a
+call elsewhere only when the tag's replica has stopped).
+
+`StepClient` is an engine's side: given the mask service's Serve handle it asks Serve once for a
+replica's host (an actor handle) and then calls that actor directly, one Ray call per step (a Serve
+handle call costs several times as much CPU in the caller: see loadtests/README.md).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import msgspec
 import numpy as np
 
 from .._ext.rowbook import RowBook, RowBookError
-from ..errors import UsageError
+from ..errors import SessionError, SessionLostError, UsageError, XG2Error
 from ..tokenizer import TokenizerInfo
 from .runtime import GrammarRuntime, parse_spec
 
@@ -42,13 +49,36 @@ def _tokenizer(tokenizer: Any) -> TokenizerInfo:
     raise TypeError("tokenizer must be a TokenizerInfo or a tokenizer file's path")
 
 
+def _typed(method: Any) -> Any:
+    """xg2's typed errors go back to the caller as they are (they pickle); a ValueError, TypeError
+    or KeyError from deeper down becomes a UsageError naming it, so a remote caller's `except
+    XG2Error` sees every refusal."""
+    import functools
+
+    @functools.wraps(method)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(*args, **kwargs)
+        except XG2Error:
+            raise
+        except (ValueError, TypeError, KeyError) as e:
+            raise UsageError(f"{type(e).__name__}: {e}") from None
+
+    return call
+
+
 class MatcherHost:
     """Sessions of remote callers, stepped a whole batch per call (see the module note)."""
 
     def __init__(self, tokenizer: Any, *, shards: list[str] | None = None, shard_namespace: str | None = None,
                  shard_bytes: int | None = None, row_book_bytes: int = 8 << 20, max_row_books: int = 32,
-                 **runtime_options: Any):
+                 tag: str | None = None, **runtime_options: Any):
         info = _tokenizer(tokenizer)
+        if tag is not None and (not tag or "." in tag):
+            raise UsageError(f"a host's tag is a non-empty name without '.': {tag!r}")
+        self.tag = tag
+        self._prefix = None if tag is None else tag + "."
+        self.vocab_size = info.vocab_size
         tier = None
         if shards:
             from .router import ShardRouter
@@ -70,6 +100,7 @@ class MatcherHost:
             self._bitmask = np.zeros((max(n, 2 * len(self._bitmask)), self._width), np.int32)
         return self._bitmask[:n]
 
+    @_typed
     async def open(self, tenant: str, spec: Any, first_mask: bool = False) -> dict:
         """Open a session for `tenant` (the spec's own tenant field is overridden: the caller says
         who it serves). With `first_mask`, the first bitmask row comes back in the same call, and
@@ -79,7 +110,7 @@ class MatcherHost:
         if spec.tenant != tenant:
             spec = msgspec.structs.replace(spec, tenant=tenant)
         session = await self.runtime.open(spec)
-        out = {"session": session.id}
+        out = {"session": self._outer(session.id)}
         if first_mask:
             row = self._rows(1)
             self.runtime.fill([session], row)
@@ -93,7 +124,7 @@ class MatcherHost:
         if len(tokens) != len(session_ids):
             raise UsageError(f"{len(tokens)} tokens for {len(session_ids)} sessions: they must be as many")
         rt = self.runtime
-        sessions = [rt.session(sid, tenant) for sid in session_ids]
+        sessions = self._sessions(tenant, session_ids)
         accepted = [True] * len(sessions)
         todo = [k for k, t in enumerate(tokens) if t is not None]
         if todo:
@@ -107,6 +138,7 @@ class MatcherHost:
         rt.fill([None if e else s for s, e in zip(sessions, ended)], masks)
         return masks, accepted, ended
 
+    @_typed
     async def step(self, tenant: str, session_ids: Sequence[str], tokens: Sequence[int | None]) -> dict:
         """One decode step for the caller's sessions: session k accepts tokens[k] (None: nothing to
         accept, e.g. the first step), then its next mask is row k of `masks`; `accepted[k]` says
@@ -119,6 +151,7 @@ class MatcherHost:
         masks, accepted, ended = self._advance(tenant, session_ids, tokens)
         return {"masks": masks.copy(), "accepted": accepted, "ended": ended}
 
+    @_typed
     async def step_packed(self, tenant: str, request: bytes) -> bytes:
         """`step` with the call and its reply as single byte strings (what StepClient sends): Ray
         passes one bytes argument and result at about the cost of an empty call, while lists and a
@@ -171,31 +204,76 @@ class MatcherHost:
             self._books.move_to_end(key)
             last = entry[1]
             if len(last) > 2 * self.runtime.open_sessions() + 64:    # sessions closed or reaped meanwhile
-                for sid in [sid for sid in last if sid not in self.runtime._sessions]:
+                for sid in [sid for sid in last if self._inner(sid) not in self.runtime._sessions]:
                     del last[sid]
         return entry
 
     async def close(self, tenant: str, session_ids: Sequence[str]) -> int:
-        """Close the caller's sessions; ids that are not open (or not its own) are ignored."""
+        """Close the caller's sessions; ids that are not open (or not its own, or of another host's
+        tag: a lost session is closed already) are ignored. The count closed comes back."""
         rt = self.runtime
         found = []
         for sid in session_ids:
-            s = rt._sessions.get(sid)
+            s = rt._sessions.get(self._inner(sid))
             if s is not None and s.tenant == tenant:
                 found.append(s)
         rt.close(found)
         for (owner, _client), (_book, last) in self._books.items():
             if owner == tenant:
                 for s in found:
-                    last.pop(s.id, None)
+                    last.pop(self._outer(s.id), None)
         return len(found)
 
+    @_typed
     async def fork(self, tenant: str, session_id: str, n: int = 1) -> list[str]:
-        return [s.id for s in await self.runtime.fork(self.runtime.session(session_id, tenant), n)]
+        parent = self._sessions(tenant, [session_id])[0]
+        return [self._outer(s.id) for s in await self.runtime.fork(parent, n)]
 
+    @_typed
     async def rollback(self, tenant: str, session_ids: Sequence[str], counts: int | Sequence[int] = 1) -> None:
+        self.runtime.rollback(self._sessions(tenant, session_ids), counts)
+
+    def _outer(self, sid: str) -> str:
+        """The id callers know a runtime session by (tagged when the host has a tag)."""
+        return sid if self._prefix is None else self._prefix + sid
+
+    def _inner(self, sid: str) -> str | None:
+        """The runtime's id of a caller's session id; None for an id of another tag."""
+        p = self._prefix
+        if p is None:
+            return sid
+        return sid[len(p):] if sid.startswith(p) else None
+
+    def _sessions(self, tenant: str, session_ids: Sequence[str]) -> list:
+        """The tenant's open sessions by the ids callers know; SessionLostError naming every id of
+        another host's tag (the sessions of a replica that stopped), SessionError for an id that
+        is not open here (closed, reaped, another tenant's: told apart from an unknown id by
+        nothing)."""
         rt = self.runtime
-        rt.rollback([rt.session(sid, tenant) for sid in session_ids], counts)
+        p = self._prefix
+        if p is None:
+            return [rt.session(sid, tenant) for sid in session_ids]
+        n = len(p)
+        out = []
+        for sid in session_ids:
+            if not isinstance(sid, str):
+                raise UsageError(f"a session id is a string, not {type(sid).__name__}")
+            if sid.startswith(p):
+                out.append(rt.session(sid[n:], tenant))
+            elif "." not in sid:
+                raise SessionError(f"no open session {sid!r}")
+            else:
+                lost = [x for x in session_ids if isinstance(x, str) and not x.startswith(p) and "." in x]
+                tags = sorted({x.partition(".")[0] for x in lost})
+                raise SessionLostError(
+                    f"{len(lost)} session(s) of mask service replica(s) {', '.join(tags)} reached replica "
+                    f"{self.tag}: their replica has stopped and its sessions are lost (open them again), or "
+                    f"the call named sessions of several replicas (one call per replica)", lost)
+        return out
+
+    async def info(self) -> dict:
+        """What a client needs before its first call: the vocabulary's size and this host's tag."""
+        return {"vocab_size": self.vocab_size, "tag": self.tag}
 
     async def stats(self) -> dict:
         rt = self.runtime
@@ -227,6 +305,23 @@ class MatcherHost:
 
 
 _STEP_REQUEST = msgspec.msgpack.Decoder(tuple[str, int, int, list[str], list[int | None]])
+
+
+def session_tag(session_id: Any) -> str | None:
+    """The tag of the host that gave out a session id (None for an untagged or malformed id)."""
+    if isinstance(session_id, str):
+        tag, dot, _ = session_id.partition(".")
+        if dot and tag:
+            return tag
+    return None
+
+
+def step_request_sessions(request: Any) -> list[str]:
+    """The session ids a `step_packed` request names ([] for bytes that are not one)."""
+    try:
+        return _STEP_REQUEST.decode(request)[3]
+    except (msgspec.DecodeError, TypeError):
+        return []
 _STEP_ENCODER = msgspec.msgpack.Encoder()
 _REPLY_HEADER = struct.Struct("<QqqII")
 
@@ -236,21 +331,89 @@ class StepClient:
     and writes each step's rows from it. A session's calls all go through one client; the client
     is not thread-safe, and its steps are collected in the order they were submitted (a reply
     that does not follow the book's state raises RowBookError, and the next step starts the book
-    afresh, so a mask is never taken from a book out of step)."""
+    afresh, so a mask is never taken from a book out of step).
+
+    Given the mask service's Serve handle, the client asks Serve once for a replica's host (the
+    replica this process has bound fewest clients to) and makes every later call on that actor
+    directly: all its sessions are on one replica, so a step is one Ray call, without Serve's
+    routing in the caller (several times the CPU of the call itself). When that host has stopped,
+    a call naming its sessions raises SessionLostError (their state went with it; closing them
+    is a no-op), and the next `open` binds to a running replica. Each call has a blocking form
+    (`open`, `step`, `close`) and an asyncio one (`open_async`, `step_async`, `close_async`)."""
 
     def __init__(self, host: Any, tenant: str, vocab_size: int):
         """`host`: a MatcherHost actor's handle, or the Serve mask service's (serve.app)."""
-        self.host = host
+        self.service = host if _is_serve_handle(host) else None
+        self.host = None if self.service is not None else host
+        self.tag: str | None = None         # the bound replica's (through the service)
         self.tenant = tenant
         self.width = (vocab_size + 31) // 32
         self.id = uuid.uuid4().hex
         self._book = RowBook(1, self.width, 0, indexed=False)   # epoch 0: the host starts a book
         self._last: dict[str, int] = {}
         self._opened: dict[str, np.ndarray] = {}
+        self._binding: asyncio.Lock | None = None      # one `host` call for concurrent first opens
+
+    # -- binding to a replica's host (through the service) ------------------------------------
+
+    def _bind(self, reply: dict) -> Any:
+        self.host, self.tag = reply["host"], reply["tag"]
+        return self.host
+
+    def _bound(self) -> Any:
+        return self.host if self.host is not None else self._bind(self.service.host.remote().result())
+
+    async def _bound_async(self) -> Any:
+        if self.host is None:
+            if self._binding is None:
+                self._binding = asyncio.Lock()
+            async with self._binding:           # the opens of a first batch all wait for one binding
+                if self.host is None:
+                    self._bind(await self.service.host.remote())
+        return self.host
+
+    def _host_died(self, e: BaseException) -> bool:
+        """Whether `e` says the host actor has stopped (then, through the service, the client
+        unbinds: the next open binds to a running replica)."""
+        if not _actor_died(e):
+            return False
+        if self.service is not None:
+            self.host = None
+        return True
+
+    def _lost(self, session_ids: Sequence[str]) -> SessionLostError:
+        self.forget(session_ids)
+        return SessionLostError(f"the mask service host of {len(session_ids)} session(s) has stopped: they are "
+                                "lost (open them again)", list(session_ids))
+
+    # -- calls --------------------------------------------------------------------------------
 
     def open(self, spec: Any) -> str:
         """Open a session through the host, keeping its first mask (`mask(session_id)`)."""
-        reply = _result(self.host.open.remote(self.tenant, spec, True))
+        for attempt in range(_OPEN_TRIES):
+            host = self._bound()
+            try:
+                return self._opened_reply(_result(host.open.remote(self.tenant, spec, True)))
+            except Exception as e:
+                if not self._host_died(e) or self.service is None or attempt == _OPEN_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def open_async(self, spec: Any) -> dict:
+        """`open` from asyncio; the host's whole reply (`session`, `mask`, `ttfm_ms`)."""
+        for attempt in range(_OPEN_TRIES):
+            host = await self._bound_async()
+            try:
+                reply = await host.open.remote(self.tenant, spec, True)
+            except Exception as e:
+                if not self._host_died(e) or self.service is None or attempt == _OPEN_TRIES - 1:
+                    raise
+                continue
+            self._opened_reply(reply)
+            return reply
+        raise AssertionError("unreachable")
+
+    def _opened_reply(self, reply: dict) -> str:
         self._opened[reply["session"]] = reply["mask"]
         return reply["session"]
 
@@ -265,7 +428,7 @@ class StepClient:
 
     def submit(self, session_ids: Sequence[str], tokens: Sequence[int | None]) -> Any:
         """Start a step (an object ref for `collect`): e.g. when the forward pass is launched."""
-        return self.host.step_packed.remote(self.tenant, self.request(session_ids, tokens))
+        return self._bound().step_packed.remote(self.tenant, self.request(session_ids, tokens))
 
     def read(self, session_ids: Sequence[str], reply: bytes,
              out: np.ndarray | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
@@ -302,18 +465,78 @@ class StepClient:
     def collect(self, session_ids: Sequence[str], ref: Any,
                 out: np.ndarray | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
         """The step's (bitmask rows, accepted, ended)."""
-        return self.read(session_ids, _result(ref), out)
+        try:
+            reply = _result(ref)
+        except Exception as e:
+            if self._host_died(e):
+                raise self._lost(session_ids) from None
+            raise
+        return self.read(session_ids, reply, out)
 
     def step(self, session_ids: Sequence[str], tokens: Sequence[int | None],
              out: np.ndarray | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
         """One decode step through the host: (bitmask rows, accepted, ended)."""
         return self.collect(session_ids, self.submit(session_ids, tokens), out)
 
+    async def step_async(self, session_ids: Sequence[str], tokens: Sequence[int | None],
+                         out: np.ndarray | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
+        """`step` from asyncio."""
+        host = await self._bound_async()
+        try:
+            reply = await host.step_packed.remote(self.tenant, self.request(session_ids, tokens))
+        except Exception as e:
+            if self._host_died(e):
+                raise self._lost(session_ids) from None
+            raise
+        return self.read(session_ids, reply, out)
+
+    def close(self, session_ids: Sequence[str]) -> int:
+        """Close sessions (and forget them); how many were open. Lost ones are closed already."""
+        try:
+            return 0 if self.host is None else _result(self.host.close.remote(self.tenant, list(session_ids)))
+        except Exception as e:
+            if self._host_died(e):
+                return 0
+            raise
+        finally:
+            self.forget(session_ids)
+
+    async def close_async(self, session_ids: Sequence[str]) -> int:
+        """`close` from asyncio."""
+        try:
+            return 0 if self.host is None else await self.host.close.remote(self.tenant, list(session_ids))
+        except Exception as e:
+            if self._host_died(e):
+                return 0
+            raise
+        finally:
+            self.forget(session_ids)
+
     def forget(self, session_ids: Sequence[str]) -> None:
         """Drop what the client keeps for closed sessions."""
         for sid in session_ids:
             self._last.pop(sid, None)
             self._opened.pop(sid, None)
+
+
+#: Opens tried through the service when the bound host has stopped (each binds anew).
+_OPEN_TRIES = 3
+
+
+def _is_serve_handle(handle: Any) -> bool:
+    try:
+        from ray.serve.handle import DeploymentHandle
+    except ImportError:
+        return False
+    return isinstance(handle, DeploymentHandle)
+
+
+def _actor_died(e: BaseException) -> bool:
+    try:
+        from ray.exceptions import ActorDiedError
+    except ImportError:
+        return False
+    return isinstance(e, ActorDiedError)
 
 
 def _result(ref: Any) -> Any:
