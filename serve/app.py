@@ -163,8 +163,8 @@ class _Metrics:
 @serve.ingress(api)
 class ModelServer:
     """A model replica. HTTP reaches it straight from Serve's proxy (router "default"), or the
-    ingress calls `generate` by handle (router "affinity"); both run `_call`, so an answer is the
-    same either way. Every answer names the replica in its REPLICA_HEADER."""
+    ingress calls `respond` or `generate` by handle (router "affinity"); all run `_call`, so an
+    answer is the same either way. Every answer names the replica in its REPLICA_HEADER."""
 
     def __init__(self, options: dict | None = None, api_keys: dict[str, str] | None = None):
         self.replica = Replica(ReplicaOptions(**(options or {})))
@@ -217,22 +217,41 @@ class ModelServer:
         if self.replica.engine._closed:
             raise RuntimeError("the decoding loop is closed")
 
+    async def respond(self, kind: str, authorization: str, body: bytes,
+                      affinity: Any = None) -> tuple[int, str, dict[str, str], bytes]:
+        """The ingress's call for an answer that is not streamed (serve/ingress.py, by handle):
+        (status, media type, headers, body), as the HTTP route answers. `affinity` is for the
+        router (serve/routing.py), which read it from this call to place it here; the replica has
+        no use for it. A body that asks for a stream after all is answered whole."""
+        response = await self._answer(kind, authorization, body)
+        if isinstance(response, StreamingResponse):
+            content = b"".join([event async for event in response.body_iterator])
+        else:
+            content = response.body
+        return response.status_code, response.media_type, self._headers(response), content
+
     async def generate(self, kind: str, authorization: str, body: bytes, affinity: Any = None) -> AsyncIterator[Any]:
-        """The ingress's call (serve/ingress.py, by handle, streamed): the answer the HTTP route
-        gives, as (status, media type, headers), then the body: the whole JSON, or the server-sent
-        events one by one. `affinity` is for the router (serve/routing.py), which read it from
-        this call to place it here; the replica has no use for it."""
-        fn = {"chat": self.replica.chat, "completions": self.replica.completions}.get(kind)
-        if fn is None:
-            raise UsageError(f"no {kind!r} requests here: 'chat' or 'completions'")
-        response = self._tagged(await self._call(fn, self._forwarded(authorization, body)))
-        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
-        yield response.status_code, response.media_type, headers
+        """The ingress's call for a streamed answer (by handle, streamed): (status, media type,
+        headers), then the body: the server-sent events one by one (or the whole JSON of an
+        error). `affinity`: as for `respond`."""
+        response = await self._answer(kind, authorization, body)
+        yield response.status_code, response.media_type, self._headers(response)
         if isinstance(response, StreamingResponse):
             async for event in response.body_iterator:
                 yield event
         else:
             yield response.body
+
+    async def _answer(self, kind: str, authorization: str, body: bytes) -> Response:
+        fn = {"chat": self.replica.chat, "completions": self.replica.completions}.get(kind)
+        if fn is None:
+            raise UsageError(f"no {kind!r} requests here: 'chat' or 'completions'")
+        return self._tagged(await self._call(fn, self._forwarded(authorization, body)))
+
+    @staticmethod
+    def _headers(response: Response) -> dict[str, str]:
+        """The answer's own headers (its length and type are the ingress's response's to set)."""
+        return {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
 
     @staticmethod
     def _forwarded(authorization: str, body: bytes) -> Request:
@@ -348,13 +367,15 @@ def build(args: dict[str, Any]) -> Any:
     """The model application (`serve run serve.app:build`, or `serve/config.yaml`): args `model`,
     `replicas`, `shards` (how many), `shard_prefix`, `api_keys` (key -> tenant), `router`
     ("affinity", the default: the ingress and the grammar-affinity router; "default": Serve's
-    proxy and router, for comparison), `routing_imbalance` and `ingress_replicas` (with
-    "affinity"), and any ReplicaOptions field."""
+    proxy and router, for comparison), `routing_imbalance`, `routing_remembered_keys` (0: the
+    rendezvous homes alone) and `ingress_replicas` (with "affinity"), and any ReplicaOptions
+    field."""
     args = dict(args or {})
     replicas = int(args.pop("replicas", 1))
     api_keys = args.pop("api_keys", None)
     router = args.pop("router", "affinity")
     imbalance = args.pop("routing_imbalance", None)
+    remembered = args.pop("routing_remembered_keys", None)
     ingress_replicas = int(args.pop("ingress_replicas", 1))
     if router not in ("affinity", "default"):
         raise UsageError(f"router must be 'affinity' or 'default', got {router!r}")
@@ -363,9 +384,10 @@ def build(args: dict[str, Any]) -> Any:
     if router == "default":
         return ModelServer.options(num_replicas=replicas).bind(options, api_keys)
     from .ingress import Ingress
-    from .routing import DEFAULT_IMBALANCE, router_config
+    from .routing import DEFAULT_IMBALANCE, DEFAULT_REMEMBERED_KEYS, router_config
 
-    config = router_config(imbalance=DEFAULT_IMBALANCE if imbalance is None else int(imbalance))
+    config = router_config(imbalance=DEFAULT_IMBALANCE if imbalance is None else int(imbalance),
+                           remembered_keys=DEFAULT_REMEMBERED_KEYS if remembered is None else int(remembered))
     model = ModelServer.options(num_replicas=replicas, request_router_config=config).bind(options, api_keys)
     defaults = ReplicaOptions()
     return Ingress.options(num_replicas=ingress_replicas).bind(

@@ -8,8 +8,8 @@ grammar is in the body. This hop costs one handle call per request (measured in
 benchmarks/README.md, "Grammar-affinity routing"); streamed events pass through it one by one.
 
 It only moves bytes: authentication, validation, errors, answers and response headers (the
-answering replica's id among them) stay the replica's (ModelServer.generate runs the same code as
-its HTTP routes), so a request answers the same whichever way it came. Its affinity is a
+answering replica's id among them) stay the replica's (ModelServer.respond and .generate run the same
+code as its HTTP routes), so a request answers the same whichever way it came. Its affinity is a
 best effort: a body it cannot decode is forwarded without one, and the replica gives the error.
 It imports neither torch nor the model: a light process, so that it may run beside the proxy.
 """
@@ -45,22 +45,31 @@ def request_affinity(kind: str, body: bytes, *, tool_format: str = "qwen_3",
     the same tool format) and a key per tool with parameters; None when it has no grammar or
     cannot be decoded (the replica refuses it with the error it deserves). Builds the spec, which
     compiles nothing: tens of microseconds for a small body."""
+    return inspect_request(kind, body, tool_format=tool_format, max_tokens_limit=max_tokens_limit)[0]
+
+
+def inspect_request(kind: str, body: bytes, *, tool_format: str = "qwen_3",
+                    max_tokens_limit: int = p.DEFAULT_MAX_TOKENS_LIMIT) -> tuple[Affinity | None, bool]:
+    """The request's affinity (request_affinity) and whether it asks for a stream (False when it
+    cannot be decoded: the replica's answer is then an error, never a stream)."""
     try:
         if kind == "chat":
-            spec = chat_session_spec(p.decode_chat_request(body, max_tokens_limit=max_tokens_limit),
-                                     tool_format=tool_format)
+            req: Any = p.decode_chat_request(body, max_tokens_limit=max_tokens_limit)
+            spec = chat_session_spec(req, tool_format=tool_format)
         elif kind == "completions":
-            spec = completion_session_spec(p.decode_completion_request(body, max_tokens_limit=max_tokens_limit))
+            req = p.decode_completion_request(body, max_tokens_limit=max_tokens_limit)
+            spec = completion_session_spec(req)
         else:
             raise ValueError(f"no affinity for a {kind!r} request: only chat and completions carry a grammar")
     except p.RequestError:
-        return None
+        return None, False
+    streamed = bool(req.stream)
     if spec is None:
-        return None
+        return None, streamed
     tools: tuple[bytes, ...] = ()
     if isinstance(spec, ToolsSpec):
         tools = tuple(tool_key(t["function"]["parameters"]) for t in spec.tools if "parameters" in t["function"])
-    return content_key(spec), tools
+    return (content_key(spec), tools), streamed
 
 
 def _error(message: str, status: int, code: str) -> Response:
@@ -103,12 +112,17 @@ class Ingress:
 
     async def _generate(self, kind: str, request: Request) -> Response:
         body = await request.body()
-        affinity = None
+        affinity, streamed = None, False
         if len(body) <= self.max_body_bytes:
-            affinity = request_affinity(kind, body, tool_format=self.tool_format,
-                                        max_tokens_limit=self.max_tokens_limit)
-        stream = self.model.options(stream=True).generate.remote(
-            kind, request.headers.get("authorization", ""), body, **{AFFINITY_KWARG: affinity})
+            affinity, streamed = inspect_request(kind, body, tool_format=self.tool_format,
+                                                 max_tokens_limit=self.max_tokens_limit)
+        authorization = request.headers.get("authorization", "")
+        if not streamed:        # one call, one answer: about a millisecond less than a stream of two
+            status, media_type, headers, content = await self.model.respond.remote(
+                kind, authorization, body, **{AFFINITY_KWARG: affinity})
+            return Response(content, status_code=status, media_type=media_type, headers=headers)
+        stream = self.model.options(stream=True).generate.remote(kind, authorization, body,
+                                                                 **{AFFINITY_KWARG: affinity})
         try:
             status, media_type, headers = await stream.__anext__()
             if media_type == _SSE:
