@@ -358,14 +358,30 @@ class MaskService:
 
 
 def _shard_names(args: dict[str, Any]) -> list[str]:
-    n = int(args.pop("shards", 2))
-    prefix = args.pop("shard_prefix", "xg2-cache-shard")
-    return [f"{prefix}-{i}" for i in range(n)]
+    """The shards' names: `shards` of them (0: no cache tier), this build's by default (the names
+    the shards' keeper, serve/shards.py, gives them)."""
+    from xg2.actors.keeper import shard_names
+
+    return shard_names(int(args.pop("shards", 2)), args.pop("shard_prefix", None))
+
+
+def _placement(args: dict[str, Any]) -> dict[str, Any]:
+    """The model deployment's placement from `replica_resources` (custom Ray resources a replica
+    needs, e.g. a label put on the nodes that should hold replicas) and `replica_max_replicas_per_node`."""
+    out: dict[str, Any] = {}
+    resources = args.pop("replica_resources", None)
+    if resources:
+        out["ray_actor_options"] = {"num_cpus": 0, "resources": dict(resources)}
+    per_node = args.pop("replica_max_replicas_per_node", None)
+    if per_node is not None:
+        out["max_replicas_per_node"] = int(per_node)
+    return out
 
 
 def build(args: dict[str, Any]) -> Any:
     """The model application (`serve run serve.app:build`, or `serve/config.yaml`): args `model`,
-    `replicas`, `shards` (how many), `shard_prefix`, `api_keys` (key -> tenant), `router`
+    `replicas`, `shards` (how many; 0: no cache tier), `shard_prefix`, `api_keys` (key -> tenant),
+    `replica_resources` and `replica_max_replicas_per_node` (placement), `router`
     ("affinity", the default: the ingress and the grammar-affinity router; "default": Serve's
     proxy and router, for comparison), `routing_imbalance`, `routing_remembered_keys` (0: the
     rendezvous homes alone) and `ingress_replicas` (with "affinity"), and any ReplicaOptions
@@ -377,18 +393,20 @@ def build(args: dict[str, Any]) -> Any:
     imbalance = args.pop("routing_imbalance", None)
     remembered = args.pop("routing_remembered_keys", None)
     ingress_replicas = int(args.pop("ingress_replicas", 1))
+    placement = _placement(args)
     if router not in ("affinity", "default"):
         raise UsageError(f"router must be 'affinity' or 'default', got {router!r}")
     shards = _shard_names(args)
     options = {**args, "shards": shards}
     if router == "default":
-        return ModelServer.options(num_replicas=replicas).bind(options, api_keys)
+        return ModelServer.options(num_replicas=replicas, **placement).bind(options, api_keys)
     from .ingress import Ingress
     from .routing import DEFAULT_IMBALANCE, DEFAULT_REMEMBERED_KEYS, router_config
 
     config = router_config(imbalance=DEFAULT_IMBALANCE if imbalance is None else int(imbalance),
                            remembered_keys=DEFAULT_REMEMBERED_KEYS if remembered is None else int(remembered))
-    model = ModelServer.options(num_replicas=replicas, request_router_config=config).bind(options, api_keys)
+    model = ModelServer.options(num_replicas=replicas, request_router_config=config, **placement).bind(
+        options, api_keys)
     defaults = ReplicaOptions()
     return Ingress.options(num_replicas=ingress_replicas).bind(
         model, tool_format=options.get("tool_format", defaults.tool_format),

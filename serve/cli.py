@@ -39,7 +39,8 @@ class Server:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 8000, model: str = "default", replicas: int = 1,
                  shards: int = 2, max_batch: int = 8, mask_service: bool = True, progress: bool = True,
                  api_keys: dict[str, str] | None = None, options: dict[str, Any] | None = None,
-                 shard_mb: int | None = None, address: str | None = None, mask_replicas: int = 2):
+                 shard_mb: int | None = None, address: str | None = None, mask_replicas: int = 2,
+                 proxy_location: str | None = None, model_placement: dict[str, Any] | None = None):
         from xg2.actors.keeper import shard_prefix
 
         self.address = address
@@ -49,6 +50,10 @@ class Server:
         self.mask_service, self.progress, self.api_keys = mask_service, progress, api_keys
         self.mask_replicas = mask_replicas
         self.options = dict(options or {})
+        # Serve's HTTP proxies (None: Serve's default, one on every node), and where the model
+        # replicas go (`resources`, `max_replicas_per_node`; see serve.app.build)
+        self.proxy_location = proxy_location
+        self.model_placement = dict(model_placement or {})
         self.shard_prefix = shard_prefix()     # this build's: another build's shards are not these
         self._started_ray = False
         self._apps: list[str] = []
@@ -85,15 +90,17 @@ class Server:
             handlers = {}
             if threading.current_thread() is threading.main_thread():
                 handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+            local = {} if self.address else {"_node_ip_address": "127.0.0.1"}    # a local Ray: the loopback only
             ray.init(address=self.address or "local", include_dashboard=False if not self.address else None,
-                     logging_level="ERROR", namespace="xg2", log_to_driver=self.progress)
+                     logging_level="ERROR", namespace="xg2", log_to_driver=self.progress, **local)
             self._started_ray = True
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-        serve.start(http_options={"host": self.host, "port": self.port}, logging_config={"log_level": "WARNING"})
+        serve.start(http_options={"host": self.host, "port": self.port}, logging_config={"log_level": "WARNING"},
+                    **({"proxy_location": self.proxy_location} if self.proxy_location else {}))
         args = {"model": self.model, "replicas": self.replicas, "shards": self.shards,
                 "shard_prefix": self.shard_prefix, "shard_namespace": "xg2", "max_batch": self.max_batch,
-                **self.options}
+                **self.options, **{f"replica_{k}": v for k, v in self.model_placement.items()}}
         if self.api_keys is not None:
             args["api_keys"] = self.api_keys
         self.say(f"starting {self.shards} cache shard(s), {self.replicas} model replica(s)")
@@ -101,8 +108,10 @@ class Server:
 
         try:
             # the shards first (their keeper answers once every shard does): the replicas find them
-            self._run(serve, build_shards({"shards": self.shards, "shard_prefix": self.shard_prefix,
-                                           "shard_namespace": "xg2", "shard_mb": self.shard_mb}), "xg2-shards", None)
+            if self.shards:     # 0: no cache tier (each replica's own caches only)
+                self._run(serve, build_shards({"shards": self.shards, "shard_prefix": self.shard_prefix,
+                                               "shard_namespace": "xg2", "shard_mb": self.shard_mb}),
+                          "xg2-shards", None)
             self._run(serve, build(args), "xg2", "/")
             if self.mask_service:
                 self._run(serve, build_masks({"model": self.model, "replicas": self.mask_replicas, "shards": self.shards,

@@ -158,7 +158,9 @@ def ray_local():
     os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S", "2")     # as serve.cli.Server sets it
     import ray
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+        # the node's address given too: the setting above is read when ray is first imported,
+        # which another test module may have done already
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", _node_ip_address="127.0.0.1",
                  log_to_driver=False, namespace="xg2-tests")
     yield ray
     ray.shutdown()

@@ -75,6 +75,7 @@ def _cluster_state(address: str) -> dict:
         "print('STATE' + json.dumps({'named': names}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
                          check=False)
     line = [x for x in out.stdout.splitlines() if x.startswith("STATE")]
     assert line, out.stderr[-2000:]
@@ -86,8 +87,10 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    c.add_node(num_cpus=1)
+    # on the loopback (the setting above is read when ray is first imported, perhaps already)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                      "node_ip_address": "127.0.0.1"})
+    c.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     c.wait_for_nodes()
     yield c
     c.shutdown()
@@ -97,7 +100,7 @@ def cluster():
 @pytest.mark.parametrize(("sig", "flags"), [(signal.SIGTERM, []), (signal.SIGINT, ["--no-mask-service"])])
 def test_xg2_serve_leaves_nothing_in_the_cluster_it_joined(cluster, sig, flags):
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "xg2.cli", "serve", "--address", cluster.address,
                              "--model", "tiny", "--port", str(port), *flags], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
