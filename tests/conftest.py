@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+# Ray reads this when it is first imported (a test module may import it while being collected):
+# with it, every Ray the tests start takes 127.0.0.1 as its node's address and listens on the
+# loopback only (by default it takes the machine's address and listens on every interface).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 SHARED = Path(os.environ.get("XG2_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared")
 TOKENIZERS = SHARED / "tokenizers"
 
@@ -152,16 +157,12 @@ def harmony_encoding():
 def ray_local():
     """One local Ray for the whole test session (starting one costs seconds): bound to this
     machine, no dashboard, stopped at the end."""
-    # With this setting Ray takes 127.0.0.1 as the node's address, so its servers listen on the
-    # loopback only (by default they take the machine's address and listen on every interface).
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S", "2")     # as serve.cli.Server sets it
     import ray
     if not ray.is_initialized():
-        # the node's address given too: the setting above is read when ray is first imported,
-        # which another test module may have done already
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", _node_ip_address="127.0.0.1",
-                 log_to_driver=False, namespace="xg2-tests")
+        # on the loopback (see RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER above; the address said again here)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 _node_ip_address="127.0.0.1", log_to_driver=False, namespace="xg2-tests")
     yield ray
     ray.shutdown()
 
