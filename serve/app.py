@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from ray import serve
@@ -210,7 +211,8 @@ class ModelServer:
         """This replica's figures: requests, steps (forward, fill, mask time exposed), runtime and
         cache tiers (hits, bytes)."""
         stats = self.replica.stats()
-        stats["replica"] = {"pid": os.getpid(), "id": self._replica_id}
+        stats["replica"] = {"pid": os.getpid(), "id": self._replica_id,
+                            "node": ray.get_runtime_context().get_node_id()}
         return Response(p.encode(stats), media_type="application/json")
 
     async def check_health(self) -> None:
