@@ -485,6 +485,10 @@ async def drive(handle: Any, args: argparse.Namespace, workload: Workload, token
     tally.calls["stats"] += 1
     after = await service_stats(handle, args.call_timeout)
     summary = summarize(tally, elapsed, before, after, args, vocab_size, len(crashed))
+    host_cpu = {r["tag"]: r["cpu_s"] for r in before["replicas"] if r.get("cpu_s") is not None}
+    summary["service"]["host_cpu_cores"] = {
+        r["tag"]: round((r["cpu_s"] - host_cpu[r["tag"]]) / max(elapsed, 1e-9), 2)
+        for r in after["replicas"] if r.get("cpu_s") is not None and r["tag"] in host_cpu}
     summary["driver"] = {"cpu_cores": round(cpu / max(elapsed, 1e-9), 2),
                          "loop_lag_p50_ms": _r(quantile(tally.loop_lag_ms, 0.5)),
                          "loop_lag_p99_ms": _r(quantile(tally.loop_lag_ms, 0.99))}
@@ -513,7 +517,9 @@ async def service_stats(handle: Any, timeout_s: float) -> dict:
             "open_sessions": sum(r.get("open_sessions", 0) for r in replies),
             "replicas": sorted(({"tag": (r.get("replica") or {}).get("tag"),
                                  "clients": (r.get("replica") or {}).get("clients"),
-                                 "open_sessions": r.get("open_sessions")} for r in replies),
+                                 "open_sessions": r.get("open_sessions"), "cpu_s": r.get("cpu_s"),
+                                 **(r.get("timings") or {})}
+                                for r in replies),
                                key=lambda x: str(x["tag"]))}
 
 
@@ -591,9 +597,11 @@ def print_summary(s: dict) -> None:
         say(f"  {cls:8s} sessions {c['sessions']}, finished {c['finished']} (ok {c['checked_ok']}, invalid "
             f"{c['invalid']}), truncated {c['truncated']}, cut {c['cut_at_end']}, grammars {c['distinct_grammars']}")
     d = s.get("driver") or {}
-    spread = ", ".join(f"{r['tag']}: {r['clients']} clients" for r in s["service"].get("replicas_after") or [])
+    spread = "; ".join(f"{r['tag']}: {r['clients']} clients, its loop late p99 {r.get('loop_lag_p99_ms')} ms "
+                       f"(max {r.get('loop_lag_max_ms')}), a step on it p99 {r.get('step_p99_ms')} ms"
+                       for r in s["service"].get("replicas_after") or [])
     say(f"driver: {d.get('cpu_cores')} cores of CPU, event loop late p50/p99 {d.get('loop_lag_p50_ms')} / "
-        f"{d.get('loop_lag_p99_ms')} ms; replicas: {spread}")
+        f"{d.get('loop_lag_p99_ms')} ms; hosts' CPU (cores) {s['service'].get('host_cpu_cores')}; replicas: {spread}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -22,16 +22,24 @@ process has bound fewest clients to (then fewest bound in all, from the replicas
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import random
-from collections import Counter
+import sys
+import time
+from collections import Counter, deque
 from typing import Any
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from xg2.actors.host import MatcherHost, session_tag, step_request_sessions
 
-#: Seconds between the replicas' routing stats (bound clients) reaching the routers.
-ROUTING_STATS_PERIOD_S = 2.0
+#: The host process's GIL switch interval (Python's default is 5 ms; see MaskHost).
+SWITCH_INTERVAL_S = 0.001
+#: The host's event loop is timed this often (how late a timer fires: what a step waits for).
+LAG_PERIOD_S = 0.01
+#: Samples kept of that lag and of the steps' own time (a minute's at the period above).
+TIMINGS_KEPT = 6000
 
 
 class MaskHost(MatcherHost):
@@ -51,6 +59,49 @@ class MaskHost(MatcherHost):
                          cache_limit_bytes=ReplicaOptions.compiler_cache_mb << 20)
         if self.runtime.compile_workers is not None:
             self.runtime.compile_workers.wait_ready()
+        # A step waits for this process's event loop, so nothing may hold it for long: the
+        # collector, walking the model, vocabulary and caches built above, paused it for up to
+        # 50 ms (gen 1, measured under the load driver); frozen, they are never walked again.
+        # The tier's publisher thread holds the GIL in stretches as well, and the loop waited up
+        # to the default 5 ms switch interval for it at every hand-over: 1 ms bounds that wait.
+        gc.collect()
+        gc.freeze()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._lag_ms: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        self._step_ms: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        self._timer: asyncio.Task | None = None
+
+    async def step_packed(self, tenant: str, request: bytes) -> bytes:
+        if self._timer is None:     # the actor's loop exists once a call runs on it
+            self._timer = asyncio.get_running_loop().create_task(self._time_loop())
+        t0 = time.perf_counter()
+        try:
+            return await super().step_packed(tenant, request)
+        finally:
+            self._step_ms.append((time.perf_counter() - t0) * 1e3)
+
+    async def _time_loop(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(LAG_PERIOD_S)
+            self._lag_ms.append((time.perf_counter() - t0 - LAG_PERIOD_S) * 1e3)
+
+    async def stats(self) -> dict:
+        """MatcherHost's, the host's latency figures over the last samples: how late its event
+        loop ran a timer (`loop_lag_*`: what a step arriving then waited) and how long a step held
+        it (`step_*`), in ms; and its CPU seconds so far (a load run's share of it is the
+        difference)."""
+        out = await super().stats()
+        timings = {}
+        for name, samples in (("loop_lag", self._lag_ms), ("step", self._step_ms)):
+            ms = sorted(samples)
+            if ms:
+                timings.update({f"{name}_p50_ms": round(ms[len(ms) // 2], 3),
+                                f"{name}_p99_ms": round(ms[int(len(ms) * 0.99)], 3),
+                                f"{name}_max_ms": round(ms[-1], 3)})
+        out["timings"] = timings
+        out["cpu_s"] = time.process_time()     # this process's (not its compile workers')
+        return out
 
 
 def start_host(model: str, tag: str, shards: list[str] | None, shard_namespace: str | None) -> Any:
@@ -91,11 +142,16 @@ def routing_tag(request: PendingRequest) -> str | None:
     return None
 
 
-class SessionRouter(FIFOMixin, RequestRouter):
-    """Routes a call that names sessions to the replica holding them (see the module note)."""
+class SessionRouter(RequestRouter):
+    """Routes a call that names sessions to the replica holding them (see the module note).
+
+    Not FIFO (Serve's FIFOMixin hands a replica chosen for one request to the oldest one waiting,
+    which would send a session's call to another session's replica): the replica chosen for a
+    request is that request's."""
 
     def initialize_state(self, **kwargs: Any) -> None:
-        self._bound: Counter[ReplicaID] = Counter()
+        self._bound: Counter[ReplicaID] = Counter()         # clients bound through this router
+        self._binding: dict[str, ReplicaID] = {}            # a `host` call's choice, until routed
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -108,12 +164,23 @@ class SessionRouter(FIFOMixin, RequestRouter):
                     return [[r]]
             # the holder has stopped: a running replica answers SessionLostError for its sessions
         elif pending_request.metadata.call_method == "host":
+            # counted when chosen, so that clients binding at once spread; moved if it lands elsewhere
+            rid = pending_request.metadata.internal_request_id
+            if rid in self._binding:
+                self._bound[self._binding.pop(rid)] -= 1
             ranked = sorted(candidate_replicas, key=lambda r: (self._bound[r.replica_id],
                                                                (r.routing_stats or {}).get("clients", 0),
                                                                random.random()))
-            self._bound[ranked[0].replica_id] += 1     # counted once a choice (a retry may count twice)
+            self._binding[rid] = ranked[0].replica_id
+            self._bound[ranked[0].replica_id] += 1
             return [[r] for r in ranked]
         return self._two(candidate_replicas)
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        chosen = self._binding.pop(pending_request.metadata.internal_request_id, None)
+        if chosen is not None and chosen != replica_id:
+            self._bound[chosen] -= 1
+            self._bound[replica_id] += 1
 
     @staticmethod
     def _two(candidates: list[RunningReplica]) -> list[list[RunningReplica]]:
