@@ -30,7 +30,8 @@ Checks, as a client makes them: every chosen token is accepted; a mask of a sess
 ended allows some token; a session ends exactly when a stop token was chosen; a finished output
 (decoded as the replica decodes: the model's tokenizer, special tokens kept, the stop token cut)
 parses and validates against its schema, calls tools of its set with valid arguments, or is in
-its grammar's language (workload's checks). Every call is bounded (`--call-timeout`) and counted
+its grammar's language (workload's checks; judged after the run, off the event loop the replies
+wait on). Every call is bounded (`--call-timeout`) and counted
 by method; failures by exception type. Sessions are always closed, and the service's open-session
 count is compared before and after (a leak check).
 
@@ -294,6 +295,7 @@ class Tenant:
         self.deadline = deadline
         self.client = StepClient(handle, self.tenant, vocab_size)
         self.counts = tally.by_class[cls]
+        self.finished: list[tuple[Draw, list[int]]] = []
 
     async def _call(self, method: str, *args: Any) -> Any:
         """One bounded call through the Serve handle (a timeout cancels the request)."""
@@ -422,19 +424,27 @@ class Tenant:
             live = nxt
 
     def _judge(self, s: Session) -> None:
-        """A finished output, decoded as the replica decodes it (serve.replica.TextStream: the
-        tokenizer, special tokens kept, the stop token not part of the text)."""
+        """A finished output, kept to be judged after the run (`judge_finished`): judging in the
+        run would hold the event loop the other tenants' replies wait on (decoding and validating
+        a document takes milliseconds), and count the driver's checks in the service's latency."""
         self.counts["finished"] += 1
-        ids = s.tokens[:-1] if s.tokens and s.tokens[-1] in self.stop_set else s.tokens
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        verdict = s.draw.judge(text)
-        if not verdict.ok:
-            self.counts["invalid"] += 1
-            if len(self.tally.invalid_samples) < SAMPLES:
-                self.tally.invalid_samples.append({"label": s.draw.label, "msg": verdict.message, "text": text[:300],
-                                                   "tokens": s.tokens[:128]})
-        else:
-            self.counts["checked_ok"] += 1
+        self.finished.append((s.draw, s.tokens))
+
+    def judge_finished(self) -> None:
+        """Each finished output, decoded as the replica decodes it (serve.replica.TextStream: the
+        tokenizer, special tokens kept, the stop token not part of the text), judged."""
+        for draw, tokens in self.finished:
+            ids = tokens[:-1] if tokens and tokens[-1] in self.stop_set else tokens
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+            verdict = draw.judge(text)
+            if not verdict.ok:
+                self.counts["invalid"] += 1
+                if len(self.tally.invalid_samples) < SAMPLES:
+                    self.tally.invalid_samples.append({"label": draw.label, "msg": verdict.message,
+                                                       "text": text[:300], "tokens": tokens[:128]})
+            else:
+                self.counts["checked_ok"] += 1
+        self.finished.clear()
 
     async def _close(self, sessions: list[Session]) -> None:
         """Close the batch (also after a failure or at the deadline); the service must find them
@@ -480,6 +490,8 @@ async def drive(handle: Any, args: argparse.Namespace, workload: Workload, token
     cpu = time.process_time() - cpu0
     await lag
     crashed = [r for r in results if isinstance(r, BaseException)]
+    for t in tenants:
+        t.judge_finished()
     for r in crashed:                   # a driver bug, not the service's: reported as such
         tally.fail("driver", r)
     tally.calls["stats"] += 1
