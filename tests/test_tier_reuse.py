@@ -142,3 +142,29 @@ def test_the_publish_queue_is_bounded_the_oldest_dropped_and_counted():
     router.gate.set()
     assert tier.flush(10)
     assert [k[:16] for k in router.stored] == [b"m" * 16] + [bytes([i]) * 16 for i in range(6, 10)]   # the newest kept
+
+
+def test_a_heavy_tenants_compile_reads_the_shards_and_publishes_nothing(replicas):
+    """A tenant past half its compile budget compiles on the idle-CPU worker: what others built
+    still saves its CPU (its tools' modules come from the shards), but nothing it lowers is sent."""
+    import time as _time
+
+    one, two = replicas
+    _chat(one, [TOOL_A, TOOL_B])            # A's module is in the shards (from the first test or now)
+    assert one.runtime.cache_tier.flush()
+    rt = two.runtime
+    tool_d = {"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object", "properties": {"room": {"type": "integer", "minimum": 100, "maximum": 999}},
+        "required": ["room"]}}}
+    rt._usage["tenant-heavy"] = (0.9 * rt.max_compile_seconds_per_tenant, _time.monotonic())
+    published = rt.cache_tier.counts["published_modules"]
+    before = rt.reuse()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "book it"}], "tools": [TOOL_B, tool_d],
+            "tool_choice": "required", "max_tokens": 4}
+    asyncio.run(two.chat("tenant-heavy", json.dumps(body).encode()))
+    assert rt.stats["background_compiles"] >= 1
+    after = rt.reuse()
+    assert after["modules_shards"] - before["modules_shards"] == 1      # B's, lowered by replica one
+    assert after["modules_lowered"] - before["modules_lowered"] == 1    # D's, here
+    assert rt.cache_tier.flush()
+    assert rt.cache_tier.counts["published_modules"] == published       # D's was not sent

@@ -57,8 +57,9 @@ _OK, _ERROR, _READY = b"o", b"e", b"r"
 # A worker's questions while it compiles: _FETCH + kind (b"m" modules, b"e" pool entries) + keys,
 # answered with the blobs the parent's tier found; _PUBLISH + a module's 16-byte digest + its blob.
 _FETCH, _PUBLISH = b"f", b"p"
-# A spec is sent behind one of these: whether the compile may use the parent's cache tier.
-_WITH_TIER, _ALONE = b"t", b"-"
+# A spec is sent behind one of these: whether the compile reads the parent's cache tier and
+# publishes what it lowered to it, only reads it, or neither.
+_WITH_TIER, _READ_TIER, _ALONE = b"t", b"r", b"-"
 _HEAD = struct.Struct("<dI")    # after _OK: the compile's CPU seconds in the worker, the meta's length
 _KEYS = msgspec.msgpack.Encoder()
 _KEYS_DEC = msgspec.msgpack.Decoder(list[bytes])
@@ -196,11 +197,13 @@ class CompileWorkers:
         for w in workers:
             w.wait_ready(timeout)
 
-    def compile(self, spec: Any, timeout: float, background: bool = False, tier: Any = None) -> bytes:
+    def compile(self, spec: Any, timeout: float, background: bool = False, tier: Any = None,
+                publish: bool = True) -> bytes:
         """`background`: on a background worker (SCHED_IDLE), when there is one. `tier`: the
         parent's second cache tier (xg2.actors.tier.ShardedCache), through which the worker fetches
         the modules and first-mask entries it lacks before lowering them, and publishes the modules
-        it lowered; this thread answers the worker's questions while it waits.
+        it lowered (unless `publish` is False); this thread answers the worker's questions while it
+        waits.
 
         A worker that dies under a spec is replaced and the spec tried once more on another: the
         first death may not be the spec's (a worker killed from outside while idle is seen only
@@ -211,7 +214,7 @@ class CompileWorkers:
         deadline = time.monotonic() + timeout
         for attempt in range(2):
             try:
-                msg = self._compile_once(idle, spec, deadline, timeout, tier)
+                msg = self._compile_once(idle, spec, deadline, timeout, tier, publish)
                 break
             except _WorkerDied:
                 if attempt or self._closed or time.monotonic() >= deadline:
@@ -224,7 +227,8 @@ class CompileWorkers:
             return msg[1 + _HEAD.size + n:]
         raise _error_from(msg[1:])
 
-    def _compile_once(self, idle: queue.SimpleQueue, spec: Any, deadline: float, timeout: float, tier: Any) -> bytes:
+    def _compile_once(self, idle: queue.SimpleQueue, spec: Any, deadline: float, timeout: float, tier: Any,
+                      publish: bool) -> bytes:
         """One worker's answer to the spec (its reply frame); _WorkerDied if it died meanwhile."""
         w = idle.get()
         while w.proc.poll() is not None:        # died while idle (killed from outside): replaced unseen
@@ -239,7 +243,8 @@ class CompileWorkers:
             self._replace(w)
             raise
         try:
-            w.send.send_bytes((_WITH_TIER if tier is not None else _ALONE) + _SPEC_ENC.encode(spec))
+            mode = _ALONE if tier is None else _WITH_TIER if publish else _READ_TIER
+            w.send.send_bytes(mode + _SPEC_ENC.encode(spec))
             while True:
                 if not w.recv.poll(max(0.0, deadline - time.monotonic())):
                     self._replace(w)
@@ -248,7 +253,7 @@ class CompileWorkers:
                 if msg[:1] == _FETCH:
                     w.send.send_bytes(_answer(tier, msg[1:2], msg[2:]))
                 elif msg[:1] == _PUBLISH:
-                    if tier is not None:
+                    if tier is not None and publish:
                         tier.publish_module_blob(msg[1:17], msg[17:])
                 else:
                     break
@@ -297,6 +302,7 @@ class _ParentTier:
         self.fingerprint = compiler.tokenizer_info.fingerprint
         self.module_key = ShardedCache.module_key
         self._fetched: dict[tuple, Any] = {}
+        self.publishing = True
 
     def _ask(self, kind: bytes, keys: list[bytes]) -> list[bytes | None]:
         self.out.send_bytes(_FETCH + kind + _KEYS.encode(keys))
@@ -322,6 +328,8 @@ class _ParentTier:
     def publish(self, key: tuple, module: Any) -> None:
         from .. import transport
 
+        if not self.publishing:
+            return
         self.out.send_bytes(_PUBLISH + self.module_key(key) + transport.dump_module(module, self.fingerprint))
 
     def load_entries(self, keys: list[bytes]) -> int:
@@ -339,9 +347,12 @@ class _ParentTier:
                 pass
         return loaded
 
-    def attach(self, on: bool) -> None:
-        """For the next compile: through the parent's tier, or alone (a background tenant's)."""
+    def attach(self, mode: bytes) -> None:
+        """For the next compile: through the parent's tier (_WITH_TIER), reading it only (a
+        background tenant's: _READ_TIER), or alone."""
         self._fetched.clear()
+        on = mode in (_WITH_TIER, _READ_TIER)
+        self.publishing = mode == _WITH_TIER
         self.compiler.module_source = self if on else None
         self.compiler.entry_source = self.load_entries if on else None
 
@@ -382,7 +393,7 @@ def _serve() -> None:
             return      # the parent closed the pipe: stop
         cpu0 = time.process_time()
         try:
-            parent_tier.attach(data[:1] == _WITH_TIER)
+            parent_tier.attach(data[:1])
             spec = _SPEC_DEC.decode(data[1:])
             before = dict(compiler.reuse)
             compiled = spec.compile(compiler)

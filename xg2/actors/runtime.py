@@ -206,8 +206,10 @@ class GrammarRuntime:
     With both, a tenant past BACKGROUND_COMPILE_FRACTION of that budget compiles on a background
     worker process at SCHED_IDLE; one of its compiles that does not finish in time there (the
     machine was busy) is refused with QuotaError, and not remembered as the spec's failure. Nothing
-    speculative is done for such a grammar here (no background precompute, no cache tier fetch or
-    publish): a tenant that churns through new specs pays for what its own requests use.
+    speculative is done for such a grammar here (no background precompute, no prefetch of its other
+    entries, nothing published): a tenant that churns through new specs pays for what its own
+    requests use. Its compile still reads what the cache tier holds (the modules of its tools, its
+    first mask's entries): that costs one batched read and saves its CPU.
     """
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, compiler: GrammarCompiler | None = None,
@@ -305,9 +307,9 @@ class GrammarRuntime:
             workers = self.compile_workers
             try:
                 # through this process's tier (modules and first-mask entries fetched before the worker
-                # lowers them, the modules it lowered published); not for a background tenant's
-                blob = workers.compile(grammar, self.compile_timeout_s, background=background,
-                                       tier=None if background else tier)
+                # lowers them, the modules it lowered published; a background tenant's only read)
+                blob = workers.compile(grammar, self.compile_timeout_s, background=background, tier=tier,
+                                       publish=not background)
             except CompileTimeout:
                 if not background:
                     raise
@@ -321,8 +323,8 @@ class GrammarRuntime:
             # the worker built the first mask; the costliest other entries are built here in the
             # background (the partial JIT: in C, mostly without the GIL), not on the compile path.
             # Not for a background tenant's grammar: nothing speculative is done for a tenant that
-            # churns through new specs (no precompute, no tier fetch or publish); its entries are
-            # built when its own steps need them.
+            # churns through new specs (no precompute, no prefetch, nothing published); its entries
+            # are built when its own steps need them.
             compiled = self.compiler.deserialize(blob, precompute=not background)
             if background:
                 self._unshared.add(compiled)        # nor published when its sessions close
