@@ -101,7 +101,7 @@ class ActorWorkers:
             self._idle.put(a)
         self.last = threading.local()
 
-    def compile(self, spec, timeout: float, background: bool = False, tier=None) -> bytes:
+    def compile(self, spec, timeout: float, background: bool = False, tier=None, publish: bool = True) -> bytes:
         import msgspec
         import ray
 
