@@ -19,6 +19,14 @@ again), which also bounds work inside one C call that the compiler's own deadlin
 interrupt; a worker that dies (out of memory, a crash) costs only the request that was running on
 it.
 
+The replica's cache tier (xg2.actors.tier) reaches the workers through their pipe: a worker asks
+its parent for the modules it is about to lower and for its first mask's entries (one batched read
+each, which the parent's compile thread answers from the shards between the worker's frames), and
+sends the modules it lowered for the parent to publish. So whichever process lowers a tool, every
+other one in the cluster reads it instead. Ray actors with a tier of their own were measured as the
+alternative (benchmarks/README.md, "Where compiles run"): the same time to first mask, twice the
+memory a worker, ten times the restart time.
+
 Background workers (`background_workers`) run under SCHED_IDLE: they get a core only when nothing
 else wants it. The runtime sends them the compiles of tenants that have compiled heavily lately, so
 that one tenant's stream of slow specs is paid for with idle CPU, not with the other tenants'
