@@ -46,7 +46,6 @@ import asyncio
 import json
 import math
 import random
-import socket
 import sys
 import time
 from pathlib import Path
@@ -57,6 +56,7 @@ for p in (ROOT, ROOT / "loadtests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+import run  # loadtests/run.py: quantiles, a free port
 import workload
 
 #: Prompt budget of a tool set for the tiny model (estimated tokens; see workload.ToolPool).
@@ -69,18 +69,8 @@ RETRIES = 4
 
 
 def quantile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return round(xs[lo] + (xs[hi] - xs[lo]) * (k - lo), 2)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    v = run.quantile(xs, q)
+    return None if v is None else round(v, 2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -435,7 +425,7 @@ async def kill_phase(cluster: Any, url: str, reqs: list[dict], t0: float, stats:
 
 async def one_config(cluster: Any, w: Workload, *, n: int, probes: int, tier: bool, router: str | None,
                      kill: bool, info: Any, seed: int, mask_sample: int) -> dict:
-    port = _free_port()
+    port = run.free_port()
     t_deploy = time.monotonic()
     server = deploy(cluster, port, tier=tier, router=router)
     url = server.url
