@@ -52,7 +52,9 @@ class MaskHost(MatcherHost):
         from .replica import ReplicaOptions
 
         loaded = load_model(model, progress=False)
-        super().__init__(tokenizer_info(loaded), tag=tag, shards=shards or None, shard_namespace=shard_namespace,
+        info = tokenizer_info(loaded)
+        del loaded      # only its vocabulary is wanted here: the weights go before the freeze below
+        super().__init__(info, tag=tag, shards=shards or None, shard_namespace=shard_namespace,
                          compile_processes=True,
                          max_compile_seconds_per_tenant=ReplicaOptions.max_compile_seconds_per_tenant,
                          grammar_cache_bytes=ReplicaOptions.grammar_cache_mb << 20,

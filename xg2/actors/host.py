@@ -381,6 +381,11 @@ class StepClient:
             self.host = None
         return True
 
+    def _rebind(self, e: BaseException, attempt: int) -> bool:
+        """Whether an open that failed with `e` is tried again: its host has stopped, and another
+        can be bound through the service (a new session can go anywhere)."""
+        return self._host_died(e) and self.service is not None and attempt < _OPEN_TRIES - 1
+
     def _lost(self, session_ids: Sequence[str]) -> SessionLostError:
         self.forget(session_ids)
         return SessionLostError(f"the mask service host of {len(session_ids)} session(s) has stopped: they are "
@@ -393,11 +398,12 @@ class StepClient:
         for attempt in range(_OPEN_TRIES):
             host = self._bound()
             try:
-                return self._opened_reply(_result(host.open.remote(self.tenant, spec, True)))
+                reply = _result(host.open.remote(self.tenant, spec, True))
             except Exception as e:
-                if not self._host_died(e) or self.service is None or attempt == _OPEN_TRIES - 1:
-                    raise
-        raise AssertionError("unreachable")
+                if self._rebind(e, attempt):
+                    continue
+                raise
+            return self._opened_reply(reply)
 
     async def open_async(self, spec: Any) -> dict:
         """`open` from asyncio; the host's whole reply (`session`, `mask`, `ttfm_ms`)."""
@@ -406,12 +412,11 @@ class StepClient:
             try:
                 reply = await host.open.remote(self.tenant, spec, True)
             except Exception as e:
-                if not self._host_died(e) or self.service is None or attempt == _OPEN_TRIES - 1:
-                    raise
-                continue
+                if self._rebind(e, attempt):
+                    continue
+                raise
             self._opened_reply(reply)
             return reply
-        raise AssertionError("unreachable")
 
     def _opened_reply(self, reply: dict) -> str:
         self._opened[reply["session"]] = reply["mask"]
