@@ -50,7 +50,7 @@ REQUIRED_FIELDS = ("requests", "failed_requests", "invalid_outputs", "p50_ms", "
 ROLES = (("ray::ServeReplica:xg2:xg2-model", "replica"), ("ray::CacheShard", "shard"),
          ("ray::ServeReplica:xg2-masks", "masks"), ("ray::ProxyActor", "proxy"),
          ("ray::ServeController", "controller"), ("ray::ServeReplica:xg2-shards", "shard_keeper"),
-         ("ray::ServeReplica:xg2:xg2-ingress", "ingress"))
+         ("ray::ServeReplica:xg2:xg2-ingress", "ingress"), ("ray::MaskHost", "masks"))
 #: Processes told by a part of their command line: the compile workers (children of a replica or
 #: of the mask service).
 ROLES_IN = (("xg2.actors.compile_workers import _serve", "compile_worker"), ("-m locust", "locust"),
