@@ -168,3 +168,67 @@ def test_a_heavy_tenants_compile_reads_the_shards_and_publishes_nothing(replicas
     assert after["modules_lowered"] - before["modules_lowered"] == 1    # D's, here
     assert rt.cache_tier.flush()
     assert rt.cache_tier.counts["published_modules"] == published       # D's was not sent
+
+
+def _walk_equal(rt, spec, steps=40, seed=7):
+    """Every mask of a random walk of `spec`'s grammar on the runtime equals a compiler's that
+    shares nothing."""
+    info = rt.tokenizer_info
+    reference = xg2.GrammarCompiler(info, cross_grammar_cache=False, cache_enabled=False)
+    ref = xg2.GrammarMatcher(spec.compile(reference))
+    session = asyncio.run(rt.open(SessionSpec(grammar=spec, tenant="walker")))
+    width = (info.vocab_size + 31) // 32
+    rng = random.Random(seed)
+    try:
+        for step in range(steps):
+            if ref.is_terminated():
+                break
+            want = xg2.allocate_token_bitmask(1, info.vocab_size).numpy()
+            ref.fill_next_token_bitmask(want, 0)
+            got = np.zeros((1, width), np.int32)
+            rt.fill([session], got)
+            assert np.array_equal(got, want), f"mask {step} differs"
+            allowed = np.flatnonzero(np.unpackbits(want.view(np.uint8), bitorder="little")[:info.vocab_size])
+            token = int(rng.choice(allowed))
+            assert ref.accept_token(token) and rt.accept([session], [token]) == [True]
+    finally:
+        rt.close(session)
+
+
+def test_a_set_of_known_tools_is_linked_in_the_replica_without_a_worker(replicas):
+    """[C, A]: a set nobody sent, both tools lowered before (by the tests above, or now). The
+    replica links it on its own compile thread: no worker compile, nothing lowered, the modules
+    from its memory or the shards; its masks are a fresh compiler's."""
+    one, two = replicas
+    _chat(one, [TOOL_A, TOOL_C])
+    assert one.runtime.cache_tier.flush()
+    rt = two.runtime
+    before, links = rt.reuse(), rt.stats["links_here"]
+    in_workers = dict(rt._worker_reuse)
+    spec = ToolsSpec(tools=[TOOL_C, TOOL_A], tool_choice="required", model=two.loaded.tool_format)
+    _walk_equal(rt, spec)
+    after = rt.reuse()
+    assert rt.stats["links_here"] == links + 1
+    assert after["modules_lowered"] == before["modules_lowered"]
+    assert after["modules_local"] + after["modules_shards"] - before["modules_local"] - before["modules_shards"] == 2
+    assert rt._worker_reuse == in_workers       # no worker compiled it
+
+
+def test_a_grammar_another_replica_compiled_comes_with_the_module_read(replicas):
+    """A tool set replica one compiled: replica two's link attempt asks for the grammar in the same
+    read as the modules, and loads it (one round trip to the shards, no link, no worker)."""
+    one, two = replicas
+    tool_e = {"type": "function", "function": {"name": "convert", "parameters": {
+        "type": "object", "properties": {"amount": {"type": "number"}, "to": {"type": "string", "maxLength": 3}},
+        "required": ["amount", "to"]}}}
+    _chat(one, [TOOL_B, tool_e])
+    assert one.runtime.cache_tier.flush()
+    rt = two.runtime
+    hits, gets, links = rt.stats["tier_grammar_hits"], rt.cache_tier.counts["grammar_gets"], rt.stats["links_here"]
+    spec = ToolsSpec(tools=[TOOL_B, tool_e], tool_choice="required", model=two.loaded.tool_format)
+    session = asyncio.run(rt.open(SessionSpec(grammar=spec, tenant="reader")))
+    rt.close(session)
+    assert session.source == "shards"
+    assert rt.stats["tier_grammar_hits"] == hits + 1 and rt.stats["links_here"] == links
+    assert rt.cache_tier.counts["grammar_gets"] == gets + 1
+    _walk_equal(rt, spec, seed=9)

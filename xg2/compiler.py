@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import queue
@@ -10,7 +11,7 @@ import time
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -40,6 +41,12 @@ DEFAULT_CACHE_LIMIT_BYTES = 1 << 30
 #: GrammarCompiler.reuse's counters.
 REUSE_COUNTS = ("modules_local", "modules_shards", "modules_lowered", "entries_needed", "entries_local",
                 "entries_shards")
+
+
+class MustLower(Exception):
+    """A link-only compile (GrammarCompiler.linking_only) met something it would have to lower:
+    a module found neither in the compiler nor in its second tier, or a grammar that is not a frame
+    of modules. Nothing of the attempt is counted; the spec is lowered elsewhere."""
 
 
 def _budgeted(what: str):
@@ -414,6 +421,35 @@ class GrammarCompiler:
         #: needed, found in the pool, found in the second tier. Deserialized grammars are not
         #: counted (their writer counted them).
         self.reuse: dict[str, int] = dict.fromkeys(REUSE_COUNTS, 0)
+        self._local = threading.local()     # `tally`: a link-only compile's counts, kept if it succeeds
+
+    @contextlib.contextmanager
+    def linking_only(self) -> Iterator[dict[str, int]]:
+        """Within it, this thread's compiles only link what exists: a structural tag's (or a tool
+        set's) frame is lowered, its modules must come from this compiler or its second tier, and
+        anything else to lower raises MustLower. Yields the attempt's reuse counts, added to
+        `reuse` only when the compile succeeds.
+
+        Why: a replica whose compiles run in worker processes links a set of known tools on its
+        own compile thread in a few milliseconds, rather than paying a worker's round trip and the
+        grammar's serialization both ways for work that lowers nothing."""
+        tally = dict.fromkeys(REUSE_COUNTS, 0)
+        self._local.tally = tally
+        try:
+            yield tally
+        finally:
+            self._local.tally = None
+        with self._lock:        # reached only when the compile succeeded
+            for k, v in tally.items():
+                self.reuse[k] += v
+
+    def _count(self, name: str, n: int = 1) -> None:
+        tally = getattr(self._local, "tally", None)
+        (tally if tally is not None else self.reuse)[name] += n
+
+    def _must_lower(self) -> None:
+        if getattr(self._local, "tally", None) is not None:
+            raise MustLower
 
     @property
     def entry_pool(self) -> EntryPool | None:
@@ -500,6 +536,7 @@ class GrammarCompiler:
         hit = self._cached(key)
         if hit is not None:
             return hit
+        self._must_lower()
         return self._compile(build(), key, _source_of(key))
 
     def _linkable_branches(self, schema: Any) -> list[tuple[dict, bytes]] | None:
@@ -571,7 +608,7 @@ class GrammarCompiler:
             module = self._modules.pop(key, None)
             if module is not None:
                 self._modules[key] = module
-                self.reuse["modules_local"] += 1
+                self._count("modules_local")
                 return module
         if self.module_source is not None:
             module = self.module_source.take(key)
@@ -580,8 +617,9 @@ class GrammarCompiler:
                 with self._lock:
                     self._keep(self._modules, key, module, module.nbytes)
                     self._evict()
-                self.reuse["modules_shards"] += 1
+                self._count("modules_shards")
                 return module
+        self._must_lower()
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -596,7 +634,7 @@ class GrammarCompiler:
         module.keys  # noqa: B018 - computed once here, outside any request that reuses the module
         if not keep_fsms:
             lowered.fsms = None     # linking needs the tables and keys only; the automata stay memoised
-        self.reuse["modules_lowered"] += 1
+        self._count("modules_lowered")
         with self._lock:
             self._keep(self._modules, key, module, module.nbytes)
             self._evict()
@@ -689,7 +727,11 @@ class GrammarCompiler:
                                    lowered, core)
         compiled._source = _source_of(key)
         compiled._tier_modules = sum(m.from_tier for m in modules.values())
-        return self._finish(key, compiled, t0)
+        # The first mask is the frame's (its opening tags, the names of its tools), whose pool keys
+        # cover the whole frame: only this very frame could have put them in the shards, and the
+        # runtime asked the shards for its grammar already. A read of them on the compile path
+        # is a round trip that misses, each time.
+        return self._finish(key, compiled, t0, ask_tier=False)
 
     @_budgeted("the built-in JSON grammar")
     def compile_builtin_json_grammar(self) -> CompiledGrammar:
@@ -705,22 +747,22 @@ class GrammarCompiler:
             return hit
 
     def _finish(self, key: tuple | None, compiled: CompiledGrammar, t0: float,
-                counted: bool = True) -> CompiledGrammar:
+                counted: bool = True, ask_tier: bool = True) -> CompiledGrammar:
         """Fetch what another tier holds, precompute, time, and keep the compiled grammar (within
         the caches' byte budget). `counted`: a grammar lowered here (its first mask's entries
-        count in `reuse`)."""
+        count in `reuse`). `ask_tier` False: the first mask's entries are not asked of the second
+        tier (a frame's: see _compile_framed)."""
         if self._pool is not None and (counted or self.entry_source is not None):
             core = compiled._core
             needed = core.pool_keys(core.initial_nodes()).values()
             wanted = [k for k in needed if k not in self._pool]
             found = 0
             if wanted and self.entry_source is not None:
-                found = compiled._tier_found = self.entry_source(wanted)
+                found = compiled._tier_found = self.entry_source(wanted) if ask_tier else 0
             if counted:
-                r = self.reuse
-                r["entries_needed"] += len(needed)
-                r["entries_local"] += len(needed) - len(wanted)
-                r["entries_shards"] += found
+                self._count("entries_needed", len(needed))
+                self._count("entries_local", len(needed) - len(wanted))
+                self._count("entries_shards", found)
         self._precompute(compiled, t0)
         self.last_compile_seconds = time.perf_counter() - t0
         with self._lock:
@@ -740,6 +782,7 @@ class GrammarCompiler:
     def _compile(self, grammar: Grammar, key: tuple | None = None,
                  source: tuple[str, str] | None = None) -> CompiledGrammar:
         """`key`: the source's cache key (else the grammar's normalised text, computed only here)."""
+        self._must_lower()
         if key is None and self.cache_enabled:
             key = (str(grammar), grammar.ir.root)
             hit = self._cached(key)

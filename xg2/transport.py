@@ -109,9 +109,11 @@ def _checksum(head: bytes, payload: bytes) -> bytes:
     return h.digest()
 
 
-def pack(kind: int, fingerprint: str, payload: bytes) -> bytes:
+def pack(kind: int, fingerprint: str, payload: bytes, compress: bool = True) -> bytes:
+    """`compress` False: stored as is (a blob for a pipe to the parent process, which compression
+    would only cost both ends time)."""
     engine = engine_version().encode()
-    if len(payload) >= _COMPRESS_FROM:
+    if compress and len(payload) >= _COMPRESS_FROM:
         kind |= _ZLIB
         payload = zlib.compress(payload, 1)
     head = _HEAD.pack(MAGIC, FORMAT_VERSION, kind, len(engine)) + engine + _vocab_digest(fingerprint)
@@ -225,14 +227,27 @@ def _array_out(a: np.ndarray) -> _Array:
                   a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
 
 
+#: Each allowed dtype's numpy dtype and its native-order twin (looked up per table: a module has a
+#: few dozen small tables, and numpy's own calls dominated reading them).
+_DTYPE_OF = {d: (np.dtype(d), np.dtype(d).newbyteorder("=")) for d in _DTYPES}
+
+
 def _array_in(w: _Array) -> np.ndarray:
-    if w.dtype not in _DTYPES:
+    dts = _DTYPE_OF.get(w.dtype)
+    if dts is None:
         raise DeserializeError(f"table of unexpected dtype {w.dtype!r}")
-    dt = np.dtype(w.dtype)
-    n = int(np.prod(w.shape, dtype=np.int64)) if w.shape else 1
-    if n * dt.itemsize != len(w.data) or any(d < 0 for d in w.shape):
+    dt, native = dts
+    n = 1
+    for d in w.shape:
+        if d < 0:
+            raise DeserializeError("table length does not match its shape")
+        n *= d
+    if n * dt.itemsize != len(w.data):
         raise DeserializeError("table length does not match its shape")
-    return np.frombuffer(w.data, dt).reshape(w.shape).astype(dt.newbyteorder("="))
+    a = np.frombuffer(w.data, dt)
+    if len(w.shape) != 1:
+        a = a.reshape(w.shape)
+    return a.astype(native)     # a copy: writable, and not a view of the message
 
 
 def _lowered_out(lowered: Any, with_fsms: bool, keys: Any = None) -> _Lowered:
@@ -270,7 +285,7 @@ def _lowered_in(w: _Lowered) -> Any:
     n_rules = len(w.rule_names)
     if not (len(arrays["rule_start"]) == len(w.rule_keys) == len(w.ctx_keys) == len(w.canon) == n_rules):
         raise DeserializeError("grammar tables, rule names and keys disagree on the number of rules")
-    if any(len(k) != 16 for k in w.rule_keys) or any(len(k) != 16 for k in w.ctx_keys):
+    if not {len(k) for k in w.rule_keys} <= {16} or not {len(k) for k in w.ctx_keys} <= {16}:
         raise DeserializeError("content keys are 16 bytes")
     if not 0 <= w.root < n_rules:
         raise DeserializeError("root rule out of range")
@@ -361,7 +376,8 @@ def _check_tables(a: dict[str, np.ndarray], n_rules: int) -> None:
         raise DeserializeError("table 'ctx_item' holds an index out of range")
 
 
-def dump_grammar(compiled: Any, *, rest_apart: bool = False, all_pooled: bool = False) -> bytes | tuple[bytes, bytes]:
+def dump_grammar(compiled: Any, *, rest_apart: bool = False, all_pooled: bool = False,
+                 compress: bool = True) -> bytes | tuple[bytes, bytes]:
     """A CompiledGrammar as bytes: tables, keys, its own entries built so far, and its source.
     `rest_apart`: (the grammar with the own entries of its first mask only, the other own entries
     as a blob of their own), so that a cache tier can ship the first part on the compile path and
@@ -390,7 +406,7 @@ def dump_grammar(compiled: Any, *, rest_apart: bool = False, all_pooled: bool = 
     payload = GrammarPayload(_lowered_out(lowered, False), own, compiled._source,
                              [(m, c.__name__) for m, c in compiled._warnings], first, built)
     fingerprint = compiled.tokenizer_info.fingerprint
-    blob = pack(KIND_GRAMMAR, fingerprint, _ENC.encode(payload))
+    blob = pack(KIND_GRAMMAR, fingerprint, _ENC.encode(payload), compress)
     return (blob, pack(KIND_OWN_ENTRIES, fingerprint, _ENC.encode(rest))) if rest_apart else blob
 
 
@@ -422,6 +438,7 @@ def dump_module(module: Any, fingerprint: str) -> bytes:
 
 
 def load_module(data: bytes, fingerprint: str) -> Any:
+    from .grammar.hashing import GrammarKeys
     from .lowering import Module
 
     try:
@@ -432,7 +449,9 @@ def load_module(data: bytes, fingerprint: str) -> Any:
     keys, lowered._keys = lowered._keys, None
     if lowered.fsms is not None and len(lowered.fsms) != len(lowered.rule_names):
         raise DeserializeError("module automata and rules disagree")
-    return Module(lowered, [(m, _warning_class(c)) for m, c in payload.warnings], _keys=keys)
+    # its rule keys alone are those of its keys (the contexts are computed over them): not hashed again
+    return Module(lowered, [(m, _warning_class(c)) for m, c in payload.warnings], _keys=keys,
+                  _rules=GrammarKeys(keys.rule, [], [None if c is None else c.tolist() for c in keys.canon]))
 
 
 def dump_entry(entry: bytes, fingerprint: str) -> bytes:

@@ -380,6 +380,7 @@ def _serve() -> None:
         if setup.get("sched_idle") and hasattr(os, "SCHED_IDLE"):     # a background worker (Linux)
             with contextlib.suppress(OSError):
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        from .. import transport
         from ..compiler import GrammarCompiler
         from ..grammar import fsm
 
@@ -406,7 +407,7 @@ def _serve() -> None:
             before = dict(compiler.reuse)
             compiled = spec.compile(compiler)
             compiled._precomputed.wait()
-            blob = compiled.serialize(all_entries=True)
+            blob = transport.dump_grammar(compiled, all_pooled=True, compress=False)     # over a pipe
             meta = _KEYS.encode({**{k: v - before[k] for k, v in compiler.reuse.items()},
                                  "tier_found": compiled._tier_found, "tier_modules": compiled._tier_modules})
             reply = _OK + _HEAD.pack(time.process_time() - cpu0, len(meta)) + meta + blob

@@ -51,13 +51,14 @@ import numpy as np
 
 from .._ext.core import fill_rows
 from ..batch_matcher import MIN_ROWS_PER_THREAD, _bitmask_base
-from ..compiler import REUSE_COUNTS, CompiledGrammar, GrammarCompiler
+from ..compiler import REUSE_COUNTS, CompiledGrammar, GrammarCompiler, MustLower
 from ..errors import QuotaError, SessionError, SpecError, UsageError, XG2Error
 from ..grammar.budget import CompileTimeout
 from ..matcher import GrammarMatcher
 from ..tokenizer import TokenizerInfo
 from .compile_workers import CompileWorkers
-from .spec import GrammarSpec, SessionSpec, as_session_spec, content_key
+from .tier import GrammarFound
+from .spec import GrammarSpec, SessionSpec, ToolsSpec, as_session_spec, content_key
 
 _log = logging.getLogger("xg2.runtime")
 
@@ -69,6 +70,11 @@ COMPILE_USAGE_HALF_LIFE_S = 10.0
 #: A tenant past this fraction of `max_compile_seconds_per_tenant` compiles on the background worker
 #: (idle CPU only). Measured here, the busiest well-behaved tenants of the load tests stay under 0.41 s.
 BACKGROUND_COMPILE_FRACTION = 0.5
+#: A tool set of at most this many tools is linked on a compile thread of this process when every
+#: tool's module exists (here, in a worker's output, or in the shards): a few milliseconds of
+#: Python, against a worker's round trip and the grammar's serialization both ways. Larger sets go
+#: to a worker whatever they hold, so that a link never holds the GIL long from the decode loop.
+MAX_TOOLS_LINKED_HERE = 32
 
 
 class Session:
@@ -271,7 +277,8 @@ class GrammarRuntime:
         self.stats = {"compiles": 0, "compile_shared": 0, "grammar_hits": 0, "failures_refused": 0,
                       "tier_grammar_hits": 0, "sessions_opened": 0, "sessions_reaped": 0,
                       "deserialize_ms": 0.0, "compile_budget_refused": 0, "background_compiles": 0,
-                      "background_timeouts": 0, "compile_cpu_ms": 0.0}
+                      "background_timeouts": 0, "compile_cpu_ms": 0.0, "links_here": 0,
+                      "links_here_missed": 0}
         self._worker_reuse = dict.fromkeys(REUSE_COUNTS, 0)    # GrammarCompiler.reuse, summed over workers
         self.cache_tier = None
         if cache_tier is not None:
@@ -287,8 +294,16 @@ class GrammarRuntime:
                           background: bool = False) -> CompiledGrammar:
         """On a compile thread: the tier's copy of the grammar (`blob`, when the caller has asked
         for it already), else a compile (whose entries the tier is asked for before the first mask
-        is built); then published in the background."""
+        is built); then published in the background. A tool set is first linked here when every
+        tool's module exists (_link_here), and only lowered in a worker when one does not."""
         tier = self.cache_tier
+        if blob is _ASK and self._links_first(grammar, background):
+            # the grammar is asked for in the same read as the tool set's modules
+            linked, blob = self._link_here(grammar, key)
+            if linked is not None:
+                tier.prefetch(linked, key)
+                tier.publish_grammar(key, linked)
+                return linked
         if tier is not None:
             if blob is _ASK:
                 blob = tier.get_grammar(key)
@@ -343,6 +358,32 @@ class GrammarRuntime:
             tier.prefetch(compiled, key)
             tier.publish_grammar(key, compiled)
         return compiled
+
+    def _links_first(self, grammar: GrammarSpec, background: bool = False) -> bool:
+        """Whether a compile of `grammar` first tries to link it here (MAX_TOOLS_LINKED_HERE): a
+        tool set not too large, compiles in workers, a cache tier to find modules in, and a tenant
+        not sent to the background worker."""
+        return (self.compile_workers is not None and self.cache_tier is not None and not background
+                and isinstance(grammar, ToolsSpec) and len(grammar.tools) <= MAX_TOOLS_LINKED_HERE)
+
+    def _link_here(self, grammar: GrammarSpec, key: bytes) -> tuple[CompiledGrammar | None, bytes | None]:
+        """A tool set whose every module exists, linked on this thread: (the grammar, None). Its
+        compiled grammar is asked of the shards in the read of its modules: (None, its blob) when
+        they hold it. (None, None) when something must be lowered: the modules read meanwhile stay
+        in this process and in the tier's memory, where the worker's questions find them."""
+        tier = self.cache_tier
+        ask = None
+        try:
+            with self.compiler.linking_only() as tally, tier.asking_grammar(key) as ask:
+                compiled = grammar.compile(self.compiler)
+        except GrammarFound as found:
+            return None, found.blob
+        except (MustLower, RecursionError):     # (nested past the interpreter's limit: the worker says so)
+            self.stats["links_here_missed"] += 1
+            return None, (None if ask is not None and ask.asked else _ASK)
+        self.stats["links_here"] += 1
+        compiled._reuse = dict(tally)
+        return compiled, None
 
     async def compile(self, grammar: GrammarSpec | Any) -> CompiledGrammar:
         """The compiled grammar of a spec: from the cache, from a compile in flight, or compiled."""
@@ -407,7 +448,7 @@ class GrammarRuntime:
                 if found is None:
                     blob = _ASK
                     tier = self.cache_tier
-                    if tier is not None and hasattr(tier, "get_grammar_async"):
+                    if tier is not None and hasattr(tier, "get_grammar_async") and not self._links_first(grammar):
                         blob = await tier.get_grammar_async(key)    # on the loop: no thread waits on it
                         found = self._known(key)
                         if isinstance(found, CompiledGrammar):

@@ -52,6 +52,28 @@ PUBLISH_BATCH = 512
 #: dropped and counted (`publish_dropped`). Publishing is best effort, and a queue that grows
 #: while the shards are slow or gone would hold every grammar it names in memory.
 MAX_PUBLISH_JOBS = 1024
+#: Module blobs this process holds (those its compile workers lowered, those read from the shards):
+#: a compile here or in a worker finds them without a round trip to the shards.
+MODULE_BLOB_BYTES = 32 << 20
+#: A module the shards did not hold is not asked for again for this long: a compile that could not
+#: link on the replica's thread goes to a worker, which asks for the same modules at once.
+MODULE_MISS_TTL_S = 2.0
+
+
+class GrammarFound(Exception):
+    """A compile asked for its grammar in the read of its modules (ShardedCache.asking_grammar), and
+    the shards hold it: the compile stops, the blob is loaded instead."""
+
+    def __init__(self, blob: bytes):
+        super().__init__("the compiled grammar is in the shards")
+        self.blob = blob
+
+
+class _GrammarAsk:
+    __slots__ = ("sk", "asked")
+
+    def __init__(self, sk: bytes):
+        self.sk, self.asked = sk, False
 
 
 def namespace_digest(build: str, fingerprint: str) -> bytes:
@@ -82,8 +104,13 @@ class ShardedCache:
                        "entries_refused": 0, "published_grammars": 0, "published_entries": 0,
                        "grammar_get_ms": 0.0, "entry_get_ms": 0.0, "module_gets": 0, "module_hits": 0,
                        "module_get_ms": 0.0, "published_modules": 0, "prefetch_skipped": 0,
-                       "publish_dropped": 0}
+                       "publish_dropped": 0, "module_memory_hits": 0}
+        self._module_blobs: OrderedDict[bytes, bytes] = OrderedDict()     # shard key -> blob
+        self._module_blob_bytes = 0
+        self._module_misses: OrderedDict[bytes, float] = OrderedDict()    # shard key -> when it missed
+        self.module_blob_budget = MODULE_BLOB_BYTES
         self._fetched: OrderedDict[tuple, Any] = OrderedDict()
+        self._local = threading.local()     # `ask`: a grammar to ask for with the next module read
         self.also_found: bytes | None = None
         self._foreground = 0
 
@@ -188,12 +215,84 @@ class ShardedCache:
         """A module's compiler key (options and schema text) as a content digest."""
         return hashlib.blake2b(_MODULE_KEY.encode(key), digest_size=16).digest()
 
-    def fetch(self, keys: list[tuple]) -> int:
-        """Get the modules of `keys` in one batched read; `take` hands them to the compiler."""
+    def _keep_blob(self, sk: bytes, blob: bytes) -> None:
+        """Hold a module's blob (with self._lock), the least recently used dropped past the budget."""
+        old = self._module_blobs.pop(sk, None)
+        if old is not None:
+            self._module_blob_bytes -= len(old)
+        self._module_blobs[sk] = blob
+        self._module_blob_bytes += len(blob)
+        while self._module_blob_bytes > self.module_blob_budget and self._module_blobs:
+            self._module_blob_bytes -= len(self._module_blobs.popitem(last=False)[1])
+
+    def _module_blobs_for(self, sks: list[bytes]) -> tuple[dict[bytes, bytes], list[bytes]]:
+        """The module blobs held here for shard keys `sks`, and the keys to ask the shards for."""
+        held: dict[bytes, bytes] = {}
+        with self._lock:
+            for sk in sks:
+                blob = self._module_blobs.get(sk)
+                if blob is not None:
+                    self._module_blobs.move_to_end(sk)
+                    held[sk] = blob
+        self.counts["module_memory_hits"] += len(held)
+        return held, [sk for sk in sks if sk not in held]
+
+    @contextlib.contextmanager
+    def asking_grammar(self, key: bytes):
+        """Within it, this thread's next module read (`fetch`) asks the shards for the compiled
+        grammar of `key` in the same batch, and raises GrammarFound if they hold it: a tool set's
+        compile costs one round trip to the shards, not two. Yields whether it was asked
+        (`.asked`: no module read, no question)."""
+        ask = _GrammarAsk(self.shard_key(b"g", key))
+        self._local.ask = ask
+        try:
+            yield ask
+        finally:
+            self._local.ask = None
+
+    def _read_modules(self, sks: list[bytes], also: bytes | None = None) -> dict[bytes, bytes]:
+        """Module blobs for `sks`: those held here, the others in one batched read of the shards
+        (kept here from then on); `also`, one more shard key asked in the same read."""
+        found, ask = self._module_blobs_for(sks)
+        now = time.monotonic()
+        with self._lock:
+            ask = [sk for sk in ask if self._module_misses.get(sk, -MODULE_MISS_TTL_S) + MODULE_MISS_TTL_S <= now]
+        if not ask and also is None:
+            return found
         t0 = time.perf_counter()
+        got = self.router.get_many(ask + ([also] if also is not None else []))
+        ms = (time.perf_counter() - t0) * 1e3
+        if also is not None:
+            self.counts["grammar_gets"] += 1
+            self.counts["grammar_get_ms"] += ms
+            blob = got.pop(also, None)
+            if blob is not None:
+                raise GrammarFound(self._grammar_found({also: blob}))
+        self.counts["module_gets"] += len(ask)
+        self.counts["module_hits"] += len(got)
+        self.counts["module_get_ms"] += ms
+        with self._lock:
+            for sk in ask:
+                if sk in got:
+                    self._remember(sk)      # the shards hold it: not to be sent back
+                    self._keep_blob(sk, got[sk])
+                else:
+                    self._module_misses[sk] = now
+                    self._module_misses.move_to_end(sk)
+            while len(self._module_misses) > 4096:
+                self._module_misses.popitem(last=False)
+        found.update(got)
+        return found
+
+    def fetch(self, keys: list[tuple]) -> int:
+        """Get the modules of `keys` (held here, else in one batched read); `take` hands them to the
+        compiler."""
         by_shard_key = {self.shard_key(b"m", self.module_key(k)): k for k in keys}
-        found = self.router.get_many(list(by_shard_key))
-        self.counts["module_gets"] += len(keys)
+        ask = getattr(self._local, "ask", None)
+        also = None
+        if ask is not None and not ask.asked:
+            ask.asked, also = True, ask.sk
+        found = self._read_modules(list(by_shard_key), also)
         for sk, blob in found.items():
             try:
                 module = transport.load_module(blob, self._fingerprint)
@@ -202,32 +301,36 @@ class ShardedCache:
                 continue
             with self._lock:
                 self._fetched[by_shard_key[sk]] = module
-                self._remember(sk)
                 while len(self._fetched) > 256:
                     self._fetched.popitem(last=False)
-            self.counts["module_hits"] += 1
-        self.counts["module_get_ms"] += (time.perf_counter() - t0) * 1e3
         return len(found)
 
     def get_blobs(self, kind: bytes, keys: list[bytes]) -> list[bytes | None]:
         """One batched read for a compile running in another process (a compile worker asks
-        through its parent): the blobs of modules (`kind` b"m", keys their `module_key`) or of
-        pool entries (b"e", pool keys), None where the shards hold none. The worker checks and
-        loads them; they are counted here as the in-process fetches are."""
-        t0 = time.perf_counter()
+        through its parent): the blobs of modules (`kind` b"m", keys their `module_key`; those held
+        here need no read) or of pool entries (b"e", pool keys), None where the shards hold none.
+        The worker checks and loads them; they are counted here as the in-process fetches are."""
         sks = [self.shard_key(kind, k) for k in keys]
+        if kind == b"m":
+            found = self._read_modules(sks)
+            return [found.get(sk) for sk in sks]
+        t0 = time.perf_counter()
         found = self.router.get_many(sks)
         with self._lock:
             for sk in found:        # the shards hold these: not to be sent back
                 self._remember(sk)
-        name = "module" if kind == b"m" else "entry"
-        self.counts[f"{name}_gets"] += len(keys)
-        self.counts[f"{name}_hits"] += len(found)
-        self.counts[f"{name}_get_ms"] += (time.perf_counter() - t0) * 1e3
+        self.counts["entry_gets"] += len(keys)
+        self.counts["entry_hits"] += len(found)
+        self.counts["entry_get_ms"] += (time.perf_counter() - t0) * 1e3
         return [found.get(sk) for sk in sks]
 
     def publish_module_blob(self, digest: bytes, blob: bytes) -> None:
-        """A module another process lowered and dumped (a compile worker), sent in the background."""
+        """A module another process lowered and dumped (a compile worker): held here, for this
+        process's compiles and workers, and sent in the background."""
+        sk = self.shard_key(b"m", digest)
+        with self._lock:
+            self._keep_blob(sk, blob)
+            self._module_misses.pop(sk, None)
         self._submit(("module_blob", digest, blob))
 
     def take(self, key: tuple) -> Any:
