@@ -17,10 +17,13 @@ the process, read from the shards, or built), and the bench reads nothing else f
 for the figures but /v1/xg2/stats (compile CPU).
 
 Then probes, one at a time: sets of 8 tools never sent before ("new tools"), and new combinations
-of 8 tools the workload sent ("seen tools"; those whose every tool came from the shards, lowered by
-another process, give ttfm_seen_tools_*). TTFM here is the replica's time from the request's
-arrival to its grammar session with the first mask's entries built (the fill itself is
-microseconds).
+of 8 tools that only one replica answered in the workload ("seen tools"; those whose every tool
+came from the shards, lowered on another node, give ttfm_seen_tools_*). The affinity router sends
+such a set to the replica that holds its tools, so the seen-tools figures come from the run with
+Serve's default router (the same compile path, the probes placed at random), with the new-tools
+figures of that run beside them; the affinity run's are under `ttfm_affinity`. TTFM here is the
+replica's time from the request's arrival to its grammar session with the first mask's entries
+built (the fill itself is microseconds).
 
 The same workload runs three times on fresh applications: the defaults (affinity routing, the
 cache tier), Serve's default router, and the tier off (`compile_cpu_ms_per_request_unshared`).
@@ -136,14 +139,17 @@ class Workload:
                     "max_tokens": 12, "seed": i}})
         return out
 
-    def probes(self, n: int, seen: list[dict], seed: int) -> list[dict]:
-        """n pairs: a set of never-sent tools, then a new combination of sent ones."""
+    def probes(self, n: int, pools: list[list[dict]], seed: int) -> list[dict]:
+        """n pairs: a set of never-sent tools, then a new combination of sent ones, all from one of
+        `pools` in turn (the tools only one replica compiled: see seen_on_one_replica)."""
         rng = random.Random(f"probes/{seed}")
         fresh = list(self.held_out)
+        pools = [p for p in pools if p]
         out = []
         for i in range(n):
             new = [fresh.pop() for _ in range(min(PROBE_TOOLS, len(fresh)))]
-            old = rng.sample(seen, min(PROBE_TOOLS, len(seen)))
+            pool = pools[i % len(pools)] if pools else []
+            old = rng.sample(pool, min(PROBE_TOOLS, len(pool)))
             for kind, tools in (("new_tools", new), ("seen_tools", old)):
                 if tools:
                     out.append({"kind": kind, "n_tools": len(tools), "tenant": f"prober-{i}", "body": {
@@ -160,7 +166,7 @@ async def send(session: Any, url: str, req: dict, t0: float) -> dict:
     """One request, retried as an OpenAI client retries (connection errors, 429, 5xx)."""
     import aiohttp
 
-    rec = {"kind": req["kind"], "n_tools": req["n_tools"], "t": time.monotonic() - t0, "attempts": 0}
+    rec = {"kind": req["kind"], "n_tools": req["n_tools"], "t": time.monotonic() - t0, "attempts": 0, "req": req}
     body = json.dumps(req["body"]).encode()
     start = time.perf_counter()
     for attempt in range(RETRIES):
@@ -260,6 +266,25 @@ def local_hit_rate(recs: list[dict]) -> float | None:
         else:
             xs.append(0.0)
     return round(sum(xs) / len(xs), 3) if xs else None
+
+
+def seen_on_one_replica(recs: list[dict]) -> list[list[dict]]:
+    """Per replica, the tools of the run's tool requests that it alone answered: a new combination
+    of them sent to the other replica finds every module in the shards, lowered on another node."""
+    holders: dict[str, set] = {}
+    tool_of: dict[str, dict] = {}
+    for r in recs:
+        if r["kind"] != "tools" or not r.get("info") or "replica" not in r["info"]:
+            continue
+        for t in compiled_tools(r["req"]):
+            k = json.dumps(t, sort_keys=True)
+            tool_of[k] = t
+            holders.setdefault(k, set()).add(r["info"]["replica"])
+    pools: dict[str, list[dict]] = {}
+    for k, replicas in holders.items():
+        if len(replicas) == 1:
+            pools.setdefault(next(iter(replicas)), []).append(tool_of[k])
+    return [pools[r] for r in sorted(pools)]
 
 
 def ttfm(probes: list[dict]) -> dict:
@@ -435,8 +460,7 @@ async def one_config(cluster: Any, w: Workload, *, n: int, probes: int, tier: bo
         reqs = w.requests(n, seed)
         recs = await run_requests(url, reqs, 4, t0)
         third = [r for r in recs if r["t"] >= (max(x["t"] for x in recs) / 3)]
-        seen_tools = {json.dumps(t, sort_keys=True): t for q in reqs if q["kind"] == "tools" for t in compiled_tools(q)}
-        probe_recs = await run_requests(url, w.probes(probes, list(seen_tools.values()), seed), 1, t0)
+        probe_recs = await run_requests(url, w.probes(probes, seen_on_one_replica(recs), seed), 1, t0)
         out.update({"requests": len(recs) + len(probe_recs),
                     "failed_requests": sum(1 for r in recs + probe_recs if r.get("status") not in (200, 400)),
                     "refused_400": sum(1 for r in recs + probe_recs if r.get("status") == 400),
@@ -477,8 +501,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         nodes = len([n for n in ray.nodes() if n["Alive"]])
         main = await one_config(cluster, w, n=n, probes=probes, tier=True, router=None, kill=True, info=info,
                                 seed=args.seed, mask_sample=12 if args.quick else 40)
-        default = await one_config(cluster, w, n=n, probes=0, tier=True, router="default", kill=False, info=info,
-                                   seed=args.seed, mask_sample=0)
+        default = await one_config(cluster, w, n=n, probes=2 * probes, tier=True, router="default", kill=False,
+                                   info=info, seed=args.seed, mask_sample=0)
         unshared = await one_config(cluster, w, n=n, probes=probes, tier=False, router=None, kill=False, info=info,
                                     seed=args.seed, mask_sample=0)
     finally:
@@ -490,7 +514,11 @@ async def main_async(args: argparse.Namespace) -> dict:
         "failed_requests": main["failed_requests"],
         "grammar_hit_rate": main["grammar_hit_rate"], "module_hit_rate": main["module_hit_rate"],
         "entry_hit_rate": main["entry_hit_rate"],
-        **{k: main[k] for k in main if k.startswith("ttfm_")},
+        # A set whose every tool another node lowered reaches a replica that never saw them only
+        # when the router does not look at tools: probes sent the same way under both routers,
+        # the figures taken where they occur (Serve's default router); the affinity run's too.
+        **{k: default[k] for k in default if k.startswith("ttfm_")},
+        "ttfm_affinity": {k: main[k] for k in main if k.startswith("ttfm_")},
         "compile_cpu_ms_per_request": main["compile_cpu_ms_per_request"],
         "compile_cpu_ms_per_request_unshared": unshared["compile_cpu_ms_per_request"],
         "routing": {"affinity": {"local_hit_rate": main["local_hit_rate"]},

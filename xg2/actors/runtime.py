@@ -57,8 +57,8 @@ from ..grammar.budget import CompileTimeout
 from ..matcher import GrammarMatcher
 from ..tokenizer import TokenizerInfo
 from .compile_workers import CompileWorkers
-from .tier import GrammarFound
 from .spec import GrammarSpec, SessionSpec, ToolsSpec, as_session_spec, content_key
+from .tier import GrammarFound
 
 _log = logging.getLogger("xg2.runtime")
 

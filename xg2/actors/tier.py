@@ -70,7 +70,7 @@ class GrammarFound(Exception):
 
 
 class _GrammarAsk:
-    __slots__ = ("sk", "asked")
+    __slots__ = ("asked", "sk")
 
     def __init__(self, sk: bytes):
         self.sk, self.asked = sk, False
