@@ -269,16 +269,18 @@ def local_hit_rate(recs: list[dict]) -> float | None:
 
 
 def seen_on_one_replica(recs: list[dict]) -> list[list[dict]]:
-    """Per replica, the tools of the run's tool requests that it alone answered: a new combination
-    of them sent to the other replica finds every module in the shards, lowered on another node."""
+    """Per replica, the tools of the run's tool requests whose parameter schemas it alone compiled
+    (a module is a schema's: two tools with the same parameters share it), one tool per schema: a
+    new combination of them sent to the other replica finds every module in the shards, lowered on
+    another node."""
     holders: dict[str, set] = {}
     tool_of: dict[str, dict] = {}
     for r in recs:
         if r["kind"] != "tools" or not r.get("info") or "replica" not in r["info"]:
             continue
         for t in compiled_tools(r["req"]):
-            k = json.dumps(t, sort_keys=True)
-            tool_of[k] = t
+            k = json.dumps(t["function"].get("parameters"), sort_keys=True)
+            tool_of.setdefault(k, t)
             holders.setdefault(k, set()).add(r["info"]["replica"])
     pools: dict[str, list[dict]] = {}
     for k, replicas in holders.items():

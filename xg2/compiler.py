@@ -78,6 +78,7 @@ class CompiledGrammar:
         self._precompute_budget_ms: float | None = None         # None: the compiler's
         self._tier_found: int | None = None     # first-mask entries a second tier had (None: not asked)
         self._tier_modules = 0      # its modules that came from a second tier (see ShardedCache.prefetch)
+        self._tier_examined: tuple[int, set] | None = None    # pool keys a tier's publisher has looked at
         # where a runtime got it (see GrammarRuntime: "compiled" or "shards") and, compiled, what
         # its compile found where (GrammarCompiler.reuse's counts)
         self._origin = "compiled"
@@ -645,11 +646,17 @@ class GrammarCompiler:
     def _fetch_modules(self, keys: list[tuple]) -> None:
         """Ask the second tier, in one batch, for the modules of `keys` this compiler lacks."""
         if self.module_source is None:
+            if any(k not in self._modules for k in keys):
+                self._must_lower()
             return
         with self._lock:
-            missing = [k for k in keys if k not in self._modules]
-        if missing:
+            missing = list(dict.fromkeys(k for k in keys if k not in self._modules))
+        if not missing:
+            return
+        if getattr(self._local, "tally", None) is None:
             self.module_source.fetch(missing)
+        elif self.module_source.fetch(missing, all_or_nothing=True) < len(missing):
+            raise MustLower     # a link-only compile: none loaded, since one must be lowered anyway
 
     @_budgeted("a structural tag")
     def compile_structural_tag(self, *args: Any, **kwargs: Any) -> CompiledGrammar:

@@ -27,6 +27,15 @@ other one in the cluster reads it instead. Ray actors with a tier of their own w
 alternative (benchmarks/README.md, "Where compiles run"): the same time to first mask, twice the
 memory a worker, ten times the restart time.
 
+Workers lower; the replica links. A tool set (of at most runtime.MAX_TOOLS_LINKED_HERE tools) whose
+every tool's module exists, in the replica's memory (what its workers lowered, what it read before)
+or in the shards, is linked on the replica's own compile thread and never comes here: that is a
+few milliseconds of Python, against a worker's round trip and the grammar serialized both ways
+(on an 8-tool set, 8 ms in all against 10 ms of serialization alone). Only a set with something to
+lower is sent, with the modules the replica found held in its tier's memory for the worker's
+question. A tenant that compiles heavily is sent to the background worker whatever its set holds,
+so the GIL time one tenant's links can take from the decode loop is bounded by its compile budget.
+
 Background workers (`background_workers`) run under SCHED_IDLE: they get a core only when nothing
 else wants it. The runtime sends them the compiles of tenants that have compiled heavily lately, so
 that one tenant's stream of slow specs is paid for with idle CPU, not with the other tenants'
@@ -316,7 +325,7 @@ class _ParentTier:
         self.out.send_bytes(_FETCH + kind + _KEYS.encode(keys))
         return _BLOBS_DEC.decode(self.inp.recv_bytes())
 
-    def fetch(self, keys: list[tuple]) -> int:
+    def fetch(self, keys: list[tuple], all_or_nothing: bool = False) -> int:
         from .. import transport
 
         found = 0

@@ -41,9 +41,12 @@ _log = logging.getLogger("xg2.tier")
 #: Keys remembered as sent (older ones may be sent again; the shard keeps its copy).
 MAX_SENT_KEYS = 1 << 18
 _MODULE_KEY = msgspec.msgpack.Encoder()
-#: Background loops give up the GIL every so many items: a thread that keeps it runs for the
-#: interpreter's whole switch interval (5 ms) while a compile or a fill waits.
-YIELD_EVERY = 8
+#: Background loops give up the GIL after holding it this long (and at once while an open is on its
+#: way to a first mask): a thread that keeps it runs for the interpreter's whole switch interval
+#: (5 ms) while a compile or a fill waits. Yielding every 8 items instead, as before, spent more in
+#: GIL hand-offs than in the work: with the tier on, the replica's process used twice the CPU of a
+#: run without it, a third of it in the publisher's yields.
+YIELD_AFTER_S = 0.001
 #: How long a background loop waits at a yield point while opens are on their way to a first mask.
 FOREGROUND_WAIT_S = 0.005
 #: Pairs per put call.
@@ -111,6 +114,7 @@ class ShardedCache:
         self.module_blob_budget = MODULE_BLOB_BYTES
         self._fetched: OrderedDict[tuple, Any] = OrderedDict()
         self._local = threading.local()     # `ask`: a grammar to ask for with the next module read
+        self._generation = 0        # of the shards' contents, as this process knows them (restarts)
         self.also_found: bytes | None = None
         self._foreground = 0
 
@@ -127,6 +131,18 @@ class ShardedCache:
             with self._lock:
                 self._foreground -= 1
 
+    def _pace(self) -> None:
+        """A background loop's check between items: yield (below, waiting while opens are on their
+        way) when it has held the GIL for YIELD_AFTER_S."""
+        if not getattr(self._local, "background", False):
+            return      # a compile's own read (its first mask's entries) never waits for itself
+        now = time.perf_counter()
+        last = getattr(self._local, "paced", 0.0)
+        if now - last >= YIELD_AFTER_S:
+            if last:
+                self._yield()
+            self._local.paced = time.perf_counter()
+
     def _yield(self) -> None:
         """A background loop's yield point: give up the GIL, and wait while opens are in progress."""
         if self._foreground:
@@ -140,6 +156,7 @@ class ShardedCache:
         """A shard came back empty: what this process sent it must be sent again when next built
         or closed, so forget having sent it."""
         with self._lock:
+            self._generation += 1       # every grammar's entries are looked at again
             groups = self.router.group(list(self._sent))
             for k in groups.get(shard, []):
                 del self._sent[k]
@@ -194,9 +211,8 @@ class ShardedCache:
         self.also_found = found.pop(also, None) if also is not None else None
         self.counts["entry_gets"] += len(keys)
         loaded = 0
-        for i, (sk, blob) in enumerate(found.items()):
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                self._yield()       # let a compile or a fill on another thread take the GIL
+        for sk, blob in found.items():
+            self._pace()        # let a compile or a fill on another thread take the GIL
             try:
                 pool.load(by_shard_key[sk], transport.load_entry(blob, self._fingerprint))
                 loaded += 1
@@ -284,15 +300,18 @@ class ShardedCache:
         found.update(got)
         return found
 
-    def fetch(self, keys: list[tuple]) -> int:
+    def fetch(self, keys: list[tuple], all_or_nothing: bool = False) -> int:
         """Get the modules of `keys` (held here, else in one batched read); `take` hands them to the
-        compiler."""
+        compiler. `all_or_nothing`: unless every one was found, none is loaded (a link-only compile
+        that must go to a worker anyway: the worker loads them; their blobs stay held here)."""
         by_shard_key = {self.shard_key(b"m", self.module_key(k)): k for k in keys}
         ask = getattr(self._local, "ask", None)
         also = None
         if ask is not None and not ask.asked:
             ask.asked, also = True, ask.sk
         found = self._read_modules(list(by_shard_key), also)
+        if all_or_nothing and len(found) < len(by_shard_key):
+            return len(found)
         for sk, blob in found.items():
             try:
                 module = transport.load_module(blob, self._fingerprint)
@@ -348,9 +367,8 @@ class ShardedCache:
             _log.warning("cache tier gave unusable grammar entries (%s); they will be built", e)
             return
         core = compiled._core
-        for i, (node, data) in enumerate(entries.items()):
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                self._yield()
+        for node, data in entries.items():
+            self._pace()        # let a compile or a fill on another thread take the GIL
             try:
                 core.load_entry(node, data)
             except (ValueError, MemoryError):
@@ -374,6 +392,7 @@ class ShardedCache:
 
     def _fetch_loop(self) -> None:
         pool = self.compiler.entry_pool
+        self._local.background = True
         while True:
             compiled = self._fetches.get()
             try:
@@ -448,6 +467,7 @@ class ShardedCache:
         return True
 
     def _run(self) -> None:
+        self._local.background = True
         while True:
             kind, key, obj = self._next_job()
             try:
@@ -480,18 +500,28 @@ class ShardedCache:
                 _log.exception("cache tier publish failed")
 
     def _entry_items(self, compiled: Any) -> list[tuple[bytes, bytes]]:
+        """The built pooled entries of `compiled` not sent yet. Each grammar remembers the keys it
+        has had examined (until a shard restarts): a session's close then looks only at what decoding
+        built since, not again at every entry of the grammar."""
         pool = self.compiler.entry_pool
+        examined = compiled._tier_examined
+        if examined is None or examined[0] != self._generation:
+            examined = compiled._tier_examined = (self._generation, set())
+        seen = examined[1]
+        todo = set(compiled._core.pool_keys(built_only=True).values())
+        todo.difference_update(seen)
+        seen.update(todo)
         out = []
-        for i, k in enumerate(compiled._core.pool_keys(built_only=True).values()):
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                self._yield()
+        self._local.paced = 0.0
+        for k in todo:
+            self._pace()
             sk = self.shard_key(b"e", k)
             with self._lock:
                 if sk in self._sent:
                     continue
             data = pool.dump(k)
             if data is None:
-                continue        # not built (yet), or evicted
+                continue        # evicted
             with self._lock:
                 self._remember(sk)
             out.append((sk, transport.dump_entry(data, self._fingerprint)))
