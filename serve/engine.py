@@ -217,13 +217,32 @@ class Engine:
         return None
 
     def _admit_one(self, prefilled: tuple[Generation, torch.Tensor] | None) -> None:
+        """The first token of a request just prefilled. Its client may have gone while the prompt
+        was on the forward thread (its session closed with it): then it only leaves its row."""
         if prefilled is None:
             return
         gen, logits = prefilled
-        rows = [gen]
+        if not self._still_constrained([gen])[0]:
+            return
         if gen.session is not None:
             self.runtime.fill([gen.session], self.bitmask)
-        self._sample_and_accept(rows, logits)
+        self._sample_and_accept([gen], logits)
+
+    @staticmethod
+    def _still_constrained(gens: list[Generation]) -> list[bool]:
+        """Which of `gens` go on with this step. A cancelled request goes (its caller may close
+        its session at any await); one whose session was closed under it (by anyone else) fails
+        alone, with a typed error, rather than decode unconstrained or fail the batch's fill."""
+        out = []
+        for g in gens:
+            if g.done or g.cancelled:
+                out.append(False)
+            elif g.session is not None and g.session.closed:
+                g._finish("error", GenerationError("the request's grammar session was closed while it decoded"))
+                out.append(False)
+            else:
+                out.append(True)
+        return out
 
     async def _step(self, loop: asyncio.AbstractEventLoop) -> None:
         active = self._active
@@ -244,7 +263,7 @@ class Engine:
 
         pending = loop.run_in_executor(self._forward, forward)
         # a cancelled request's session may be closed by its caller at any await from here on
-        sessions = [None if g.cancelled or g.done else g.session for g in active]
+        sessions = [g.session if go else None for g, go in zip(active, self._still_constrained(active))]
         fill_end = t0
         try:
             if any(s is not None for s in sessions):
@@ -281,8 +300,9 @@ class Engine:
         """The sessions accept their tokens, the tokens go to their requests; returns the seconds
         the sessions took."""
         t1 = time.perf_counter()
+        self._still_constrained(gens)       # a session closed meanwhile: that request fails, none emits
         todo = [(g, t) for g, t in zip(gens, picked)
-                if g.session is not None and not (g.cancelled or g.done or g.session.closed) and t not in self.stop_ids]
+                if g.session is not None and not (g.cancelled or g.done) and t not in self.stop_ids]
         if todo:
             ok = self.runtime.accept([g.session for g, _ in todo], [t for _, t in todo])
             for (g, t), accepted in zip(todo, ok):

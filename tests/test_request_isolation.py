@@ -1,0 +1,126 @@
+"""One request's end stays its own (issue 34, point 1): a request cancelled or whose session is
+closed at any point of its life (queued, prefilling, decoding) leaves every other request of the
+batch to finish, valid; the engine frees its row."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+
+from serve.engine import Engine, SamplingParams
+from serve.model import load_model, tokenizer_info
+from xg2.actors import GrammarRuntime
+
+PATTERN = r"[a-z]{3,12}( [a-z]{3,12}){2,6}\."
+GRAMMAR = {"grammar": {"type": "regex", "pattern": PATTERN}}
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model("tiny", progress=False)
+
+
+@pytest.fixture(scope="module")
+def runtime(loaded):
+    rt = GrammarRuntime(tokenizer_info(loaded))
+    yield rt
+    rt.shutdown()
+
+
+def _slow_prefill(eng: Engine, seconds: float) -> None:
+    """Every prefill takes `seconds` more (on the forward thread, as a long prompt would)."""
+    real = eng.lm.prefill
+
+    def prefill(row, ids):
+        time.sleep(seconds)
+        return real(row, ids)
+
+    eng.lm.prefill = prefill
+
+
+def _valid(loaded, tokens: list[int]) -> bool:
+    return re.fullmatch(PATTERN, loaded.tokenizer.decode(tokens)) is not None
+
+
+@pytest.mark.parametrize("point", ["queued", "prefilling", "decoding"])
+def test_a_request_ended_with_its_session_closed_leaves_the_batch_alone(loaded, runtime, point):
+    """Request B is cancelled and its session closed (what the replica does when its client goes
+    away) while queued, while its prompt is prefilled, or while it decodes; A and C finish valid."""
+    prompt = loaded.tokenizer.encode("Write a sentence.")
+
+    async def run():
+        eng = Engine(loaded.model, [], runtime=runtime, max_batch=4, vocab_size=loaded.vocab_size)
+        _slow_prefill(eng, 0.3)
+        sessions = [await runtime.open(GRAMMAR) for _ in range(3)]
+        params = SamplingParams(max_tokens=40, temperature=0.8, seed=1)
+        a = eng.submit(prompt, params, sessions[0])
+        b = eng.submit(prompt, params, sessions[1])
+        c = eng.submit(prompt, params, sessions[2])
+
+        async def drain(gen):
+            return [t async for t in gen]
+
+        ta, tc = asyncio.ensure_future(drain(a)), asyncio.ensure_future(drain(c))
+        if point == "queued":
+            await asyncio.sleep(0.05)       # A's prefill has started; B waits behind it
+        elif point == "prefilling":
+            await asyncio.sleep(0.45)       # A prefilled; B's prefill is on the forward thread
+        else:
+            async for _ in b:               # B decodes: a token out, then it goes
+                break
+        b.cancel()
+        runtime.close(sessions[1])
+        got_a, got_c = await asyncio.wait_for(asyncio.gather(ta, tc), 60)
+        await asyncio.sleep(0)
+        active = len(eng._active)
+        await eng.close()
+        for s in (sessions[0], sessions[2]):
+            runtime.close(s)
+        return a, c, got_a, got_c, b, active
+
+    a, c, got_a, got_c, b, active = asyncio.run(run())
+    assert a.finish_reason in ("stop", "length") and c.finish_reason in ("stop", "length")
+    for gen, tokens in ((a, got_a), (c, got_c)):
+        if gen.finish_reason == "stop":
+            assert _valid(loaded, tokens), loaded.tokenizer.decode(tokens)
+    assert b.finish_reason == "cancelled"
+    assert active == 0
+
+
+def test_a_session_closed_under_a_running_request_fails_that_request_only(loaded, runtime):
+    """A session closed by someone else (the idle reaper, say) while its request decodes: that
+    request ends with a typed error; the other goes on, and no unconstrained token is emitted."""
+    from serve.engine import GenerationError
+
+    prompt = loaded.tokenizer.encode("Write a sentence.")
+
+    async def run():
+        eng = Engine(loaded.model, [], runtime=runtime, max_batch=4, vocab_size=loaded.vocab_size)
+        s1, s2 = await runtime.open(GRAMMAR), await runtime.open(GRAMMAR)
+        params = SamplingParams(max_tokens=40, temperature=0.8, seed=2)
+        a, b = eng.submit(prompt, params, s1), eng.submit(prompt, params, s2)
+        tokens_b = b.__aiter__()    # (leaving an `async for` early would cancel B)
+        seen_b = [await tokens_b.__anext__()]
+        runtime.close(s2)           # not cancelled: its session is gone
+        err = None
+        try:
+            async for t in tokens_b:
+                seen_b.append(t)
+        except GenerationError as e:
+            err = e
+        got_a = [t async for t in a]
+        await eng.close()
+        runtime.close(s1)
+        return a, got_a, b, seen_b, err
+
+    a, got_a, b, seen_b, err = asyncio.run(run())
+    assert a.finish_reason in ("stop", "length")
+    if a.finish_reason == "stop":
+        assert _valid(loaded, got_a)
+    assert err is not None and b.finish_reason == "error"
+    # what B emitted before its session went is a prefix the grammar allows
+    text = loaded.tokenizer.decode(seen_b)
+    assert re.fullmatch(r"[a-z]{0,12}( [a-z]{0,12}){0,6}\.?", text), text
