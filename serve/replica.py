@@ -192,7 +192,7 @@ class Replica:
                                 lambda exc: compile_error_to_request_error(exc, req, tool_format=fmt),
                                 markers=("<tool_call>",) if tools else ())
         if req.stream:
-            return self._chat_events(run, req, tools)
+            return _Events(run, self._chat_events(run, req, tools))
         async with run:
             text = await run.text()
         content, calls = (self.loaded.chat_format.parse_tool_calls(text) if tools else (text, []))
@@ -212,7 +212,7 @@ class Replica:
         run = await self._start(tenant, req, spec, req.prompt_text, req.effective_max_tokens,
                                 lambda exc: compile_error_to_request_error(exc, req))
         if req.stream:
-            return self._completion_events(run, req)
+            return _Events(run, self._completion_events(run, req))
         async with run:
             text = await run.text()
         return p.encode(p.Completion(model=self.model_name, choices=[
@@ -364,6 +364,35 @@ class Replica:
         await asyncio.to_thread(self.runtime.shutdown)
 
 
+class _Events:
+    """A streamed answer's server-sent events. The body (an async generator) ends its request when
+    it ends; but a client that goes before the first event is asked for (Serve's handle call
+    cancelled, the response dropped unstarted) would never run it, and the request would decode on
+    and hold its tenant's slot: closed or dropped unstarted, these end it themselves."""
+
+    __slots__ = ("_body", "_run", "_started")
+
+    def __init__(self, run: _Run, body: AsyncIterator[bytes]):
+        self._run, self._body, self._started = run, body, False
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self._started = True
+        return await self._body.__anext__()
+
+    async def aclose(self) -> None:
+        if not self._started:
+            self._started = True
+            self._run.release(failed=True)
+        await self._body.aclose()
+
+    def __del__(self) -> None:
+        if not self._started:
+            self._run.release(failed=True)
+
+
 class _Run:
     """One request on the replica: its generation, its text, and its end (session closed,
     the tenant's slot given back, its timings kept)."""
@@ -378,15 +407,24 @@ class _Run:
         self.finish_reason = "stop"
         self.tier = "none"
         self.completed = False      # the whole answer was produced (a client gone after it is no failure)
+        self._released = False
 
     async def __aenter__(self):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.release(exc[0] is not None)
+
+    def release(self, failed: bool) -> None:
+        """End the request, once (whichever comes first: its body's end, or its events dropped
+        before their first was asked for): generation stopped, session closed, slot given back."""
+        if self._released:
+            return
+        self._released = True
         self.gen.cancel()
         r = self.replica
         r._done(self.tenant, self.session)
-        if exc[0] is not None and not self.completed:
+        if failed and not self.completed:
             r.counts["failed"] += 1
         r.finished += 1
         r.recent.append({"tenant": self.tenant, "grammar_from": self.tier, "prompt_tokens": len(self.prompt),

@@ -124,3 +124,50 @@ def test_a_session_closed_under_a_running_request_fails_that_request_only(loaded
     # what B emitted before its session went is a prefix the grammar allows
     text = loaded.tokenizer.decode(seen_b)
     assert re.fullmatch(r"[a-z]{0,12}( [a-z]{0,12}){0,6}\.?", text), text
+
+
+@pytest.fixture(scope="module")
+def replica():
+    from serve.replica import Replica, ReplicaOptions
+
+    r = Replica(ReplicaOptions(model="tiny", max_len=512))
+    yield r
+    asyncio.run(r.close())
+
+
+def _stream_body(pattern: str = PATTERN) -> bytes:
+    import json
+
+    return json.dumps({"model": "tiny", "prompt": "Say it:", "stream": True, "max_tokens": 30,
+                       "guided_regex": pattern}).encode()
+
+
+@pytest.mark.parametrize("how", ["dropped", "closed"])
+def test_a_stream_whose_client_went_before_its_first_event_is_released(replica, how):
+    """The events of a streamed answer are never asked for (the client went while the response was
+    being set up): dropped or closed unstarted, the request still ends: its tenant's slot, its
+    session and its row are given back."""
+    import gc
+
+    async def run():
+        events = await replica.completions("tenant-gone", _stream_body())
+        assert replica._in_flight.get("tenant-gone") == 1
+        if how == "closed":
+            await events.aclose()
+        else:
+            del events
+            gc.collect()
+        for _ in range(200):            # the engine retires the cancelled row at its next step
+            await asyncio.sleep(0.01)
+            if not replica.engine._active and not replica.engine._pending:
+                break
+        # and the replica still answers
+        other = await replica.completions("tenant-other", _stream_body())
+        pieces = [e async for e in other]
+        return pieces
+
+    pieces = asyncio.run(run())
+    assert pieces and pieces[-1].strip().endswith(b"[DONE]")
+    assert replica._in_flight == {}
+    assert replica.runtime.open_sessions() == 0
+    assert not replica.engine._active and not replica.engine._pending
