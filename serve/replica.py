@@ -353,6 +353,9 @@ class Replica:
         out = {"requests": dict(self.counts), "engine": dict(self.engine.counts),
                "steps": self.engine.exposed_mask_ms(), "runtime": dict(rt.stats),
                "cache_bytes": rt.cache_bytes(), "open_sessions": rt.open_sessions(),
+               # what requests hold now: all three return to 0 when the replica is idle
+               "requests_in_flight": sum(self._in_flight.values()),
+               "engine_rows": len(self.engine._active) + len(self.engine._pending),
                "compiler": rt.compiler.cache_stats(), "compile_usage": rt.compile_usage(), "reuse": rt.reuse(),
                "recent": list(self.recent[-64:])}
         if rt.cache_tier is not None:

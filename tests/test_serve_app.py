@@ -10,8 +10,10 @@ gives the same output on every run.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -283,3 +285,70 @@ def test_each_response_says_where_its_grammar_came_from(app):
     again = grammar_header(body)
     assert again["from"] == "local" and "modules_lowered" not in again, again
     assert grammar_header({"model": "tiny", "messages": MESSAGES, "max_tokens": 2}) is None
+
+
+def test_clients_that_go_at_any_point_leave_the_others_and_every_counter_alone(app, reference):
+    """24 requests at once from 12 tenants, half streamed; a third of the clients go away before
+    the response starts, after its first bytes, or in the middle of the stream. Every other request
+    finishes with a valid answer, and once all are done the replica holds nothing of the ones that
+    went: no request in flight, no open session, no row in the decoding batch."""
+    import asyncio
+    import random
+
+    import aiohttp
+
+    pattern = r"[a-z]{2,10}( [a-z]{2,10}){1,5}\."
+    grammar = {"type": "regex", "pattern": pattern}
+    rng = random.Random(34)
+    plan = [(i, bool(i % 2), rng.choice(["stay", "stay", "before", "first", "middle"])) for i in range(24)]
+
+    async def one(session, i, stream, leave):
+        body = {"model": "tiny", "prompt": f"Request {i}:", "max_tokens": 40, "temperature": 0.9, "seed": i,
+                "guided_regex": pattern, "stream": stream}
+        headers = {"Authorization": f"Bearer tenant-d{i % 12}"}
+        try:
+            if leave == "before":
+                await asyncio.wait_for(session.post(app.url + "/completions", json=body, headers=headers), 0.05)
+                return i, leave, None
+            async with session.post(app.url + "/completions", json=body, headers=headers) as r:
+                if leave == "stay":
+                    return i, leave, (r.status, await r.read())
+                await r.content.readline()
+                if leave == "middle":
+                    for _ in range(4):
+                        await r.content.readline()
+                r.close()           # the client goes, the connection with it
+                return i, leave, None
+        except (asyncio.TimeoutError, aiohttp.ClientError):
+            return i, leave, None
+
+    async def run():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            return await asyncio.gather(*(one(session, *p) for p in plan))
+
+    results = asyncio.run(run())
+    stayed = [(i, out) for i, leave, out in results if leave == "stay"]
+    assert len(stayed) >= 8
+    for i, (status, data) in stayed:
+        assert status == 200, (i, data[:300])
+        stream = plan[i][1]
+        if stream:
+            events = [json.loads(line[6:]) for line in data.decode().splitlines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+            text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+            finish = [e["choices"][0]["finish_reason"] for e in events if e.get("choices")][-1]
+        else:
+            answer = json.loads(data)
+            text, finish = answer["choices"][0]["text"], answer["choices"][0]["finish_reason"]
+        assert accepted_by(reference, grammar, text), (i, text)
+        if finish == "stop":
+            assert re.fullmatch(pattern, text), (i, text)
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(app.url + "/xg2/stats", timeout=10) as r:
+            stats = json.loads(r.read())
+        held = (stats["requests_in_flight"], stats["open_sessions"], stats["engine_rows"])
+        if held == (0, 0, 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert held == (0, 0, 0), held

@@ -47,6 +47,7 @@ under load; a separate class starves only the tenant that put itself there.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import pickle
@@ -262,6 +263,7 @@ class CompileWorkers:
         try:
             mode = _ALONE if tier is None else _WITH_TIER if publish else _READ_TIER
             w.send.send_bytes(mode + _SPEC_ENC.encode(spec))
+            lowered: list[tuple[bytes, bytes]] = []
             while True:
                 if not w.recv.poll(max(0.0, deadline - time.monotonic())):
                     self._replace(w)
@@ -270,10 +272,13 @@ class CompileWorkers:
                 if msg[:1] == _FETCH:
                     w.send.send_bytes(_answer(tier, msg[1:2], msg[2:]))
                 elif msg[:1] == _PUBLISH:
-                    if tier is not None and publish:
-                        tier.publish_module_blob(msg[1:17], msg[17:])
+                    lowered.append((msg[1:17], msg[17:]))
                 else:
                     break
+            # sent once the worker is done, in one batch: the publisher's calls and the shards'
+            # work would otherwise take the cores from the worker (at a lower priority) mid-compile
+            if lowered and tier is not None and publish and msg[:1] == _OK:
+                tier.publish_module_blobs(lowered)
         except (EOFError, OSError, BrokenPipeError):
             self._replace(w)
             raise _WorkerDied from None
@@ -402,6 +407,11 @@ def _serve() -> None:
     except BaseException as e:      # noqa: BLE001 - said to the parent, which raises it
         out.send_bytes(_ERROR + _error_bytes(e))
         return
+    # What setup built (the vocabulary's tables and tries, the imports) lives as long as the worker:
+    # kept out of the collector's scans, which otherwise walk it on every full collection that a
+    # compile's garbage sets off.
+    gc.collect()
+    gc.freeze()
     out.send_bytes(_READY)
     parent_tier = _ParentTier(inp, out, compiler)
     while True:

@@ -343,14 +343,18 @@ class ShardedCache:
         self.counts["entry_get_ms"] += (time.perf_counter() - t0) * 1e3
         return [found.get(sk) for sk in sks]
 
-    def publish_module_blob(self, digest: bytes, blob: bytes) -> None:
-        """A module another process lowered and dumped (a compile worker): held here, for this
-        process's compiles and workers, and sent in the background."""
-        sk = self.shard_key(b"m", digest)
+    def publish_module_blobs(self, modules: list[tuple[bytes, bytes]]) -> None:
+        """Modules another process lowered and dumped (a compile worker: (digest, blob) each): held
+        here, for this process's compiles and workers, and sent in the background in one batch."""
         with self._lock:
-            self._keep_blob(sk, blob)
-            self._module_misses.pop(sk, None)
-        self._submit(("module_blob", digest, blob))
+            for digest, blob in modules:
+                sk = self.shard_key(b"m", digest)
+                self._keep_blob(sk, blob)
+                self._module_misses.pop(sk, None)
+        self._submit(("module_blobs", None, modules))
+
+    def publish_module_blob(self, digest: bytes, blob: bytes) -> None:
+        self.publish_module_blobs([(digest, blob)])
 
     def take(self, key: tuple) -> Any:
         with self._lock:
@@ -475,14 +479,15 @@ class ShardedCache:
                     obj.set()
                     continue
                 items = []
-                if kind in ("module", "module_blob"):
-                    sk = self.shard_key(b"m", self.module_key(key) if kind == "module" else key)
+                if kind in ("module", "module_blobs"):
+                    pairs = [(self.shard_key(b"m", self.module_key(key)), obj)] if kind == "module" else \
+                        [(self.shard_key(b"m", digest), blob) for digest, blob in obj]
                     with self._lock:
-                        fresh = self._remember(sk)
-                    if fresh:
-                        blob = transport.dump_module(obj, self._fingerprint) if kind == "module" else obj
-                        self.router.put_many([(sk, blob)])
-                        self.counts["published_modules"] += 1
+                        pairs = [(sk, blob) for sk, blob in pairs if self._remember(sk)]
+                    if pairs:
+                        self.router.put_many([(sk, transport.dump_module(blob, self._fingerprint)
+                                               if kind == "module" else blob) for sk, blob in pairs])
+                        self.counts["published_modules"] += len(pairs)
                     continue
                 if kind == "grammar":
                     obj._precomputed.wait(self.precompute_wait_s)
