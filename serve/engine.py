@@ -144,6 +144,10 @@ class Engine:
         self.steps: collections.deque[tuple[float, float, float, int]] = collections.deque(maxlen=4096)
         self.counts = {"steps": 0, "prefills": 0, "tokens": 0, "requests": 0, "refused_tokens": 0}
 
+    def idle(self) -> bool:
+        """Whether no request is queued or decoding (read from any thread: a hint, not a lock)."""
+        return not self._active and not self._pending
+
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, prompt: list[int], params: SamplingParams, session: Any = None) -> Generation:
         """Queue a request: its prompt token ids, sampling, and the runtime session that constrains

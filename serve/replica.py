@@ -162,6 +162,9 @@ class Replica:
                                     max((len(t.encode()) for t in added), default=0))
         self.engine = Engine(self.loaded.model, self.loaded.eos_token_ids, runtime=self.runtime,
                              max_batch=o.max_batch, max_len=o.max_len, vocab_size=self.loaded.vocab_size)
+        # known tool sets are linked on the runtime's thread only while nothing decodes (see
+        # GrammarRuntime.links_here_when); else in the compile workers, like the rest
+        self.runtime.links_here_when = self.engine.idle
         self._in_flight: dict[str, int] = {}
         self.counts = {"requests": 0, "constrained": 0, "failed": 0, "rejected": 0}
         self.recent: list[dict] = []            # the last requests' timings (ttft, compile), bounded

@@ -159,7 +159,7 @@ def test_a_stream_whose_client_went_before_its_first_event_is_released(replica, 
             gc.collect()
         for _ in range(200):            # the engine retires the cancelled row at its next step
             await asyncio.sleep(0.01)
-            if not replica.engine._active and not replica.engine._pending:
+            if replica.engine.idle():
                 break
         # and the replica still answers
         other = await replica.completions("tenant-other", _stream_body())

@@ -74,7 +74,13 @@ BACKGROUND_COMPILE_FRACTION = 0.5
 #: tool's module exists (here, in a worker's output, or in the shards): a few milliseconds of
 #: Python, against a worker's round trip and the grammar's serialization both ways. Larger sets go
 #: to a worker whatever they hold, so that a link never holds the GIL long from the decode loop.
-MAX_TOOLS_LINKED_HERE = 32
+MAX_TOOLS_LINKED_HERE = 16
+#: And links here take at most this share of this process's time (decayed over LINK_HALF_LIFE_S);
+#: past it, sets of known tools go to the workers like any other. Measured: a stream of new sets of
+#: 32 known tools from ever new API keys, all linked here, took the other requests' decode steps
+#: from 10 ms to 75 ms at the median (to 9 ms with the same stream in workers).
+LINK_SHARE = 0.1
+LINK_HALF_LIFE_S = 1.0
 
 
 class Session:
@@ -278,8 +284,14 @@ class GrammarRuntime:
                       "tier_grammar_hits": 0, "sessions_opened": 0, "sessions_reaped": 0,
                       "deserialize_ms": 0.0, "compile_budget_refused": 0, "background_compiles": 0,
                       "background_timeouts": 0, "compile_cpu_ms": 0.0, "links_here": 0,
-                      "links_here_missed": 0}
+                      "links_here_missed": 0, "links_here_over_share": 0, "links_here_busy": 0}
         self._worker_reuse = dict.fromkeys(REUSE_COUNTS, 0)    # GrammarCompiler.reuse, summed over workers
+        self._link_load = (0.0, time.monotonic())     # CPU seconds of links here, decayed (see LINK_SHARE)
+        #: When set, links here only while it says so: a replica passes "no request is decoding",
+        #: since a link holds the GIL for milliseconds that a decode step would wait for (measured:
+        #: with a stream of links beside them, within LINK_SHARE, decode steps' p99 twice that of
+        #: the same stream in the workers); an idle replica links at once.
+        self.links_here_when: Any = None
         self.cache_tier = None
         if cache_tier is not None:
             self.attach_tier(cache_tier)
@@ -361,10 +373,29 @@ class GrammarRuntime:
 
     def _links_first(self, grammar: GrammarSpec, background: bool = False) -> bool:
         """Whether a compile of `grammar` first tries to link it here (MAX_TOOLS_LINKED_HERE): a
-        tool set not too large, compiles in workers, a cache tier to find modules in, and a tenant
-        not sent to the background worker."""
-        return (self.compile_workers is not None and self.cache_tier is not None and not background
-                and isinstance(grammar, ToolsSpec) and len(grammar.tools) <= MAX_TOOLS_LINKED_HERE)
+        tool set not too large, compiles in workers, a cache tier to find modules in, a tenant not
+        sent to the background worker, nothing else in this process that a link would hold up
+        (`links_here_when`), and this process's links within their share (LINK_SHARE)."""
+        if not (self.compile_workers is not None and self.cache_tier is not None and not background
+                and isinstance(grammar, ToolsSpec) and len(grammar.tools) <= MAX_TOOLS_LINKED_HERE):
+            return False
+        idle = self.links_here_when
+        if idle is not None and not idle():
+            self.stats["links_here_busy"] += 1
+            return False
+        now = time.monotonic()
+        with self._lock:
+            used = self._link_load[0] * 0.5 ** ((now - self._link_load[1]) / LINK_HALF_LIFE_S)
+        if used > LINK_SHARE * LINK_HALF_LIFE_S / math.log(2):      # the steady state of that share
+            self.stats["links_here_over_share"] += 1
+            return False
+        return True
+
+    def _charge_link(self, seconds: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            used, at = self._link_load
+            self._link_load = (used * 0.5 ** ((now - at) / LINK_HALF_LIFE_S) + seconds, now)
 
     def _link_here(self, grammar: GrammarSpec, key: bytes) -> tuple[CompiledGrammar | None, bytes | None]:
         """A tool set whose every module exists, linked on this thread: (the grammar, None). Its
@@ -373,6 +404,7 @@ class GrammarRuntime:
         in this process and in the tier's memory, where the worker's questions find them."""
         tier = self.cache_tier
         ask = None
+        t0 = time.thread_time()
         try:
             with self.compiler.linking_only() as tally, tier.asking_grammar(key) as ask:
                 compiled = grammar.compile(self.compiler)
@@ -381,6 +413,8 @@ class GrammarRuntime:
         except (MustLower, RecursionError):     # (nested past the interpreter's limit: the worker says so)
             self.stats["links_here_missed"] += 1
             return None, (None if ask is not None and ask.asked else _ASK)
+        finally:
+            self._charge_link(time.thread_time() - t0)
         self.stats["links_here"] += 1
         compiled._reuse = dict(tally)
         return compiled, None
