@@ -226,14 +226,14 @@ class Engine:
         if prefilled is None:
             return
         gen, logits = prefilled
-        if not self._still_constrained([gen])[0]:
+        if not self._going_on([gen])[0]:
             return
         if gen.session is not None:
             self.runtime.fill([gen.session], self.bitmask)
         self._sample_and_accept([gen], logits)
 
     @staticmethod
-    def _still_constrained(gens: list[Generation]) -> list[bool]:
+    def _going_on(gens: list[Generation]) -> list[bool]:
         """Which of `gens` go on with this step. A cancelled request goes (its caller may close
         its session at any await); one whose session was closed under it (by anyone else) fails
         alone, with a typed error, rather than decode unconstrained or fail the batch's fill."""
@@ -267,7 +267,7 @@ class Engine:
 
         pending = loop.run_in_executor(self._forward, forward)
         # a cancelled request's session may be closed by its caller at any await from here on
-        sessions = [g.session if go else None for g, go in zip(active, self._still_constrained(active))]
+        sessions = [g.session if go else None for g, go in zip(active, self._going_on(active))]
         fill_end = t0
         try:
             if any(s is not None for s in sessions):
@@ -304,7 +304,7 @@ class Engine:
         """The sessions accept their tokens, the tokens go to their requests; returns the seconds
         the sessions took."""
         t1 = time.perf_counter()
-        self._still_constrained(gens)       # a session closed meanwhile: that request fails, none emits
+        self._going_on(gens)       # a session closed meanwhile: that request fails, none emits
         todo = [(g, t) for g, t in zip(gens, picked)
                 if g.session is not None and not (g.cancelled or g.done) and t not in self.stop_ids]
         if todo:

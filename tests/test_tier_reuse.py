@@ -58,6 +58,31 @@ def _chat(replica, tools):
     return json.loads(asyncio.run(replica.chat("tenant-x", json.dumps(body).encode())))
 
 
+def _walk_equal(rt, spec, steps=40, seed=7):
+    """Every mask of a random walk of `spec`'s grammar on the runtime equals a compiler's that
+    shares nothing."""
+    info = rt.tokenizer_info
+    reference = xg2.GrammarCompiler(info, cross_grammar_cache=False, cache_enabled=False)
+    ref = xg2.GrammarMatcher(spec.compile(reference))
+    session = asyncio.run(rt.open(SessionSpec(grammar=spec, tenant="walker")))
+    width = (info.vocab_size + 31) // 32
+    rng = random.Random(seed)
+    try:
+        for step in range(steps):
+            if ref.is_terminated():
+                break
+            want = xg2.allocate_token_bitmask(1, info.vocab_size).numpy()
+            ref.fill_next_token_bitmask(want, 0)
+            got = np.zeros((1, width), np.int32)
+            rt.fill([session], got)
+            assert np.array_equal(got, want), f"mask {step} differs"
+            allowed = np.flatnonzero(np.unpackbits(want.view(np.uint8), bitorder="little")[:info.vocab_size])
+            token = int(rng.choice(allowed))
+            assert ref.accept_token(token) and rt.accept([session], [token]) == [True]
+    finally:
+        rt.close(session)
+
+
 def test_a_tool_lowered_on_one_replica_is_taken_from_the_shards_on_another(replicas, ray_local):
     one, two = replicas
     assert one.runtime.compile_workers is not None      # the default: compiles in worker processes
@@ -88,28 +113,8 @@ def test_masks_of_a_reused_tool_set_are_a_fresh_compilers(replicas):
     """Walk [A, C] on replica two (grammar, modules and entries from the shards and its own caches)
     and compare every mask with a compiler that shares nothing."""
     _one, two = replicas
-    rt = two.runtime
     spec = ToolsSpec(tools=[TOOL_A, TOOL_C], tool_choice="required", model=two.loaded.tool_format)
-    info = rt.tokenizer_info
-    reference = xg2.GrammarCompiler(info, cross_grammar_cache=False, cache_enabled=False)
-    ref = xg2.GrammarMatcher(spec.compile(reference))
-    session = asyncio.run(rt.open(SessionSpec(grammar=spec, tenant="walker")))
-    width = (info.vocab_size + 31) // 32
-    rng = random.Random(5)
-    try:
-        for step in range(60):
-            if ref.is_terminated():
-                break
-            want = xg2.allocate_token_bitmask(1, info.vocab_size).numpy()
-            ref.fill_next_token_bitmask(want, 0)
-            got = np.zeros((1, width), np.int32)
-            rt.fill([session], got)
-            assert np.array_equal(got, want), f"mask {step} differs"
-            allowed = np.flatnonzero(np.unpackbits(want.view(np.uint8), bitorder="little")[:info.vocab_size])
-            token = int(rng.choice(allowed))
-            assert ref.accept_token(token) and rt.accept([session], [token]) == [True]
-    finally:
-        rt.close(session)
+    _walk_equal(two.runtime, spec, steps=60, seed=5)
 
 
 class _StuckRouter:
@@ -169,30 +174,6 @@ def test_a_heavy_tenants_compile_reads_the_shards_and_publishes_nothing(replicas
     assert rt.cache_tier.flush()
     assert rt.cache_tier.counts["published_modules"] == published       # D's was not sent
 
-
-def _walk_equal(rt, spec, steps=40, seed=7):
-    """Every mask of a random walk of `spec`'s grammar on the runtime equals a compiler's that
-    shares nothing."""
-    info = rt.tokenizer_info
-    reference = xg2.GrammarCompiler(info, cross_grammar_cache=False, cache_enabled=False)
-    ref = xg2.GrammarMatcher(spec.compile(reference))
-    session = asyncio.run(rt.open(SessionSpec(grammar=spec, tenant="walker")))
-    width = (info.vocab_size + 31) // 32
-    rng = random.Random(seed)
-    try:
-        for step in range(steps):
-            if ref.is_terminated():
-                break
-            want = xg2.allocate_token_bitmask(1, info.vocab_size).numpy()
-            ref.fill_next_token_bitmask(want, 0)
-            got = np.zeros((1, width), np.int32)
-            rt.fill([session], got)
-            assert np.array_equal(got, want), f"mask {step} differs"
-            allowed = np.flatnonzero(np.unpackbits(want.view(np.uint8), bitorder="little")[:info.vocab_size])
-            token = int(rng.choice(allowed))
-            assert ref.accept_token(token) and rt.accept([session], [token]) == [True]
-    finally:
-        rt.close(session)
 
 
 def test_a_set_of_known_tools_is_linked_in_the_replica_without_a_worker(replicas):

@@ -401,7 +401,8 @@ class GrammarRuntime:
         """A tool set whose every module exists, linked on this thread: (the grammar, None). Its
         compiled grammar is asked of the shards in the read of its modules: (None, its blob) when
         they hold it. (None, None) when something must be lowered: the modules read meanwhile stay
-        in this process and in the tier's memory, where the worker's questions find them."""
+        in this process and in the tier's memory, where the worker's questions find them; (None,
+        _ASK) when nothing was read (every module was here), so the grammar is still to be asked."""
         tier = self.cache_tier
         ask = None
         t0 = time.thread_time()

@@ -41,8 +41,8 @@ _log = logging.getLogger("xg2.tier")
 #: Keys remembered as sent (older ones may be sent again; the shard keeps its copy).
 MAX_SENT_KEYS = 1 << 18
 _MODULE_KEY = msgspec.msgpack.Encoder()
-#: Background loops give up the GIL after holding it this long (and at once while an open is on its
-#: way to a first mask): a thread that keeps it runs for the interpreter's whole switch interval
+#: Background loops give up the GIL after holding it this long (and then wait while an open is on
+#: its way to a first mask): a thread that keeps it runs for the interpreter's whole switch interval
 #: (5 ms) while a compile or a fill waits. Yielding every 8 items instead, as before, spent more in
 #: GIL hand-offs than in the work: with the tier on, the replica's process used twice the CPU of a
 #: run without it, a third of it in the publisher's yields.
