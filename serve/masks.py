@@ -42,6 +42,10 @@ LAG_PERIOD_S = 0.01
 TIMINGS_KEPT = 6000
 
 
+#: How long after the last step a mask replica counts as quiet enough to link a tool set itself.
+LINK_QUIET_S = 0.2
+
+
 class MaskHost(MatcherHost):
     """A mask service replica's sessions: the model's vocabulary, the deployment's cache shards,
     compiles in child processes (off this process's GIL, so steps stay quick), and the caches a
@@ -61,6 +65,10 @@ class MaskHost(MatcherHost):
                          cache_limit_bytes=ReplicaOptions.compiler_cache_mb << 20)
         if self.runtime.compile_workers is not None:
             self.runtime.compile_workers.wait_ready()
+        # Known tool sets are linked on the runtime's own thread only when no step has come for a
+        # while (a link holds the GIL for milliseconds that a step would wait for); else in workers.
+        self._last_step = 0.0
+        self.runtime.links_here_when = lambda: time.monotonic() - self._last_step > LINK_QUIET_S
         # A step waits for this process's event loop, so nothing may hold it for long: the
         # collector, walking the model, vocabulary and caches built above, paused it for up to
         # 50 ms (gen 1, measured under the load driver); frozen, they are never walked again.
@@ -74,6 +82,7 @@ class MaskHost(MatcherHost):
         self._timer: asyncio.Task | None = None
 
     async def step_packed(self, tenant: str, request: bytes) -> bytes:
+        self._last_step = time.monotonic()
         if self._timer is None:     # the actor's loop exists once a call runs on it
             self._timer = asyncio.get_running_loop().create_task(self._time_loop())
         t0 = time.perf_counter()
