@@ -215,8 +215,17 @@ def test_a_killed_replica_loses_only_its_sessions(handle, loaded, reference):
                                                                                       loaded.vocab_size)
     lost_ids = [doomed.open(spec), doomed.open(spec)]
     kept = survivor.open(spec2)
-    if survivor.tag == doomed.tag:      # each binds to the replica this process bound fewest to
-        pytest.fail(f"both clients bound to replica {doomed.tag}")
+    # Each binds to the replica this process bound fewest to, among those Serve's router offers:
+    # on a busy machine it may offer one only (the other's queue-length probe late), so a few
+    # more clients are tried before that counts as a failure.
+    for attempt in range(4):
+        if survivor.tag != doomed.tag:
+            break
+        survivor.close([kept])
+        survivor = StepClient(handle, f"engine-b{attempt}", loaded.vocab_size)
+        kept = survivor.open(spec2)
+    if survivor.tag == doomed.tag:
+        pytest.fail(f"every client bound to replica {doomed.tag}")
     assert doomed.step(lost_ids, [None, None])[1] == [True, True]
     rows, _, _ = survivor.step([kept], [tokens2[0]])
     assert np.array_equal(rows[0], masks2[1])
