@@ -178,3 +178,22 @@ SAMPLE_TOOLS = [
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
         "required": ["a", "b"]}}},
 ]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """The tiny random model (serve/model.py), for the engine and request tests."""
+    from serve.model import load_model
+
+    return load_model("tiny", progress=False)
+
+
+@pytest.fixture(scope="module")
+def runtime(loaded):
+    """A grammar runtime on the tiny model's vocabulary, one per test module."""
+    from serve.model import tokenizer_info
+    from xg2.actors import GrammarRuntime
+
+    rt = GrammarRuntime(tokenizer_info(loaded))
+    yield rt
+    rt.shutdown()

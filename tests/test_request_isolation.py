@@ -11,23 +11,9 @@ import time
 import pytest
 
 from serve.engine import Engine, SamplingParams
-from serve.model import load_model, tokenizer_info
-from xg2.actors import GrammarRuntime
 
 PATTERN = r"[a-z]{3,12}( [a-z]{3,12}){2,6}\."
 GRAMMAR = {"grammar": {"type": "regex", "pattern": PATTERN}}
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model("tiny", progress=False)
-
-
-@pytest.fixture(scope="module")
-def runtime(loaded):
-    rt = GrammarRuntime(tokenizer_info(loaded))
-    yield rt
-    rt.shutdown()
 
 
 def _slow_prefill(eng: Engine, seconds: float) -> None:

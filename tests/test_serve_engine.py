@@ -8,28 +8,13 @@ import asyncio
 import json
 
 import jsonschema
-import pytest
 import torch
 
 from serve.engine import Engine, SamplingParams
-from serve.model import load_model, tokenizer_info
 from serve.slots import SlotModel
-from xg2.actors import GrammarRuntime
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
           "required": ["ok", "n"], "additionalProperties": False}
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model("tiny", progress=False)
-
-
-@pytest.fixture(scope="module")
-def runtime(loaded):
-    rt = GrammarRuntime(tokenizer_info(loaded))
-    yield rt
-    rt.shutdown()
 
 
 def test_slot_forward_gives_transformers_logits_while_rows_move_and_grow(loaded):
