@@ -62,6 +62,11 @@ class GenerationError(RuntimeError):
     replica is shutting down."""
 
 
+class GrammarTooCostly(GenerationError):
+    """A request's grammar needed a mask entry that could not be built within the fill budget
+    (xg2.FillTimeoutError): that request fails with its tokens so far; the batch goes on."""
+
+
 class Generation:
     """A request's tokens as they are sampled (`async for token in generation`), then its
     `finish_reason` ("stop": a stop token; "length": max_tokens or the model's length;
@@ -142,7 +147,8 @@ class Engine:
         self._closed = False
         #: per step (the last 4096): forward, mask fill (overlapped), mask work exposed, batch size
         self.steps: collections.deque[tuple[float, float, float, int]] = collections.deque(maxlen=4096)
-        self.counts = {"steps": 0, "prefills": 0, "tokens": 0, "requests": 0, "refused_tokens": 0}
+        self.counts = {"steps": 0, "prefills": 0, "tokens": 0, "requests": 0, "refused_tokens": 0,
+                       "fill_timeouts": 0}
 
     def idle(self) -> bool:
         """Whether no request is queued or decoding (read from any thread: a hint, not a lock)."""
@@ -229,8 +235,18 @@ class Engine:
         if not self._going_on([gen])[0]:
             return
         if gen.session is not None:
-            self.runtime.fill([gen.session], self.bitmask)
+            try:
+                self.runtime.fill([gen.session], self.bitmask)
+            except xg2.FillTimeoutError:
+                self._too_costly([gen])
+                return
         self._sample_and_accept([gen], logits)
+
+    def _too_costly(self, gens: list[Generation]) -> None:
+        for g in gens:
+            self.counts["fill_timeouts"] += 1
+            g._finish("error", GrammarTooCostly("the request's grammar is too costly to constrain at this point "
+                                                "(a mask took longer than the fill budget)"))
 
     @staticmethod
     def _going_on(gens: list[Generation]) -> list[bool]:
@@ -271,7 +287,10 @@ class Engine:
         fill_end = t0
         try:
             if any(s is not None for s in sessions):
-                self.runtime.fill(sessions, self.bitmask)       # one C call, GIL released, beside the forward
+                try:
+                    self.runtime.fill(sessions, self.bitmask)   # one C call, GIL released, beside the forward
+                except xg2.FillTimeoutError as e:               # those requests fail; their rows are zeros
+                    self._too_costly([active[k] for k in e.rows])
                 fill_end = time.perf_counter()
         finally:
             filled.set()
@@ -293,7 +312,7 @@ class Engine:
         """The rows of constrained requests masked, then every row sampled (row k is gens[k]'s);
         also the seconds the masking took."""
         t0 = time.perf_counter()
-        constrained = [k for k, g in enumerate(gens) if g.session is not None]
+        constrained = [k for k, g in enumerate(gens) if g.session is not None and not g.done]
         if constrained:
             xg2.apply_token_bitmask_inplace(logits, self.bitmask[:len(gens)], vocab_size=self.vocab_size,
                                             indices=constrained)

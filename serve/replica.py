@@ -27,7 +27,7 @@ from xg2.actors.spec import SessionSpec
 from xg2.errors import QuotaError, XG2Error
 
 from . import protocol as p
-from .engine import Engine, GenerationError, SamplingParams
+from .engine import Engine, GenerationError, GrammarTooCostly, SamplingParams
 from .grammars import chat_session_spec, compile_error_to_request_error, completion_session_spec
 from .model import LoadedModel, load_model, tokenizer_info
 
@@ -452,6 +452,9 @@ class _Run:
                     return
                 if piece:
                     yield piece
+        except GrammarTooCostly as e:
+            raise p.RequestError(str(e), status=400, code="grammar_too_costly",
+                                 type="invalid_request_error") from None
         except GenerationError as e:
             raise p.RequestError(str(e), status=503, code="unavailable", type="server_error") from None
         piece = self.stream.flush()

@@ -9,6 +9,7 @@ from .builtin_structural_tag import get_builtin_structural_tag, normalize_tool_c
 from .compiler import CompiledGrammar, GrammarCompiler
 from .config import get_max_recursion_depth, max_recursion_depth, set_max_recursion_depth
 from .errors import (
+    FillTimeoutError,
     GrammarError,
     GrammarLimitError,
     ModelFormatError,
@@ -44,6 +45,7 @@ __all__ = [
     "CompiledGrammar",
     "DeserializeFormatError",
     "DeserializeVersionError",
+    "FillTimeoutError",
     "Grammar",
     "GrammarCompiler",
     "GrammarError",

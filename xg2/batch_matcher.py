@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ._ext.core import fill_rows
-from .errors import UsageError
+from .errors import FillTimeoutError, UsageError
 from .matcher import GrammarMatcher, _int_arg, check_temperatures, cpu_bitmask
 
 #: Rows a worker thread takes at the least; smaller batches are filled on the calling thread.
@@ -48,7 +48,9 @@ class BatchGrammarMatcher:
         """Matcher k's next-token mask into row indices[k] (row k without indices). Refused with
         UsageError before anything is written, as xgrammar refuses it: a bitmask that is not 2-D
         int32 on the CPU or not as wide as the vocabulary needs, a row out of range, as many indices
-        as matchers, a matcher that has accepted its stop token."""
+        as matchers, a matcher that has accepted its stop token. FillTimeoutError when some masks
+        could not be built within the fill budget: `rows` are those matchers' positions, every other
+        row is written."""
         matchers = list(matchers)
         if indices is not None and len(indices) != len(matchers):
             raise UsageError(f"{len(indices)} indices for {len(matchers)} matchers: they must be as many")
@@ -78,8 +80,14 @@ class BatchGrammarMatcher:
         step = -(-len(cores) // threads)
         jobs = [self._pool.submit(fill_rows, cores[i:i + step], address, width, rows[i:i + step], width)
                 for i in range(0, len(cores), step)]
-        for job in jobs:
-            job.result()
+        failed = []
+        for i, job in zip(range(0, len(cores), step), jobs):
+            try:
+                job.result()
+            except FillTimeoutError as e:       # the other rows are written; say which failed
+                failed += [i + k for k in e.rows]
+        if failed:
+            raise FillTimeoutError(failed)
 
     @staticmethod
     def batch_accept_token(matchers: Sequence[GrammarMatcher], tokens: Sequence[int],

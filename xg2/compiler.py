@@ -31,6 +31,11 @@ from .tokenizer import TokenizerInfo
 #: on them even on a loaded machine, while a tenant's pathological input cannot hold a compile
 #: thread for longer than a request's time to first token is worth.
 DEFAULT_COMPILE_TIMEOUT_MS = 5000.0
+#: Default `fill_timeout_ms`: what one fill may spend building the mask entries it lacks. The
+#: costliest entries of the corpora measured here (benchmarks/) build in tens of milliseconds; a
+#: hostile grammar's can take minutes, and a fill stalls its whole batch while it builds. Past the
+#: budget the fill fails that session alone (FillTimeoutError).
+DEFAULT_FILL_TIMEOUT_MS = 500.0
 
 
 #: Default `cache_limit_bytes`. xgrammar's default is no limit; here, unbounded, the caches of a
@@ -245,13 +250,15 @@ def _precompute_worker(jobs: queue.SimpleQueue) -> None:
         job = jobs.get()
         if job is None:
             return
-        core, t0, budget_ms, top_k, done, pending, make_trie = job
+        core, t0, budget_ms, top_k, timeout_ms, done, pending, make_trie = job
         try:
             if make_trie is not None:   # built here, not on the compile path (see GrammarCompiler._compile)
                 core.use_class_trie(make_trie())
             core.start_background()     # a builder of its own: the fills never wait for it
             _load_entries(core, pending)
-            _precompute_costliest(core, t0, budget_ms, top_k, background=True)
+            # One entry build may run past the budget, not past what any compile may take.
+            _precompute_costliest(core, t0, budget_ms, top_k, background=True,
+                                  hard_deadline=0.0 if timeout_ms is None else time.perf_counter() + timeout_ms / 1e3)
         except MemoryError:
             pass    # what was not built is built on first visit; the next jobs must still run
         finally:
@@ -275,12 +282,12 @@ def _load_entries(core: CompiledCore, entries: dict[int, bytes] | None) -> None:
 
 
 def _precompute_costliest(core: CompiledCore, t0: float, budget_ms: float, top_k: int | None,
-                          background: bool = False) -> None:
+                          background: bool = False, hard_deadline: float = 0.0) -> None:
     """Costliest first, by an estimate of the trie they reach, since those are the ones a
     mid-generation build would stall on; one predicted to overrun the budget (counted from
     `t0`) is left for later. All in C without the GIL (CompiledCore.precompute_costliest);
     `background`: with the builder the core lent the background thread."""
-    core.precompute_costliest(t0 + budget_ms / 1e3, -1 if top_k is None else top_k, background)
+    core.precompute_costliest(t0 + budget_ms / 1e3, -1 if top_k is None else top_k, background, hard_deadline)
 
 
 def _named_key(named: Any) -> tuple | None:
@@ -367,14 +374,16 @@ class GrammarCompiler:
     without the pool, the engine runs with every optimisation off (masks are the same).
     Every compile (front-end, automata, keys, the first mask's entries, and with `jit=False` all
     of them) stops with GrammarLimitError past `compile_timeout_ms` (None: no limit); the compiler
-    keeps nothing of it and stays usable.
+    keeps nothing of it and stays usable. A fill that must build entries it lacks stops past
+    `fill_timeout_ms` (None: no limit) with FillTimeoutError for that matcher alone.
     """
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, max_threads: int = 8, cache_enabled: bool = True,
                  cache_limit_bytes: int = DEFAULT_CACHE_LIMIT_BYTES, precompute_budget_ms: float = 40.0,
                  precompute_top_k: int | None = None, background_precompute: bool = True,
                  jit: bool = True, cross_grammar_cache: bool = True, repetition_compression: bool = True,
-                 compile_timeout_ms: float | None = DEFAULT_COMPILE_TIMEOUT_MS):
+                 compile_timeout_ms: float | None = DEFAULT_COMPILE_TIMEOUT_MS,
+                 fill_timeout_ms: float | None = DEFAULT_FILL_TIMEOUT_MS):
         if not isinstance(tokenizer_info, TokenizerInfo):
             raise TypeError("tokenizer_info must be an xg2.TokenizerInfo")
         if max_threads < 1:
@@ -383,7 +392,10 @@ class GrammarCompiler:
             raise UsageError("precompute_top_k must be at least 0")
         if compile_timeout_ms is not None and not compile_timeout_ms > 0:
             raise UsageError("compile_timeout_ms must be positive (or None for no limit)")
+        if fill_timeout_ms is not None and not fill_timeout_ms > 0:
+            raise UsageError("fill_timeout_ms must be positive (or None for no limit)")
         self.compile_timeout_ms = compile_timeout_ms
+        self.fill_timeout_ms = fill_timeout_ms
         self.tokenizer_info = tokenizer_info
         self.max_threads = max_threads
         self.cache_enabled = cache_enabled
@@ -451,6 +463,12 @@ class GrammarCompiler:
     def _must_lower(self) -> None:
         if getattr(self._local, "tally", None) is not None:
             raise MustLower
+
+    def _core_of(self, arrays: dict, root: int, trie: ClassTrie | None, pool: EntryPool | None,
+                 keys: Any) -> CompiledCore:
+        core = CompiledCore(self._vocab, arrays, root, trie, pool, keys)
+        core.fill_timeout_s = 0.0 if self.fill_timeout_ms is None else self.fill_timeout_ms / 1e3
+        return core
 
     @property
     def entry_pool(self) -> EntryPool | None:
@@ -594,7 +612,7 @@ class GrammarCompiler:
         lowered = link(modules)
         with self._lock:
             trie = self._class_tries.get(byte_classes(lowered.arrays))   # no trie built on this path
-        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())
+        core = self._core_of(lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())
         compiled = CompiledGrammar(lambda: Grammar.from_json_schema(schema, **options), self.tokenizer_info,
                                    lowered, core)
         compiled._warnings = said
@@ -729,7 +747,7 @@ class GrammarCompiler:
                              {index[n]: text_bytes(t) for n, t in gates.items() if n in index})
         with self._lock:
             trie = self._class_tries.get(byte_classes(lowered.arrays))
-        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())
+        core = self._core_of(lowered.arrays, lowered.root, trie, self._pool, lowered.core_keys())
         compiled = CompiledGrammar(lambda: Grammar.from_structural_tag(tag, self.tokenizer_info), self.tokenizer_info,
                                    lowered, core)
         compiled._source = _source_of(key)
@@ -806,7 +824,7 @@ class GrammarCompiler:
         # background precompute, which hands it to the core; the first mask walks the byte trie
         # (the same entries, measured faster than building the trie first).
         trie = None if later else _class_trie_of(self._vocab, classes, self._class_tries, self._lock)
-        core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool, keys)
+        core = self._core_of(lowered.arrays, lowered.root, trie, self._pool, keys)
         compiled = CompiledGrammar(grammar, self.tokenizer_info, lowered, core)
         compiled._source = source
         if later:
@@ -828,7 +846,7 @@ class GrammarCompiler:
         with self._lock:
             trie = self._class_tries.get(byte_classes(lowered.arrays))
         try:
-            core = CompiledCore(self._vocab, lowered.arrays, lowered.root, trie, self._pool,
+            core = self._core_of(lowered.arrays, lowered.root, trie, self._pool,
                                 lowered.core_keys() if self._pool is not None else None)
             initial = set(core.initial_nodes())     # the first mask's now, the others with the precompute
             pending = {}
@@ -858,15 +876,15 @@ class GrammarCompiler:
         `_precompute_costliest`), here or in a background thread."""
         core = compiled._core
         budget_ms = self.precompute_budget_ms if compiled._precompute_budget_ms is None else compiled._precompute_budget_ms
-        for node in core.initial_nodes():      # one C call per node, the deadline checked between
+        for node in core.initial_nodes():      # one C call per node, which stops at the deadline itself
             budget.check("the first mask's entries")
-            core.precompute([node])
+            core.precompute([node], budget.ends_at())
         if not self.jit:
             _load_entries(core, compiled._pending_entries)
             compiled._pending_entries = None
             for node, _width in core.scannable_nodes():
                 budget.check("mask entries (jit=False)")
-                core.precompute([node])
+                core.precompute([node], budget.ends_at())
         elif self.background_precompute:
             # One worker per compiler, in the order grammars were compiled; the budget counts from
             # the compile, so a job that waited past it (its prefill is over) is skipped. The worker
@@ -877,7 +895,7 @@ class GrammarCompiler:
                                                     name="xg2-precompute", daemon=True)
                     self._worker.start()
                     weakref.finalize(self, self._jobs.put, None)
-            self._jobs.put((core, time.perf_counter(), budget_ms, self.precompute_top_k,
+            self._jobs.put((core, time.perf_counter(), budget_ms, self.precompute_top_k, self.compile_timeout_ms,
                             compiled._precomputed, compiled._pending_entries, compiled._make_trie))
             compiled._pending_entries = None
             compiled._make_trie = None
@@ -885,7 +903,7 @@ class GrammarCompiler:
         else:
             _load_entries(core, compiled._pending_entries)
             compiled._pending_entries = None
-            _precompute_costliest(core, t0, budget_ms, self.precompute_top_k)
+            _precompute_costliest(core, t0, budget_ms, self.precompute_top_k, hard_deadline=budget.ends_at())
         compiled._precomputed.set()
 
     def _evict(self) -> None:

@@ -124,3 +124,15 @@ class SessionLostError(SessionError):
 
     def __reduce__(self):       # the ids travel with it across processes (Ray pickles errors)
         return type(self), (self.message, self.session_ids)
+
+
+class FillTimeoutError(XG2Error):
+    """A next-token mask needed a mask entry whose build ran past the fill's budget
+    (`GrammarCompiler(fill_timeout_ms=...)`): the grammar is too costly at this parse state. The
+    session cannot go on constrained; end it. In a batch fill only the positions in `rows` failed
+    (their bitmask rows are all zeros): every other row was written."""
+
+    def __init__(self, rows: list[int]):
+        self.rows = list(rows)
+        super().__init__(f"building a mask entry took longer than the fill budget (batch positions {self.rows}); "
+                         "the grammar is too costly at this state: end these sessions")

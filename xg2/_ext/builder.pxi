@@ -56,6 +56,11 @@ cdef class EntryBuilder:
     cdef int64_t n_open
     cdef int64_t n_cacc
     cdef bint open_all
+    # A build stops, leaving nothing behind, once the clock passes `deadline` (0: never) and sets
+    # `aborted`: one node's entry of a hostile grammar can take minutes (its Earley sets explode
+    # under the walk), and no compile, precompute or fill may wait for that. Set under the lock.
+    cdef double deadline
+    cdef bint aborted
 
     def __cinit__(self):
         self.lock = NULL
@@ -79,6 +84,8 @@ cdef class EntryBuilder:
         for j in range(MAX_RESUMES):
             self.pc[j].items = NULL
         self.memo.pool = NULL
+        self.deadline = 0
+        self.aborted = False
 
     cdef int _alloc(self) except -1:
         """The lock, parsers, memo and per-depth scratch (the vocabulary-sized buffers are taken
@@ -110,6 +117,29 @@ cdef class EntryBuilder:
         self.pa.memo = &self.memo
         self.pb.memo = &self.memo
         return 0
+
+    cdef void set_deadline(self, double deadline) noexcept nogil:
+        """The deadline of the next build, for its walk and its parsers' closures; clears `aborted`."""
+        cdef int32_t j
+        self.deadline = deadline
+        self.aborted = False
+        self.pa.deadline = self.pb.deadline = deadline
+        self.pa.work = self.pb.work = 0
+        self.pa.aborted = self.pb.aborted = False
+        for j in range(MAX_RESUMES):
+            self.pc[j].deadline = deadline
+            self.pc[j].work = 0
+            self.pc[j].aborted = False
+
+    cdef bint past_deadline(self) noexcept nogil:
+        """Whether the last build stopped at its deadline (in the walk or in a closure)."""
+        cdef int32_t j
+        if self.aborted or self.pa.aborted or self.pb.aborted:
+            return True
+        for j in range(MAX_RESUMES):
+            if self.pc[j].aborted:
+                return True
+        return False
 
     cdef int64_t heap_bytes(self) noexcept nogil:
         """What the builder holds now: parsers and memo at the capacity they have grown to, and
@@ -516,7 +546,7 @@ cdef class EntryBuilder:
         cdef int32_t* dstate = self.dstate
         cdef uint8_t* pbyte = self.pbyte
         cdef int32_t* pchars = self.pchars
-        cdef int64_t nacc = 0, nunc = 0, nopen = 0, ncacc = 0
+        cdef int64_t nacc = 0, nunc = 0, nopen = 0, ncacc = 0, walked = 0
         self.wtrie = T
         if self.memo.pool_len > MEMO_MAX_ITEMS or self.memo.th_count > MEMO_MAX_TRANSITIONS:
             p_pop_to(A, 0)
@@ -614,6 +644,10 @@ cdef class EntryBuilder:
                         x = v.trie_parent[x]
                     i = x
                     continue
+            walked += 1
+            if walked % DEADLINE_CHECK_EVERY == 0 and self.deadline > 0 and _monotonic() > self.deadline:
+                self.aborted = True
+                return NULL
             byte = T.byte[i]
             pbyte[d] = byte
             pchars[d] = pchars[d - 1] + ((byte & 0xC0) != 0x80)

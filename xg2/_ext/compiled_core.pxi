@@ -1,21 +1,5 @@
 # Included by core.pyx: a grammar's flat tables and its lazily built mask entries.
 
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_gettime(int clk, timespec* ts)
-    enum: CLOCK_MONOTONIC
-
-
-cdef inline double _monotonic() noexcept nogil:
-    """time.perf_counter's clock (CLOCK_MONOTONIC on Linux), in seconds."""
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
-
-
 cdef int _cmp_cost_desc(const void* a, const void* b) noexcept nogil:
     """(cost, node) pairs: costliest first, then by node."""
     cdef const int64_t* x = <const int64_t*>a
@@ -68,6 +52,9 @@ cdef class CompiledCore:
     cdef const uint64_t* tsets        # per token set (TokenSlot), a bitset over the vocabulary
     cdef const int32_t* rule_budget   # per rule, its max_tokens (-1: none); NULL when no rule has one
     cdef readonly int32_t n_tsets
+    #: Seconds a fill may spend building the entries it lacks (0: no limit); past it the fill
+    #: fails with FillTimeoutError and the entry is left unbuilt (GrammarCompiler sets it).
+    cdef public double fill_timeout_s
 
     def __cinit__(self):
         self.entries = NULL
@@ -77,6 +64,7 @@ cdef class CompiledCore:
         self.node_chain = NULL
         self.node_closed = NULL
         self.fill_ptr = NULL
+        self.fill_timeout_s = 0
 
     def __init__(self, Vocab vocab, dict arrays, int root_rule, ClassTrie class_trie=None, pool=None,
                  keys=None):
@@ -244,26 +232,45 @@ cdef class CompiledCore:
         free(self.node_closed)
 
     cdef MaskEntry* get_entry(self, int32_t node) noexcept nogil:
-        """A node's entry, built on first need by the fills' builder. Fills on other threads read
-        the table without a lock, so an entry is published with a release store (see _install)
-        and read with an acquire load: a reader that sees the pointer sees the entry's contents."""
+        """A node's entry, built on first need by the fills' builder, without a deadline (for
+        inspection). Fills on other threads read the table without a lock, so an entry is
+        published with a release store (see _install) and read with an acquire load: a reader
+        that sees the pointer sees the entry's contents."""
+        cdef int why
         cdef MaskEntry* e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
         if e != NULL:
             return e
-        return self._build_in(self.fill_ptr, node)
+        return self._build_in(self.fill_ptr, node, 0, &why)
 
-    cdef MaskEntry* _build_in(self, PyObject* bp, int32_t node) noexcept nogil:
+    cdef MaskEntry* entry_for_fill(self, int32_t node, double* deadline, int* why) noexcept nogil:
+        """A node's entry for a fill: built if missing, within the fill's deadline (*deadline:
+        0 until the fill first builds, then fill_timeout_s from then on for the rest of that fill).
+        NULL with *why BUILD_NO_MEMORY or BUILD_PAST_DEADLINE."""
+        cdef MaskEntry* e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
+        if e != NULL:
+            return e
+        if deadline[0] == 0 and self.fill_timeout_s > 0:
+            deadline[0] = _monotonic() + self.fill_timeout_s
+        return self._build_in(self.fill_ptr, node, deadline[0], why)
+
+    cdef MaskEntry* _build_in(self, PyObject* bp, int32_t node, double deadline, int* why) noexcept nogil:
         """A node's entry, built (or found in the pool) by builder `bp` (borrowed: its owner keeps
-        it alive) under that builder's lock; NULL when out of memory."""
+        it alive) under that builder's lock, unless `deadline` (0: none) passes first; NULL with
+        *why BUILD_NO_MEMORY or BUILD_PAST_DEADLINE (nothing of the attempt is kept)."""
         cdef MaskEntry* e
+        why[0] = BUILD_OK
         xg2_ref_add(&(<EntryBuilder>bp).lock_waiters)
         PyThread_acquire_lock((<EntryBuilder>bp).lock, WAIT_LOCK)
         xg2_ref_sub(&(<EntryBuilder>bp).lock_waiters)
         e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
         if e == NULL:
+            (<EntryBuilder>bp).set_deadline(deadline)
             e = (<EntryBuilder>bp)._obtain(node)
             if e != NULL:
                 e = self._install(node, e)
+            else:
+                why[0] = BUILD_PAST_DEADLINE if (<EntryBuilder>bp).past_deadline() else BUILD_NO_MEMORY
+            (<EntryBuilder>bp).set_deadline(0)
         PyThread_release_lock((<EntryBuilder>bp).lock)
         return e
 
@@ -345,10 +352,12 @@ cdef class CompiledCore:
     def end_background(self):
         self.background = None
 
-    def precompute(self, nodes):
+    def precompute(self, nodes, double deadline=0):
         """Build the entries of the given nodes now with the fills' builder (the first mask's, or
-        every entry with jit=False)."""
+        every entry with jit=False); CompileTimeout, with the entry left unbuilt, once
+        `deadline` (time.perf_counter seconds; 0: none) passes, even inside one node's build."""
         cdef int32_t n
+        cdef int why = BUILD_OK
         for n in nodes:
             if not 0 <= n < self.g.n_nodes:
                 raise IndexError(f"node {n} out of range")
@@ -356,17 +365,25 @@ cdef class CompiledCore:
                 continue
             with nogil:
                 _let_waiters_in(self.fill_ptr)
-                if xg2_load_acquire(<void**>&self.entries[n]) == NULL and self._build_in(self.fill_ptr, n) == NULL:
-                    with gil:
-                        raise MemoryError()
+                if xg2_load_acquire(<void**>&self.entries[n]) == NULL:
+                    self._build_in(self.fill_ptr, n, deadline, &why)
+            if why == BUILD_NO_MEMORY:
+                raise MemoryError()
+            if why == BUILD_PAST_DEADLINE:
+                from xg2.grammar import budget
+                budget.check(f"the mask entry of grammar node {n}")     # the compile's own message
+                raise budget.CompileTimeout(f"building the mask entry of grammar node {n} ran past the "
+                                            f"compile deadline")
 
-    def precompute_costliest(self, double deadline, int64_t top_k=-1, bint background=False):
+    def precompute_costliest(self, double deadline, int64_t top_k=-1, bint background=False,
+                             double hard_deadline=0):
         """The partial JIT ahead of the fills, in one call without the GIL: the scannable nodes
         without an entry, costliest first by estimate_cost (the builds a fill mid-generation
         would stall on), each built unless `deadline` (time.perf_counter seconds) has passed or
         the time per estimated trie node seen so far predicts it would overrun it (then it is
         left for its first visit); at most `top_k` (-1: no limit). `background`: with the
-        builder start_background lent. How many were built.
+        builder start_background lent. A build still running at `hard_deadline` (0: none) stops
+        there and is left for its first visit too. How many were built.
 
         Why in C: the loop used to be Python around one call per node, and a background thread
         that takes the GIL back after every small build slowed the compiles beside it."""
@@ -375,6 +392,7 @@ cdef class CompiledCore:
             raise RuntimeError("precompute_costliest(background=True) without start_background()")
         cdef PyObject* bp = <PyObject*>b
         cdef int32_t n, count = 0, k
+        cdef int why = BUILD_OK
         cdef int64_t built = 0
         cdef double now, spu = 25e-9, t
         cdef int64_t* pairs
@@ -401,7 +419,9 @@ cdef class CompiledCore:
                 if not background:
                     _let_waiters_in(bp)
                 if xg2_load_acquire(<void**>&self.entries[n]) == NULL:
-                    if self._build_in(bp, n) == NULL:
+                    if self._build_in(bp, n, hard_deadline, &why) == NULL:
+                        if why == BUILD_PAST_DEADLINE:
+                            break       # left for its first visit
                         built = -1
                         break
                     built += 1

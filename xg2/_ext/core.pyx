@@ -47,6 +47,29 @@ cdef extern from *:
     int __builtin_ctzll(unsigned long long) nogil
     int __builtin_popcountll(unsigned long long) nogil
 
+cdef extern from "<time.h>" nogil:
+    ctypedef long time_t
+    struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    int clock_gettime(int clk, timespec* ts)
+    enum: CLOCK_MONOTONIC
+
+
+cdef inline double _monotonic() noexcept nogil:
+    """time.perf_counter's clock (CLOCK_MONOTONIC on Linux), in seconds."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef enum:
+    BUILD_OK = 0
+    BUILD_NO_MEMORY = -1
+    BUILD_PAST_DEADLINE = -2          # an entry build ran past its deadline (see EntryBuilder.deadline)
+    DEADLINE_CHECK_EVERY = 256        # trie nodes walked between two reads of the clock
+    CLOSURE_CHECK_EVERY = 1 << 16     # closure steps (items, origin items rescanned) between two reads
+
 # ---------------------------------------------------------------------------------------------
 # Grammar tables
 # ---------------------------------------------------------------------------------------------

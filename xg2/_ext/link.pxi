@@ -111,29 +111,44 @@ def fill_rows(list cores, uintptr_t base, int64_t row_words, const int64_t[:] ro
     """Matcher k's mask into row rows[k] of the bitmask at `base` (rows of `row_words` int32 words,
     `n_words` of them written; rows None: row k): one call and one release of the GIL for a whole
     batch, no Python per row. The caller has checked the bitmask, the rows and that every item is a
-    live MatcherCore."""
+    live MatcherCore.
+
+    A row whose mask cannot be made (an entry build past the fill's deadline, or no memory) is
+    written all zeros and the others are still filled: one session's costly grammar is its own
+    failure, not the batch's. Then FillTimeoutError (or MemoryError) says which positions failed."""
     cdef Py_ssize_t n = len(cores), k
-    cdef int rc = 0
+    cdef int rc, worst = 0
+    cdef int64_t row
     cdef bint by_index = rows is None
     if not by_index and rows.shape[0] != n:
         raise ValueError("one row per matcher")
     cdef PyObject* few[8]
+    cdef int few_rc[8]
     cdef PyObject** ptrs = &few[0]
+    cdef int* rcs = &few_rc[0]
     if n > 8:
         ptrs = <PyObject**>malloc(n * sizeof(PyObject*))
-    if ptrs == NULL:
-        raise MemoryError()
+        rcs = <int*>malloc(n * sizeof(int))
+        if ptrs == NULL or rcs == NULL:
+            free(ptrs)
+            free(rcs)
+            raise MemoryError()
     try:
         for k in range(n):
             ptrs[k] = <PyObject*>(<MatcherCore?>cores[k])
         with nogil:
             for k in range(n):
-                if _fill_of(ptrs[k], <int32_t*>(base + <uintptr_t>((k if by_index else rows[k]) * row_words * 4)),
-                            n_words) < 0:
-                    rc = -1
-                    break
+                row = k if by_index else rows[k]
+                rc = _fill_of(ptrs[k], <int32_t*>(base + <uintptr_t>(row * row_words * 4)), n_words)
+                rcs[k] = rc
+                if rc < 0:
+                    memset(<void*>(base + <uintptr_t>(row * row_words * 4)), 0, n_words * sizeof(int32_t))
+                    if worst == 0 or rc == BUILD_NO_MEMORY:
+                        worst = rc
+        if worst < 0:
+            raise _fill_error(worst, [k for k in range(n) if rcs[k] < 0])
     finally:
         if ptrs != &few[0]:
             free(ptrs)
-    if rc < 0:
-        raise MemoryError()
+        if rcs != &few_rc[0]:
+            free(rcs)

@@ -4,6 +4,15 @@
 # Matcher: one request's parse with history, mask fill, accept and rollback
 # ---------------------------------------------------------------------------------------------
 
+cdef object _fill_error(int rc, list rows):
+    """The exception of a failed fill: FillTimeoutError (`rows`: the batch positions that failed)
+    when an entry build ran past the fill's deadline, MemoryError otherwise."""
+    if rc == BUILD_PAST_DEADLINE:
+        from xg2.errors import FillTimeoutError
+        return FillTimeoutError(rows)
+    return MemoryError()
+
+
 cdef class MatcherCore:
     """Runtime parser over a CompiledCore. Not thread-safe by itself: one request, one thread."""
     cdef CompiledCore core
@@ -519,6 +528,7 @@ cdef class MatcherCore:
         cdef const int32_t* budget = self.core.rule_budget
         cdef int32_t cur = p.n_sets - 1, r, b, o32
         cdef int64_t s, e = p.n_items, j, j2, k, kept
+        cdef int rc
         cdef item_t it, it2
         cdef uint32_t node, n2
         if cur < 0:
@@ -593,8 +603,9 @@ cdef class MatcherCore:
         # the output cannot end here), the budget is relaxed for this step, as where the
         # occurrence cannot end at all (xgrammar does the same).
         if not p.set_top[cur]:
-            if self._fill_acc() < 0:
-                raise MemoryError()
+            rc = self._fill_acc()
+            if rc < 0:
+                raise _fill_error(rc, [0])
             for k in range(self.vc.n_words):
                 if self.acc[k]:
                     return 0
@@ -630,7 +641,7 @@ cdef class MatcherCore:
         with nogil:
             rc = self._fill(<int32_t*>address, n_int32_words)
         if rc < 0:
-            raise MemoryError()
+            raise _fill_error(rc, [0])
 
     cdef int _fill(self, int32_t* out, int32_t n_out) noexcept nogil:
         """The mask is built in the output row itself when it is wide and aligned enough (most
@@ -651,7 +662,7 @@ cdef class MatcherCore:
         return rc
 
     cdef int _fill_acc(self) noexcept nogil:
-        """The next-token mask into self.acc."""
+        """The next-token mask into self.acc; 0, or BUILD_NO_MEMORY / BUILD_PAST_DEADLINE."""
         cdef VocabC* v = self.vc
         cdef Parser* p = &self.p
         cdef int32_t cur = p.n_sets - 1
@@ -660,7 +671,8 @@ cdef class MatcherCore:
         cdef int32_t node, n_nodes = 0, k, w, r, t, base
         cdef MaskEntry* e
         cdef uint64_t bitsw
-        cdef int any_unc = 0, n_checked = 0
+        cdef int any_unc = 0, n_checked = 0, why = BUILD_OK
+        cdef double deadline = 0
         cdef int32_t sid = p.set_id[cur], slot = sid & (MCACHE_SLOTS - 1), full = -1
         if self.terminated:
             memset(self.acc, 0, W * sizeof(uint64_t))
@@ -681,9 +693,9 @@ cdef class MatcherCore:
             # An entry that keeps a set (a bitset, or all ordinary tokens but a list) starts the
             # mask by itself; without one the mask starts empty.
             for k in range(n_nodes):
-                e = self.core.get_entry(self.nodes[k])
+                e = self.core.entry_for_fill(self.nodes[k], &deadline, &why)
                 if e == NULL:
-                    return -1
+                    return why
                 if full < 0 and e.kind != ENTRY_ACCEPTED_LIST:
                     full = k
             if full < 0:

@@ -20,6 +20,9 @@ cdef struct Parser:
     int32_t* id_pos       # latest stack position holding each interned id
     int32_t cap_id_pos
     int32_t n_static      # leading sets that are never popped (the context parser's caller sets)
+    double deadline       # closures stop once the clock passes it (0: never); see p_past_deadline
+    int64_t work          # closure steps since the clock was last read
+    bint aborted          # a closure stopped at the deadline (its caller returned as for OOM)
 
 
 cdef int64_t _parser_bytes(const Parser* p) noexcept nogil:
@@ -55,6 +58,9 @@ cdef int p_init(Parser* p) noexcept nogil:
     p.hset = -1
     p.memo = NULL
     p.n_static = 0
+    p.deadline = 0
+    p.work = 0
+    p.aborted = False
     p.set_id = <int32_t*>malloc(p.cap_sets * sizeof(int32_t))
     p.set_prevpos = <int32_t*>malloc(p.cap_sets * sizeof(int32_t))
     p.cap_id_pos = 1024
@@ -282,14 +288,33 @@ cdef inline int64_t p_set_end(Parser* p, int32_t k) noexcept nogil:
     return p.set_start[k + 1] if k + 1 < p.n_sets else p.n_items
 
 
+cdef inline bint p_past_deadline(Parser* p, int64_t steps) noexcept nogil:
+    """Count `steps` of closure work; past CLOSURE_CHECK_EVERY of them, read the clock. One closure
+    of a hostile grammar can take minutes (sets of many items whose completions rescan their
+    origin sets); an entry build gives its parsers its deadline so that it can stop inside one."""
+    if p.deadline <= 0:
+        return False
+    p.work += steps
+    if p.work < CLOSURE_CHECK_EVERY:
+        return False
+    p.work = 0
+    if _monotonic() > p.deadline:
+        p.aborted = True
+        return True
+    return False
+
+
 cdef int p_closure(Parser* p, const GrammarC* g, int64_t i) noexcept nogil:
-    """Predict and complete from item index i to the end of the open set (Aycock-Horspool nullables)."""
+    """Predict and complete from item index i to the end of the open set (Aycock-Horspool nullables).
+    -1 on OOM or at the parser's deadline (then `aborted` is set)."""
     cdef int32_t cur = p.n_sets - 1
     cdef item_t it, it2
     cdef uint32_t node, n2
     cdef int64_t origin, j, e
     cdef int32_t k, r, r2
     while i < p.n_items:
+        if p_past_deadline(p, 1):
+            return -1
         it = p.items[i]
         i += 1
         node = it & NODE_MASK
@@ -301,6 +326,8 @@ cdef int p_closure(Parser* p, const GrammarC* g, int64_t i) noexcept nogil:
                 origin = <int64_t>(it >> 32)
                 j = p.set_start[origin]
                 e = p_set_end(p, <int32_t>origin)
+                if p_past_deadline(p, e - j):
+                    return -1
                 while j < e:
                     it2 = p.items[j]
                     j += 1

@@ -52,7 +52,7 @@ import numpy as np
 from .._ext.core import fill_rows
 from ..batch_matcher import MIN_ROWS_PER_THREAD, _bitmask_base
 from ..compiler import REUSE_COUNTS, CompiledGrammar, GrammarCompiler, MustLower
-from ..errors import QuotaError, SessionError, SpecError, UsageError, XG2Error
+from ..errors import FillTimeoutError, QuotaError, SessionError, SpecError, UsageError, XG2Error
 from ..grammar.budget import CompileTimeout
 from ..matcher import GrammarMatcher
 from ..tokenizer import TokenizerInfo
@@ -137,22 +137,51 @@ class Session:
 
 class FillHandle:
     """A batch fill started on the runtime's fill threads: `wait()` (or `await handle`) returns once
-    every row is written, and re-raises what went wrong."""
+    every row is written, and re-raises what went wrong (FillTimeoutError with positions in the
+    sessions given, as `GrammarRuntime.fill`)."""
 
-    __slots__ = ("_futures",)
+    __slots__ = ("_futures", "_sessions", "_sizes")
 
-    def __init__(self, futures: list[concurrent.futures.Future]):
+    def __init__(self, futures: list[concurrent.futures.Future], sizes: list[int] | None = None,
+                 sessions: Sequence[Session | None] | None = None):
         self._futures = futures
+        self._sizes = sizes           # cores per future, in order
+        self._sessions = sessions
 
     def done(self) -> bool:
         return all(f.done() for f in self._futures)
 
+    def _check(self, results: list[BaseException | None]) -> None:
+        failed, offset = [], 0
+        for k, e in enumerate(results):
+            if isinstance(e, FillTimeoutError) and self._sizes is not None:
+                failed += [offset + r for r in e.rows]
+            elif e is not None:
+                raise e
+            offset += self._sizes[k] if self._sizes is not None else 0
+        if failed:
+            raise _failed_sessions(self._sessions, failed)
+
     def wait(self, timeout: float | None = None) -> None:
+        concurrent.futures.wait(self._futures, timeout)
         for f in self._futures:
-            f.result(timeout)
+            if not f.done():
+                raise TimeoutError("the batch fill is still running")
+        self._check([f.exception() for f in self._futures])
+
+    async def _wait(self) -> None:
+        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in self._futures), return_exceptions=True)
+        self._check([r if isinstance(r, BaseException) else None for r in results])
 
     def __await__(self):
-        return asyncio.gather(*(asyncio.wrap_future(f) for f in self._futures)).__await__()
+        return self._wait().__await__()
+
+
+def _failed_sessions(sessions: Sequence[Session | None], positions: list[int]) -> FillTimeoutError:
+    """A fill's failed positions among the cores it filled, as positions in `sessions` (whose None
+    entries had no core)."""
+    live = [k for k, s in enumerate(sessions) if s is not None]
+    return FillTimeoutError(sorted(live[p] for p in positions))
 
 
 def _spec_error(e: msgspec.ValidationError) -> SpecError:
@@ -773,16 +802,32 @@ class GrammarRuntime:
         """Session k's next-token mask into row indices[k] (row k without them) of an int32 CPU
         bitmask (batch, ceil(vocab / 32)): one call into the core per thread, the GIL released once;
         a None session's row is not touched. UsageError, nothing written, for a bitmask of the
-        wrong kind, a row out of range, or a session that has ended; SessionError for a closed one."""
+        wrong kind, a row out of range, or a session that has ended; SessionError for a closed one.
+        FillTimeoutError when some sessions' masks could not be built within the fill budget: its
+        `rows` are their positions in `sessions` (their rows are zeros), every other row is written."""
         address, width, cores, rows = self._plan(sessions, bitmask, indices)
         if len(cores) < 2 * MIN_ROWS_PER_THREAD or self.fill_threads <= 1:
-            fill_rows(cores, address, width, rows, width)
+            try:
+                fill_rows(cores, address, width, rows, width)
+            except FillTimeoutError as e:
+                raise _failed_sessions(sessions, e.rows) from None
             return
         jobs = self._jobs(address, width, cores, rows)
         futures = [self._fill_pool.submit(fill_rows, c, address, width, r, width) for c, r in jobs[1:]]
-        fill_rows(jobs[0][0], address, width, jobs[0][1], width)
-        for f in futures:
-            f.result()
+        failed = []
+        try:
+            fill_rows(jobs[0][0], address, width, jobs[0][1], width)
+        except FillTimeoutError as e:
+            failed += e.rows
+        offset = len(jobs[0][0])
+        for f, (c, _) in zip(futures, jobs[1:]):
+            try:
+                f.result()
+            except FillTimeoutError as e:
+                failed += [offset + k for k in e.rows]
+            offset += len(c)
+        if failed:
+            raise _failed_sessions(sessions, failed)
 
     def submit_fill(self, sessions: Sequence[Session | None], bitmask: Any,
                     indices: Sequence[int] | None = None) -> FillHandle:
@@ -790,8 +835,9 @@ class GrammarRuntime:
         forward pass is launched, wait on the handle just before sampling. Accept nothing into these
         sessions until it is done."""
         address, width, cores, rows = self._plan(sessions, bitmask, indices)
-        return FillHandle([self._fill_pool.submit(fill_rows, c, address, width, r, width)
-                           for c, r in self._jobs(address, width, cores, rows)])
+        jobs = self._jobs(address, width, cores, rows)
+        return FillHandle([self._fill_pool.submit(fill_rows, c, address, width, r, width) for c, r in jobs],
+                          [len(c) for c, _ in jobs], sessions)
 
     def accept(self, sessions: Sequence[Session | None], tokens: Sequence[int]) -> list[bool]:
         """Whether each session accepted its token (a refused token changes nothing); None sessions

@@ -8,7 +8,8 @@ taken once per rule or per few hundred steps, so it costs nothing measurable; ou
 (a `Grammar` built directly) it does nothing. Work inside one call into the C core (one rule's
 subset construction and minimisation, the core's table build, one node's mask entries) is not
 interrupted: each such call is bounded on its own (MAX_DFA_STATES, MAX_CLOSURE_WORK, the grammar's
-size), and the check runs between them.
+size), and the check runs between them. The exception is one node's mask entry, whose cost no size
+bound caps: the core is given the deadline itself (`ends_at`) and stops the build there.
 """
 
 from __future__ import annotations
@@ -57,3 +58,10 @@ def expired() -> bool:
     """Whether this thread's compile is past its deadline."""
     current = getattr(_local, "current", None)
     return current is not None and time.perf_counter() > current[0]
+
+
+def ends_at() -> float:
+    """This thread's compile deadline in time.perf_counter seconds (0.0: none): handed to the C
+    core, whose entry builds stop there on their own (the clocks are the same)."""
+    current = getattr(_local, "current", None)
+    return 0.0 if current is None else current[0]
