@@ -157,3 +157,50 @@ def test_a_stream_whose_client_went_before_its_first_event_is_released(replica, 
     assert replica._in_flight == {}
     assert replica.runtime.open_sessions() == 0
     assert not replica.engine._active and not replica.engine._pending
+
+
+#: The hostile rules of tests/test_entry_deadlines.py behind a first byte no multi-byte token starts
+#: with: the session opens at once, and the masks after its first token cannot be built in time.
+COSTLY = r'''root ::= "\x01" h
+h ::= (((("é"){5,40}){2})* | (((h | r1 | ""))*)+)
+r1 ::= ((r2 (h | "" | [a-z]) | (("a" | "ab") | "a" "\n" [^]) | "é")){1,}
+r2 ::= (("a" "é" "" h){0,3} | r1 ((r2){2}){0,1000} | r1 ([a-z]){2})
+'''
+
+
+def test_a_grammar_too_costly_to_fill_fails_its_own_request_only(loaded, runtime):
+    """Request B's grammar explodes after its first token: its fill runs out of budget, B fails
+    with GrammarTooCostly, and A and C (in the same batch) finish valid."""
+    from serve.engine import GrammarTooCostly
+
+    prompt = loaded.tokenizer.encode("Write a sentence.")
+
+    async def run():
+        eng = Engine(loaded.model, [], runtime=runtime, max_batch=4, vocab_size=loaded.vocab_size)
+        good = [await runtime.open(GRAMMAR) for _ in range(2)]
+        bad = await runtime.open({"grammar": {"type": "ebnf", "grammar": COSTLY}})
+        params = SamplingParams(max_tokens=30, temperature=0.8, seed=3)
+        a = eng.submit(prompt, params, good[0])
+        b = eng.submit(prompt, params, bad)
+        c = eng.submit(prompt, params, good[1])
+
+        async def drain(gen):
+            try:
+                return [t async for t in gen]
+            except Exception as e:      # noqa: BLE001 - what B ends with is the point
+                return e
+
+        got = await asyncio.wait_for(asyncio.gather(drain(a), drain(b), drain(c)), 120)
+        fill_timeouts = eng.counts["fill_timeouts"]
+        await eng.close()
+        for s in (*good, bad):
+            runtime.close(s)
+        return a, b, c, got, fill_timeouts
+
+    a, b, c, (got_a, got_b, got_c), fill_timeouts = asyncio.run(run())
+    assert isinstance(got_b, GrammarTooCostly), got_b
+    assert b.finish_reason == "error" and fill_timeouts == 1
+    assert a.finish_reason in ("stop", "length") and c.finish_reason in ("stop", "length")
+    for gen, tokens in ((a, got_a), (c, got_c)):
+        if gen.finish_reason == "stop":
+            assert _valid(loaded, tokens), loaded.tokenizer.decode(tokens)

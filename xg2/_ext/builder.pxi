@@ -131,6 +131,16 @@ cdef class EntryBuilder:
             self.pc[j].work = 0
             self.pc[j].aborted = False
 
+    cdef void drop_parse(self) noexcept nogil:
+        """Every parser emptied, as when the memo is cleared: their sets hold ids of the memo, which
+        is about to be swapped for another (see CompiledCore.end_background)."""
+        cdef int32_t j
+        p_pop_to(&self.pa, 0)
+        p_pop_to(&self.pb, 0)
+        for j in range(MAX_RESUMES):
+            p_pop_to(&self.pc[j], 0)
+            self.c_done[j] = 0
+
     cdef bint past_deadline(self) noexcept nogil:
         """Whether the last build stopped at its deadline (in the walk or in a closure)."""
         cdef int32_t j

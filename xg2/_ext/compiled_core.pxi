@@ -350,7 +350,28 @@ cdef class CompiledCore:
             self.background = self._new_builder()
 
     def end_background(self):
+        """The background builder goes; its transition memo stays, with the fills' builder, when it
+        is the warmer one. Why: a precompute on the compile path warms the fills' own memo, so the
+        lazy builds of the first fills after it reuse the state sets it interned (measured on the
+        EBNF corpus: fills 1.3-2x slower after a background precompute than after the same one on
+        the compile path, until the fills' memo caught up). The memo depends on the grammar alone."""
+        cdef EntryBuilder b = self.background
+        cdef EntryBuilder f = self.fill
+        cdef Memo tmp
+        if b is None:
+            return
         self.background = None
+        with nogil:
+            PyThread_acquire_lock(f.lock, WAIT_LOCK)
+            PyThread_acquire_lock(b.lock, WAIT_LOCK)
+            if b.memo.n_ids > f.memo.n_ids and b.memo.pool != NULL and f.memo.pool != NULL:
+                f.drop_parse()
+                b.drop_parse()
+                tmp = f.memo
+                f.memo = b.memo
+                b.memo = tmp
+            PyThread_release_lock(b.lock)
+            PyThread_release_lock(f.lock)
 
     def precompute(self, nodes, double deadline=0):
         """Build the entries of the given nodes now with the fills' builder (the first mask's, or
