@@ -35,8 +35,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
-from corpus import load_corpus  # noqa: E402
-from engines import DEFAULT_TOKENIZER, load_vocab  # noqa: E402
+from corpus import load_corpus
+from engines import DEFAULT_TOKENIZER, load_vocab
 
 DATA_DIR = HERE.parent.parent / "shared" / "data" / "jsonschemabench"
 SUBSETS = ["Github_easy", "Github_medium", "Glaiveai2K", "JsonSchemaStore", "Kubernetes", "Snowplow"]
