@@ -16,13 +16,12 @@ service for engines that keep their own model.
   the replica id every session id starts with (serve.masks.SessionRouter). A replica that stops
   loses only its own sessions: calls naming them raise SessionLostError.
 
-Tenants are told apart by their API key (`Authorization: Bearer ...`): with `api_keys` (key ->
-tenant) only those keys are let in; without, any key is its own tenant (named by a digest of it,
-never by the key itself).
+Tenants are told apart by their API key (`Authorization: Bearer ...`, see serve/keys.py): with
+`api_keys` (a KeyRing, or key -> tenant) only those keys are let in; without ("open tenants"), any
+key is its own tenant (named by a digest of it, never by the key itself).
 """
 
 
-import hashlib
 import json
 import logging
 import os
@@ -38,6 +37,8 @@ from ray import serve
 from xg2.errors import SessionLostError, UsageError, XG2Error
 
 from . import protocol as p
+from .keys import Caller, KeyRing
+from .keys import caller_of as keys_caller_of
 from .replica import Replica, ReplicaOptions, grammar_info
 from .routing import REPLICA_HEADER
 
@@ -49,24 +50,31 @@ GAUGE_PERIOD_S = 1.0
 api = FastAPI(title="xg2", docs_url=None, redoc_url=None)
 
 
-def tenant_of(request: Request, api_keys: dict[str, str] | None) -> str:
-    """The tenant a request's API key names; RequestError 401 without a (known) key."""
-    auth = request.headers.get("authorization", "")
-    key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-    if not key:
-        raise p.RequestError("no API key: send it as 'Authorization: Bearer <key>'", status=401,
-                             code="invalid_api_key")
-    if api_keys is not None:
-        tenant = api_keys.get(key)
-        if tenant is None:
-            raise p.RequestError("unknown API key", status=401, code="invalid_api_key")
-        return tenant
-    return tenant_name(key)
+def caller_of(authorization: str, keys: KeyRing | None) -> Caller:
+    """Who a request's `Authorization` header speaks for; RequestError 401 without a (known) key."""
+    try:
+        return keys_caller_of(authorization, keys)
+    except LookupError as e:
+        raise p.RequestError(str(e), status=401, code="invalid_api_key") from None
 
 
-def tenant_name(key: str) -> str:
-    """The tenant an API key is when no key list is configured: a digest, never the key itself."""
-    return "key-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+def _key_ring(api_keys: KeyRing | dict[str, str] | None) -> KeyRing | None:
+    return api_keys if api_keys is None or isinstance(api_keys, KeyRing) else KeyRing.from_mapping(api_keys)
+
+
+def stats_view(stats: dict, caller: Caller, open_tenants: bool, in_flight: int, sessions: int) -> dict:
+    """What `caller` may read of a replica's figures: an admin, all of them; a tenant, its own (its
+    recent requests, requests in flight, sessions, compile usage), and with open tenants (no key
+    list: nothing to protect between callers but their names) the replica's own figures too, with
+    no other tenant's name or figures in them."""
+    if caller.admin:
+        return stats
+    own = {"tenant": caller.tenant, "requests_in_flight": in_flight, "open_sessions": sessions,
+           "compile_usage": {k: v for k, v in stats.get("compile_usage", {}).items() if k == caller.tenant},
+           "recent": [r for r in stats.get("recent", []) if r.get("tenant") == caller.tenant]}
+    if not open_tenants:
+        return {"replica": stats.get("replica"), **own}
+    return {**stats, **own}
 
 
 def _error(e: p.RequestError) -> Response:
@@ -170,17 +178,17 @@ class ModelServer:
     ingress calls `respond` or `generate` by handle (router "affinity"); all run `_call`, so an
     answer is the same either way. Every answer names the replica in its REPLICA_HEADER."""
 
-    def __init__(self, options: dict | None = None, api_keys: dict[str, str] | None = None):
+    def __init__(self, options: dict | None = None, api_keys: KeyRing | dict[str, str] | None = None):
         self.replica = Replica(ReplicaOptions(**(options or {})))
-        self.api_keys = api_keys
+        self.keys = _key_ring(api_keys)
         self._metrics = _Metrics(self.replica)
         self._replica_id = serve.get_replica_context().replica_id.unique_id
 
     async def _call(self, fn: Any, request: Request) -> Response:
         grammar_info(reset=True)
         try:
-            tenant = tenant_of(request, self.api_keys)
-            out = await fn(tenant, await request.body())
+            caller = caller_of(request.headers.get("authorization", ""), self.keys)
+            out = await fn(caller.tenant, await request.body())
         except p.RequestError as e:
             return _error(e)
         finally:
@@ -210,13 +218,23 @@ class ModelServer:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
     @api.get("/v1/xg2/stats")
-    async def stats(self) -> Response:
+    async def stats(self, request: Request) -> Response:
         """This replica's figures: requests, steps (forward, fill, mask time exposed), runtime and
-        cache tiers (hits, bytes)."""
+        cache tiers (hits, bytes); what of them the caller's key may read (see stats_view)."""
+        return await self.stats_for(request.headers.get("authorization", ""))
+
+    async def stats_for(self, authorization: str) -> Response:
+        """`stats` for a caller's `Authorization` header (the ingress's call, by handle)."""
+        try:
+            caller = caller_of(authorization, self.keys)
+        except p.RequestError as e:
+            return _error(e)
         stats = self.replica.stats()
         stats["replica"] = {"pid": os.getpid(), "id": self._replica_id,
                             "node": ray.get_runtime_context().get_node_id()}
-        return Response(p.encode(stats), media_type="application/json")
+        view = stats_view(stats, caller, self.keys is None, self.replica._in_flight.get(caller.tenant, 0),
+                          self.replica.runtime.open_sessions(caller.tenant))
+        return Response(p.encode(view), media_type="application/json")
 
     async def check_health(self) -> None:
         if self.replica.engine._closed:
@@ -284,14 +302,15 @@ class MaskService:
     """One replica of the mask service: its sessions live in its MaskHost actor (serve.masks),
     which clients reach directly after one `host` call; the other methods are the same calls
     through Serve, routed by session id to this replica (serve.masks.SessionRouter). Every method
-    names the tenant (a tenant reaches only its sessions)."""
+    names the tenant (a tenant reaches only its sessions); with API keys, the caller's key in its
+    place (the host answers as the key's tenant, see MatcherHost)."""
 
     async def __init__(self, model: str = "default", shards: list[str] | None = None,
-                       shard_namespace: str | None = None):
+                       shard_namespace: str | None = None, api_keys: KeyRing | dict[str, str] | None = None):
         from .masks import start_host
 
         self.tag = serve.get_replica_context().replica_id.unique_id
-        self._host = start_host(model, self.tag, shards, shard_namespace)
+        self._host = start_host(model, self.tag, shards, shard_namespace, _key_ring(api_keys))
         self.vocab_size = (await self._host.info.remote())["vocab_size"]
         self._clients = 0
 
@@ -422,11 +441,11 @@ def build(args: dict[str, Any]) -> Any:
 def build_masks(args: dict[str, Any]) -> Any:
     """The mask service application (reached by handle: `serve.get_app_handle("xg2-masks")`):
     args `model` (its tokenizer), `replicas` (default 2), `shards`, `shard_prefix`,
-    `shard_namespace` (the same shards as the model's)."""
+    `shard_namespace` (the same shards as the model's), `api_keys` (as the model's)."""
     args = dict(args or {})
     replicas = int(args.pop("replicas", 2))
     if replicas < 1:
         raise UsageError(f"the mask service needs at least one replica, not {replicas}")
     shards = _shard_names(args)
     return MaskService.options(num_replicas=replicas).bind(args.get("model", "default"), shards,
-                                                           args.get("shard_namespace"))
+                                                           args.get("shard_namespace"), args.get("api_keys"))

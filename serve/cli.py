@@ -12,7 +12,12 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from xg2.errors import UsageError
+
+if TYPE_CHECKING:
+    from .keys import KeyRing
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -28,6 +33,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-mask-service", action="store_true", help="do not start the mask service")
     ap.add_argument("--mask-replicas", type=int, default=2,
                     help="mask service replicas (each holds the sessions opened on it; default 2)")
+    ap.add_argument("--api-keys", metavar="FILE", default=None,
+                    help="the API keys, one 'TENANT KEY [admin]' per line: only these are let in, each as its "
+                    "tenant; an admin key reads every tenant's figures at /v1/xg2/stats (see serve/keys.py)")
+    ap.add_argument("--open-tenants", action="store_true",
+                    help="without --api-keys, let any bearer token in as a tenant of its own even off the "
+                    "loopback (a client that changes keys then escapes every per-tenant limit)")
     ap.add_argument("--router", choices=("affinity", "default"), default="affinity",
                     help="how requests reach the model replicas: affinity (default: to the replica that holds "
                     "their grammar or most of their tools) or default (Serve's own routing, for comparison)")
@@ -38,11 +49,18 @@ class Server:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 8000, model: str = "default", replicas: int = 1,
                  shards: int = 2, max_batch: int = 8, mask_service: bool = True, progress: bool = True,
-                 api_keys: dict[str, str] | None = None, options: dict[str, Any] | None = None,
+                 api_keys: KeyRing | dict[str, str] | None = None, open_tenants: bool = False,
+                 options: dict[str, Any] | None = None,
                  shard_mb: int | None = None, address: str | None = None, mask_replicas: int = 2,
                  proxy_location: str | None = None, model_placement: dict[str, Any] | None = None):
         from xg2.actors.keeper import shard_prefix
 
+        from .keys import is_loopback
+
+        if api_keys is None and not open_tenants and not is_loopback(host):
+            raise UsageError(f"refusing to serve on {host} without API keys: any bearer token would be a tenant of "
+                             "its own, and a client that changes keys escapes every per-tenant limit. Give the keys "
+                             "(--api-keys FILE), listen on the loopback (--host 127.0.0.1), or say --open-tenants")
         self.address = address
         self.host, self.port, self.model = host, port, model
         self.shard_mb = shard_mb        # each cache shard's budget (None: xg2.actors.shard's default)
@@ -115,7 +133,8 @@ class Server:
             self._run(serve, build(args), "xg2", "/")
             if self.mask_service:
                 self._run(serve, build_masks({"model": self.model, "replicas": self.mask_replicas, "shards": self.shards,
-                                              "shard_prefix": self.shard_prefix, "shard_namespace": "xg2"}),
+                                              "shard_prefix": self.shard_prefix, "shard_namespace": "xg2",
+                                              "api_keys": self.api_keys}),
                           "xg2-masks", None)
             self._wait_healthy()
         except BaseException:
@@ -177,10 +196,17 @@ class Server:
 
 
 def run(args: argparse.Namespace) -> int:
-    server = Server(host=args.host, port=args.port, model=args.model, replicas=args.replicas, shards=args.shards,
-                    max_batch=args.max_batch, mask_service=not args.no_mask_service, address=args.address,
-                    mask_replicas=args.mask_replicas,
-                    options={"router": args.router})
+    from .keys import KeyRing
+
+    try:
+        keys = KeyRing.from_file(args.api_keys) if args.api_keys else None
+        server = Server(host=args.host, port=args.port, model=args.model, replicas=args.replicas, shards=args.shards,
+                        max_batch=args.max_batch, mask_service=not args.no_mask_service, address=args.address,
+                        mask_replicas=args.mask_replicas, api_keys=keys, open_tenants=args.open_tenants,
+                        options={"router": args.router})
+    except UsageError as e:
+        print(f"xg2 serve: {e}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -83,8 +83,23 @@ def check_tool_calls(message: Any, tools: list[dict]) -> str:
     return "valid"
 
 
-async def run_scenario(url: str, rng: random.Random, out: Any = sys.stdout) -> dict:
+#: The demo's tenants; each gets a fresh random key per run, and the report reads the figures of all
+#: of them with an admin key (serve/keys.py).
+TENANTS = ("acme", "globex", "initech", "umbrella")
+
+
+def demo_keys() -> tuple[dict[str, str], str]:
+    """(tenant -> key, admin key), fresh for this run."""
+    import secrets
+
+    return {t: f"{t}-{secrets.token_urlsafe(18)}" for t in TENANTS}, f"admin-{secrets.token_urlsafe(18)}"
+
+
+async def run_scenario(url: str, rng: random.Random, out: Any = sys.stdout,
+                       keys: dict[str, str] | None = None) -> dict:
     import openai
+
+    keys = keys or {t: f"{t}-key" for t in TENANTS}
 
     shared = shared_dir()
     sets = tool_sets(shared, rng)
@@ -101,7 +116,7 @@ async def run_scenario(url: str, rng: random.Random, out: Any = sys.stdout) -> d
         verdict = check_tool_calls(msg, tools) if r.choices[0].finish_reason == "tool_calls" else \
             f"cut at max_tokens ({r.choices[0].finish_reason})"
         shown = "; ".join(f"{c.function.name}({c.function.arguments})" for c in msg.tool_calls or []) or msg.content
-        results.append({"tenant": key, "kind": f"tools x{len(tools)}", "ms": (time.perf_counter() - t0) * 1e3,
+        results.append({"tenant": _tenant(keys, key), "kind": f"tools x{len(tools)}", "ms": (time.perf_counter() - t0) * 1e3,
                         "ttft_ms": None, "output": shown, "valid": verdict})
 
     async def extractor(key: str, schema: dict) -> None:
@@ -118,7 +133,7 @@ async def run_scenario(url: str, rng: random.Random, out: Any = sys.stdout) -> d
         except (ValueError, jsonschema.ValidationError) as e:
             verdict = ("cut at max_tokens" if r.choices[0].finish_reason == "length"
                        else f"INVALID: {str(e).splitlines()[0][:80]}")
-        results.append({"tenant": key, "kind": "json_schema", "ms": (time.perf_counter() - t0) * 1e3,
+        results.append({"tenant": _tenant(keys, key), "kind": "json_schema", "ms": (time.perf_counter() - t0) * 1e3,
                         "ttft_ms": None, "output": text, "valid": verdict})
 
     async def chatter(key: str, ask: str) -> None:
@@ -132,18 +147,18 @@ async def run_scenario(url: str, rng: random.Random, out: Any = sys.stdout) -> d
             if chunk.choices and chunk.choices[0].delta.content:
                 first = first or (time.perf_counter() - t0) * 1e3
                 parts.append(chunk.choices[0].delta.content)
-        results.append({"tenant": key, "kind": "chat, streamed", "ms": (time.perf_counter() - t0) * 1e3,
+        results.append({"tenant": _tenant(keys, key), "kind": "chat, streamed", "ms": (time.perf_counter() - t0) * 1e3,
                         "ttft_ms": first, "output": "".join(parts), "valid": "n/a (free text)"})
 
     asks = ["What's the weather like in Paris today?", "Find me recent news about solar panels.",
             "Look up the population of Tokyo."]
     # round 1: tenants that bring their tool sets and schemas first
-    await asyncio.gather(*(agent("acme-key", s, a) for s, a in zip(sets, asks)),
-                         *(extractor("globex-key", s) for s in extraction),
-                         chatter("umbrella-key", "Write one sentence about the sea."))
+    await asyncio.gather(*(agent(keys["acme"], s, a) for s, a in zip(sets, asks)),
+                         *(extractor(keys["globex"], s) for s in extraction),
+                         chatter(keys["umbrella"], "Write one sentence about the sea."))
     # round 2: another tenant with the same tool sets (their grammars are cached now), and new asks
-    await asyncio.gather(*(agent("initech-key", s, a) for s, a in zip(sets, reversed(asks))),
-                         chatter("umbrella-key", "Name three colours."))
+    await asyncio.gather(*(agent(keys["initech"], s, a) for s, a in zip(sets, reversed(asks))),
+                         chatter(keys["umbrella"], "Name three colours."))
     for r in results:
         ttft = f", first token {r['ttft_ms']:.0f} ms" if r["ttft_ms"] else ""
         output = r["output"] if len(r["output"] or "") < 160 else r["output"][:157] + "..."
@@ -151,22 +166,24 @@ async def run_scenario(url: str, rng: random.Random, out: Any = sys.stdout) -> d
     return {"results": results}
 
 
-def report_cache(base: str, out: Any = sys.stdout) -> dict:
+def _tenant(keys: dict[str, str], key: str) -> str:
+    return next((t for t, k in keys.items() if k == key), "?")
+
+
+def report_cache(base: str, out: Any = sys.stdout, admin_key: str | None = None) -> dict:
     import urllib.request
 
-    with urllib.request.urlopen(f"{base}/v1/xg2/stats") as r:
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/v1/xg2/stats", headers=headers)) as r:
         stats = json.loads(r.read())
     rt = stats["runtime"]
     print("\ncache across tenants (this replica):", file=out)
     print(f"  grammars compiled here: {rt['compiles'] - rt['tier_grammar_hits']}, found in the replica's cache: "
           f"{rt['grammar_hits']}, read from the cache shards: {rt['tier_grammar_hits']}, "
           f"shared with a compile in flight: {rt['compile_shared']}", file=out)
-    from .app import tenant_name
-
-    names = {tenant_name(k): k.removesuffix("-key") for k in ("acme-key", "globex-key", "initech-key", "umbrella-key")}
     by_tenant: dict[str, list[float]] = {}
     for rec in stats["recent"]:
-        by_tenant.setdefault(names.get(rec["tenant"], rec["tenant"]), []).append(rec["compile_ms"])
+        by_tenant.setdefault(rec["tenant"], []).append(rec["compile_ms"])
     for tenant, ms in by_tenant.items():
         print(f"  tenant {tenant}: grammar ready in {', '.join(f'{m:.1f}' for m in ms)} ms", file=out)
     steps = stats.get("steps") or {}
@@ -184,11 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     from .cli import Server
+    from .keys import KeyRing
 
-    with Server(model=args.model, port=args.port) as server:
+    keys, admin = demo_keys()
+    ring = KeyRing([(k, t, False) for t, k in keys.items()] + [(admin, "operator", True)])
+    with Server(model=args.model, port=args.port, api_keys=ring) as server:
         print(f"\nxg2 is serving {args.model} at {server.url}; running the scenario\n", flush=True)
-        res = asyncio.run(run_scenario(server.url, random.Random(args.seed)))
-        report_cache(server.url.removesuffix("/v1"))
+        res = asyncio.run(run_scenario(server.url, random.Random(args.seed), keys=keys))
+        report_cache(server.url.removesuffix("/v1"), admin_key=admin)
     bad = [r for r in res["results"] if r["valid"].startswith(("INVALID", "invalid", "unknown"))]
     print(f"\n{len(res['results'])} requests, {len(bad)} invalid outputs; shut down cleanly.")
     return 1 if bad else 0

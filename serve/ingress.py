@@ -104,7 +104,10 @@ class Ingress:
             if route in ("chat", "completions"):
                 return await self._generate(route, request)
             # ModelServer's own routes, called by handle: they answer starlette Responses
-            answer = await getattr(self.model, route).remote()
+            if route == "stats":
+                answer = await self.model.stats_for.remote(request.headers.get("authorization", ""))
+            else:
+                answer = await getattr(self.model, route).remote()
             return Response(answer.body, status_code=answer.status_code, media_type=_JSON)
         except Exception:       # noqa: BLE001 - the client gets OpenAI's error object, not a dropped connection
             _log.exception("the model replicas could not answer %s", path)

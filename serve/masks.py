@@ -51,14 +51,15 @@ class MaskHost(MatcherHost):
     compiles in child processes (off this process's GIL, so steps stay quick), and the caches a
     model replica has (the shards are behind them)."""
 
-    def __init__(self, model: str, tag: str, shards: list[str] | None = None, shard_namespace: str | None = None):
+    def __init__(self, model: str, tag: str, shards: list[str] | None = None, shard_namespace: str | None = None,
+                 keys: Any = None):
         from .model import load_model, tokenizer_info
         from .replica import ReplicaOptions
 
         loaded = load_model(model, progress=False)
         info = tokenizer_info(loaded)
         del loaded      # only its vocabulary is wanted here: the weights go before the freeze below
-        super().__init__(info, tag=tag, shards=shards or None, shard_namespace=shard_namespace,
+        super().__init__(info, tag=tag, shards=shards or None, shard_namespace=shard_namespace, keys=keys,
                          compile_processes=True,
                          max_compile_seconds_per_tenant=ReplicaOptions.max_compile_seconds_per_tenant,
                          grammar_cache_bytes=ReplicaOptions.grammar_cache_mb << 20,
@@ -115,7 +116,8 @@ class MaskHost(MatcherHost):
         return out
 
 
-def start_host(model: str, tag: str, shards: list[str] | None, shard_namespace: str | None) -> Any:
+def start_host(model: str, tag: str, shards: list[str] | None, shard_namespace: str | None,
+               keys: Any = None) -> Any:
     """The calling replica's MaskHost actor, on the replica's node (a step crosses no network the
     replica's would not), owned by the replica (it ends with it)."""
     import ray
@@ -124,7 +126,7 @@ def start_host(model: str, tag: str, shards: list[str] | None, shard_namespace: 
     node = ray.get_runtime_context().get_node_id()
     actor = ray.remote(num_cpus=0, max_concurrency=256, max_restarts=0)(MaskHost)
     return actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-        model, tag, shards, shard_namespace)
+        model, tag, shards, shard_namespace, keys)
 
 
 def request_sessions(method: str, args: list | tuple, kwargs: dict) -> list:

@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from xg2.actors import GrammarRuntime
-from xg2.errors import XG2Error
+from xg2.errors import AccessError, SessionError, XG2Error
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
                                                                           "maximum": 99}},
@@ -45,11 +45,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The application's tenants, each with its key (serve/keys.py), and an operator with the admin key.
+TENANTS = ["tenant-a", "tenant-b", "probe", "engine-1", "engine-2"] + [f"tenant-d{i}" for i in range(12)]
+
+
+def key(tenant: str) -> str:
+    return f"sk-{tenant}-0123456789abcdef"
+
+
+ADMIN_KEY = "sk-operator-0123456789abcdef"
+
+
 @pytest.fixture(scope="module")
 def app(ray_local):
     from serve.cli import Server
+    from serve.keys import KeyRing
 
-    server = Server(model="tiny", port=_free_port(), shards=1, progress=False,
+    ring = KeyRing([(key(t), t, False) for t in TENANTS] + [(ADMIN_KEY, "operator", True)])
+    server = Server(model="tiny", port=_free_port(), shards=1, progress=False, api_keys=ring,
                     options={"max_requests_per_tenant": 2, "max_tokens_limit": 512})
     server.start()
     yield server
@@ -71,8 +84,17 @@ def reference(loaded):
     return GrammarRuntime(tokenizer_info(loaded))
 
 
-def client(app, key: str = "tenant-a"):
-    return openai.OpenAI(base_url=app.url, api_key=key, max_retries=0, timeout=120)
+def client(app, tenant: str = "tenant-a"):
+    return openai.OpenAI(base_url=app.url, api_key=key(tenant), max_retries=0, timeout=120)
+
+
+def stats(app, api_key: str | None) -> tuple[int, dict]:
+    headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(app.url + "/xg2/stats", headers=headers), timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def accepted_by(reference, grammar: dict, text: str) -> bool:
@@ -95,6 +117,23 @@ def test_health_models_and_keys(app):
     with pytest.raises(urllib.error.HTTPError) as err:          # no key: 401, OpenAI's error object
         urllib.request.urlopen(request)
     assert err.value.code == 401 and json.loads(err.value.read())["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):             # a key not in the file: 401 too
+        openai.OpenAI(base_url=app.url, api_key="sk-someone-else-0123456789", max_retries=0).chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=2)
+
+
+def test_stats_show_a_tenant_its_own_figures_and_the_admin_all(app):
+    client(app, "tenant-a").chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+    client(app, "tenant-b").chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+    assert stats(app, None)[0] == 401 and stats(app, "sk-unknown-0123456789abcdef")[0] == 401
+    status, mine = stats(app, key("tenant-a"))
+    assert status == 200 and mine["tenant"] == "tenant-a"
+    assert mine["recent"] and {r["tenant"] for r in mine["recent"]} == {"tenant-a"}
+    assert "tenant-b" not in json.dumps(mine)          # no other tenant's name or figures
+    assert "runtime" not in mine and "compile_usage" in mine
+    status, everything = stats(app, ADMIN_KEY)
+    assert status == 200 and {"tenant-a", "tenant-b"} <= {r["tenant"] for r in everything["recent"]}
+    assert "runtime" in everything and "reuse" in everything
 
 
 def test_json_schema_responses_parse_and_validate(app, reference):
@@ -242,7 +281,7 @@ def test_mask_service_handle_gives_the_in_process_masks(app, loaded, reference):
 
     handle = serve.get_app_handle("xg2-masks")
     spec = {"grammar": {"type": "json_schema", "schema": SCHEMA}}
-    client_ = StepClient(handle, "engine-1", loaded.vocab_size)
+    client_ = StepClient(handle, key("engine-1"), loaded.vocab_size)
     sid = client_.open(spec)
     local = asyncio.run(reference.open(spec))
     width = (loaded.vocab_size + 31) // 32
@@ -257,7 +296,13 @@ def test_mask_service_handle_gives_the_in_process_masks(app, loaded, reference):
             assert reference.accept([local], [t]) == [True] and accepted == [True] and ended == [False]
             reference.fill([local], row)
             assert np.array_equal(rows[0], row[0])
-        assert handle.close.remote("engine-1", [sid]).result() == 1
+        # The session is its key's tenant's: another key cannot see it, an unknown key is refused.
+        assert handle.close.remote(key("engine-2"), [sid]).result() == 0     # not engine-2's: nothing closed
+        with pytest.raises(SessionError):
+            StepClient(handle, key("engine-2"), loaded.vocab_size).step([sid], [None])
+        with pytest.raises(AccessError):
+            StepClient(handle, "engine-1", loaded.vocab_size).open(spec)    # a tenant's name is not its key
+        assert handle.close.remote(key("engine-1"), [sid]).result() == 1
         with pytest.raises(XG2Error):
             client_.step([sid], [None])
     finally:
@@ -273,7 +318,7 @@ def test_each_response_says_where_its_grammar_came_from(app):
 
     def grammar_header(body: dict) -> dict | None:
         request = urllib.request.Request(app.url + "/chat/completions", data=json.dumps(body).encode(),
-                                         headers={"Authorization": "Bearer k-probe", "Content-Type": "application/json"})
+                                         headers={"Authorization": f"Bearer {key('probe')}", "Content-Type": "application/json"})
         with urllib.request.urlopen(request) as r:
             value = r.headers.get("x-xg2-grammar")
         return None if value is None else json.loads(value)
@@ -305,7 +350,7 @@ def test_clients_that_go_at_any_point_leave_the_others_and_every_counter_alone(a
     async def one(session, i, stream, leave):
         body = {"model": "tiny", "prompt": f"Request {i}:", "max_tokens": 40, "temperature": 0.9, "seed": i,
                 "guided_regex": pattern, "stream": stream}
-        headers = {"Authorization": f"Bearer tenant-d{i % 12}"}
+        headers = {"Authorization": f"Bearer {key(f'tenant-d{i % 12}')}"}
         try:
             if leave == "before":
                 await asyncio.wait_for(session.post(app.url + "/completions", json=body, headers=headers), 0.05)
@@ -345,9 +390,8 @@ def test_clients_that_go_at_any_point_leave_the_others_and_every_counter_alone(a
             assert re.fullmatch(pattern, text), (i, text)
     deadline = time.monotonic() + 30
     while True:
-        with urllib.request.urlopen(app.url + "/xg2/stats", timeout=10) as r:
-            stats = json.loads(r.read())
-        held = (stats["requests_in_flight"], stats["open_sessions"], stats["engine_rows"])
+        _, figures = stats(app, ADMIN_KEY)
+        held = (figures["requests_in_flight"], figures["open_sessions"], figures["engine_rows"])
         if held == (0, 0, 0) or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -136,3 +136,24 @@ class FillTimeoutError(XG2Error):
         self.rows = list(rows)
         super().__init__(f"building a mask entry took longer than the fill budget (batch positions {self.rows}); "
                          "the grammar is too costly at this state: end these sessions")
+
+    def __reduce__(self):       # pickled across processes (Ray) with its rows, not its message
+        return (type(self), (self.rows,))
+
+
+class AccessError(XG2Error, PermissionError):
+    """A caller of a service with API keys named no key it knows (the mask service with keys: its
+    calls name the caller's key, and the host answers as the key's tenant)."""
+
+
+class StepTimeoutError(XG2Error, TimeoutError):
+    """A call to the mask service got no answer within the client's `timeout_s`. For a step, the
+    state of the sessions it named is unknown (the host may have taken the tokens): close them
+    and open them again. `session_ids` names them."""
+
+    def __init__(self, message: str, session_ids: list[str] | tuple[str, ...] = ()):
+        self.session_ids = list(session_ids)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.session_ids))

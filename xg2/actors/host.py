@@ -34,7 +34,15 @@ import msgspec
 import numpy as np
 
 from .._ext.rowbook import RowBook, RowBookError
-from ..errors import SessionError, SessionLostError, UsageError, XG2Error
+from ..errors import (
+    AccessError,
+    FillTimeoutError,
+    SessionError,
+    SessionLostError,
+    StepTimeoutError,
+    UsageError,
+    XG2Error,
+)
 from ..tokenizer import TokenizerInfo
 from .runtime import GrammarRuntime, parse_spec
 
@@ -72,8 +80,16 @@ class MatcherHost:
 
     def __init__(self, tokenizer: Any, *, shards: list[str] | None = None, shard_namespace: str | None = None,
                  shard_bytes: int | None = None, row_book_bytes: int = 8 << 20, max_row_books: int = 32,
-                 tag: str | None = None, **runtime_options: Any):
+                 tag: str | None = None, keys: Any = None, **runtime_options: Any):
+        """`keys`: API keys (an object whose `lookup(key)` gives the key's caller, with its
+        `tenant`, or None; serve.keys.KeyRing): every call then names the caller's key where it
+        names a tenant, and is answered as that key's tenant (AccessError for a key it does not
+        know). Without, the tenant a call names is taken as it is: the host serves callers that
+        are trusted to say who they serve. `runtime_options` go to GrammarRuntime (among them
+        `max_tenants` and `max_sessions`, the host's caps)."""
         info = _tokenizer(tokenizer)
+        self._keys = keys
+        self._failed: list[int] = []        # positions of the last _advance's sessions that failed
         if tag is not None and (not tag or "." in tag):
             raise UsageError(f"a host's tag is a non-empty name without '.': {tag!r}")
         self.tag = tag
@@ -95,6 +111,18 @@ class MatcherHost:
         self._words = np.empty(0, np.int32)
         self._values = np.empty(0, np.int32)
 
+    def _who(self, tenant: str) -> str:
+        """The tenant a call speaks for: the one it names, or with keys the named key's."""
+        if self._keys is None:
+            if not isinstance(tenant, str) or not tenant:
+                raise UsageError("a call names its tenant (a non-empty string)")
+            return tenant
+        caller = self._keys.lookup(tenant) if isinstance(tenant, str) else None
+        if caller is None:
+            raise AccessError("unknown API key: this mask service takes the caller's key where a call names "
+                              "its tenant")
+        return caller.tenant
+
     def _rows(self, n: int) -> np.ndarray:
         if len(self._bitmask) < n:
             self._bitmask = np.zeros((max(n, 2 * len(self._bitmask)), self._width), np.int32)
@@ -105,6 +133,7 @@ class MatcherHost:
         """Open a session for `tenant` (the spec's own tenant field is overridden: the caller says
         who it serves). With `first_mask`, the first bitmask row comes back in the same call, and
         `ttfm_ms` is the time from the call's arrival to that row."""
+        tenant = self._who(tenant)
         t0 = time.perf_counter()
         spec = parse_spec(spec)
         if spec.tenant != tenant:
@@ -135,7 +164,16 @@ class MatcherHost:
         masks = self._rows(len(sessions))
         if any(ended):
             masks[:] = 0
-        rt.fill([None if e else s for s, e in zip(sessions, ended)], masks)
+        self._failed = []
+        try:
+            rt.fill([None if e else s for s, e in zip(sessions, ended)], masks)
+        except FillTimeoutError as e:
+            # Those sessions' grammars are too costly at this point: they end here (closed, an
+            # all-zero row, ended and failed in the reply); the others' rows are written.
+            for k in e.rows:
+                ended[k] = True
+                self._failed.append(k)
+            rt.close([sessions[k] for k in e.rows])
         return masks, accepted, ended
 
     @_typed
@@ -143,13 +181,17 @@ class MatcherHost:
         """One decode step for the caller's sessions: session k accepts tokens[k] (None: nothing to
         accept, e.g. the first step), then its next mask is row k of `masks`; `accepted[k]` says
         whether its token was accepted (a refused token leaves the session as it was). A session
-        that has ended (stop token accepted) gets an all-zero row and `ended[k]` True.
+        that has ended (stop token accepted) gets an all-zero row and `ended[k]` True; so does one
+        whose mask could not be built within the fill budget (FillTimeoutError: its grammar is too
+        costly there), which is closed and has `failed[k]` True.
 
         The rows come back whole: a row is 16 kB for a 129k vocabulary, and a batch of them is too
         large for Ray to pass inline. `StepClient` (`step_packed`) sends only the rows the caller
         does not hold yet."""
+        tenant = self._who(tenant)
         masks, accepted, ended = self._advance(tenant, session_ids, tokens)
-        return {"masks": masks.copy(), "accepted": accepted, "ended": ended}
+        failed = [k in self._failed for k in range(len(session_ids))]
+        return {"masks": masks.copy(), "accepted": accepted, "ended": ended, "failed": failed}
 
     @_typed
     async def step_packed(self, tenant: str, request: bytes) -> bytes:
@@ -167,7 +209,8 @@ class MatcherHost:
         request: msgpack [client id, book epoch, book next id, session ids, tokens (None for none)].
         reply: little-endian header (u64 epoch, i64 the book's next id before the step, i64
         capacity, i32 words m, i32 sessions n), then i64 row ids[n], i32 positions[m], i32
-        values[m], and one byte per session (bit 0 accepted, bit 1 ended)."""
+        values[m], and one byte per session (bit 0 accepted, bit 1 ended, bit 2 failed: see `step`)."""
+        tenant = self._who(tenant)
         try:
             client, epoch, next_id, ids, tokens = _STEP_REQUEST.decode(request)
         except msgspec.DecodeError as e:
@@ -185,6 +228,8 @@ class MatcherHost:
         for sid, rid in zip(ids, row_ids.tolist()):
             last[sid] = rid
         flags = np.array(accepted, np.uint8) | (np.array(ended, np.uint8) << 1)
+        for k in self._failed:
+            flags[k] |= 4
         return b"".join((_REPLY_HEADER.pack(book.epoch, base, book.capacity, m, n), row_ids.astype("<i8").tobytes(),
                          self._words[:m].astype("<i4").tobytes(), self._values[:m].astype("<i4").tobytes(),
                          flags.tobytes()))
@@ -211,6 +256,7 @@ class MatcherHost:
     async def close(self, tenant: str, session_ids: Sequence[str]) -> int:
         """Close the caller's sessions; ids that are not open (or not its own, or of another host's
         tag: a lost session is closed already) are ignored. The count closed comes back."""
+        tenant = self._who(tenant)
         rt = self.runtime
         found = []
         for sid in session_ids:
@@ -226,11 +272,13 @@ class MatcherHost:
 
     @_typed
     async def fork(self, tenant: str, session_id: str, n: int = 1) -> list[str]:
+        tenant = self._who(tenant)
         parent = self._sessions(tenant, [session_id])[0]
         return [self._outer(s.id) for s in await self.runtime.fork(parent, n)]
 
     @_typed
     async def rollback(self, tenant: str, session_ids: Sequence[str], counts: int | Sequence[int] = 1) -> None:
+        tenant = self._who(tenant)
         self.runtime.rollback(self._sessions(tenant, session_ids), counts)
 
     def _outer(self, sid: str) -> str:
@@ -326,6 +374,11 @@ _STEP_ENCODER = msgspec.msgpack.Encoder()
 _REPLY_HEADER = struct.Struct("<QqqII")
 
 
+#: StepClient's default `timeout_s`: far past a step (milliseconds) or an open that compiles (the
+#: compile deadline is 5 s), short enough that a stuck host does not hold an engine for long.
+DEFAULT_CALL_TIMEOUT_S = 30.0
+
+
 class StepClient:
     """The caller's side of `MatcherHost.step_packed`: keeps its row book in step with the host's
     and writes each step's rows from it. A session's calls all go through one client; the client
@@ -341,8 +394,16 @@ class StepClient:
     is a no-op), and the next `open` binds to a running replica. Each call has a blocking form
     (`open`, `step`, `close`) and an asyncio one (`open_async`, `step_async`, `close_async`)."""
 
-    def __init__(self, host: Any, tenant: str, vocab_size: int):
-        """`host`: a MatcherHost actor's handle, or the Serve mask service's (serve.app)."""
+    def __init__(self, host: Any, tenant: str, vocab_size: int, *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S):
+        """`host`: a MatcherHost actor's handle, or the Serve mask service's (serve.app). `tenant`:
+        the tenant (the caller's API key, for a service with keys). `timeout_s`: how long any call
+        waits for its answer before StepTimeoutError."""
+        if not timeout_s > 0:
+            raise UsageError("timeout_s must be positive")
+        self.timeout_s = timeout_s
+        #: Sessions the host ended because their mask could not be built within its fill budget
+        #: (reported as ended, with an all-zero row): they are closed.
+        self.failed: set[str] = set()
         self.service = host if _is_serve_handle(host) else None
         self.host = None if self.service is not None else host
         self.tag: str | None = None         # the bound replica's (through the service)
@@ -361,7 +422,28 @@ class StepClient:
         return self.host
 
     def _bound(self) -> Any:
-        return self.host if self.host is not None else self._bind(self.service.host.remote().result())
+        return self.host if self.host is not None else self._bind(self._wait(self.service.host.remote(), "host"))
+
+    def _wait(self, ref: Any, what: str, session_ids: Sequence[str] = ()) -> Any:
+        """A call's value within timeout_s; StepTimeoutError past it."""
+        try:
+            return _result(ref, self.timeout_s)
+        except _TIMEOUTS as e:
+            raise self._timed_out(what, session_ids, e) from None
+
+    async def _await(self, ref: Any, what: str, session_ids: Sequence[str] = ()) -> Any:
+        try:
+            return await asyncio.wait_for(_awaitable(ref), self.timeout_s)
+        except _TIMEOUTS as e:
+            raise self._timed_out(what, session_ids, e) from None
+
+    def _timed_out(self, what: str, session_ids: Sequence[str], e: BaseException) -> StepTimeoutError:
+        if what == "step":      # the host may have taken the step: the book starts afresh
+            self._book = RowBook(1, self.width, 0, indexed=False)
+            self._last.clear()
+        return StepTimeoutError(f"the mask service did not answer `{what}` within {self.timeout_s:g} s"
+                                + (" (the sessions' state is unknown: close them and open them again)"
+                                   if session_ids else ""), list(session_ids))
 
     async def _bound_async(self) -> Any:
         if self.host is None:
@@ -369,7 +451,7 @@ class StepClient:
                 self._binding = asyncio.Lock()
             async with self._binding:           # the opens of a first batch all wait for one binding
                 if self.host is None:
-                    self._bind(await self.service.host.remote())
+                    self._bind(await self._await(self.service.host.remote(), "host"))
         return self.host
 
     def _host_died(self, e: BaseException) -> bool:
@@ -398,7 +480,7 @@ class StepClient:
         for attempt in range(_OPEN_TRIES):
             host = self._bound()
             try:
-                reply = _result(host.open.remote(self.tenant, spec, True))
+                reply = self._wait(host.open.remote(self.tenant, spec, True), "open")
             except Exception as e:
                 if self._rebind(e, attempt):
                     continue
@@ -410,7 +492,7 @@ class StepClient:
         for attempt in range(_OPEN_TRIES):
             host = await self._bound_async()
             try:
-                reply = await host.open.remote(self.tenant, spec, True)
+                reply = await self._await(host.open.remote(self.tenant, spec, True), "open")
             except Exception as e:
                 if self._rebind(e, attempt):
                     continue
@@ -465,13 +547,17 @@ class StepClient:
         for sid, rid in zip(session_ids, row_ids.tolist()):
             self._last[sid] = rid
             self._opened.pop(sid, None)
+        for k in np.nonzero(flags & 4)[0].tolist():
+            self.failed.add(session_ids[k])
         return rows, (flags & 1).astype(bool).tolist(), (flags & 2).astype(bool).tolist()
 
     def collect(self, session_ids: Sequence[str], ref: Any,
                 out: np.ndarray | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
         """The step's (bitmask rows, accepted, ended)."""
         try:
-            reply = _result(ref)
+            reply = self._wait(ref, "step", session_ids)
+        except StepTimeoutError:
+            raise
         except Exception as e:
             if self._host_died(e):
                 raise self._lost(session_ids) from None
@@ -488,7 +574,10 @@ class StepClient:
         """`step` from asyncio."""
         host = await self._bound_async()
         try:
-            reply = await host.step_packed.remote(self.tenant, self.request(session_ids, tokens))
+            reply = await self._await(host.step_packed.remote(self.tenant, self.request(session_ids, tokens)),
+                                      "step", session_ids)
+        except StepTimeoutError:
+            raise
         except Exception as e:
             if self._host_died(e):
                 raise self._lost(session_ids) from None
@@ -498,7 +587,10 @@ class StepClient:
     def close(self, session_ids: Sequence[str]) -> int:
         """Close sessions (and forget them); how many were open. Lost ones are closed already."""
         try:
-            return 0 if self.host is None else _result(self.host.close.remote(self.tenant, list(session_ids)))
+            return 0 if self.host is None else self._wait(self.host.close.remote(self.tenant, list(session_ids)),
+                                                          "close")
+        except StepTimeoutError:
+            raise
         except Exception as e:
             if self._host_died(e):
                 return 0
@@ -509,7 +601,10 @@ class StepClient:
     async def close_async(self, session_ids: Sequence[str]) -> int:
         """`close` from asyncio."""
         try:
-            return 0 if self.host is None else await self.host.close.remote(self.tenant, list(session_ids))
+            return 0 if self.host is None else await self._await(
+                self.host.close.remote(self.tenant, list(session_ids)), "close")
+        except StepTimeoutError:
+            raise
         except Exception as e:
             if self._host_died(e):
                 return 0
@@ -544,13 +639,34 @@ def _actor_died(e: BaseException) -> bool:
     return isinstance(e, ActorDiedError)
 
 
-def _result(ref: Any) -> Any:
+def _result(ref: Any, timeout_s: float | None = None) -> Any:
     """The value of a call: a Ray object ref (an actor's method), or a Serve handle's response."""
     if hasattr(ref, "result"):
-        return ref.result()
+        return ref.result(timeout_s=timeout_s)
     import ray
 
-    return ray.get(ref)
+    return ray.get(ref, timeout=timeout_s)
+
+
+def _awaitable(ref: Any) -> Any:
+    """A coroutine over a Ray object ref or a Serve response (asyncio.wait_for takes coroutines)."""
+    async def wait() -> Any:
+        return await ref
+    return wait()
+
+
+def _timeouts() -> tuple[type[BaseException], ...]:
+    out: list[type[BaseException]] = [TimeoutError, asyncio.TimeoutError]
+    try:
+        from ray.exceptions import GetTimeoutError
+
+        out.append(GetTimeoutError)
+    except ImportError:
+        pass
+    return tuple(out)
+
+
+_TIMEOUTS = _timeouts()
 
 
 def host_actor_class(**options: Any):

@@ -67,6 +67,10 @@ DEFAULT_CACHE_LIMIT_BYTES = 512 << 20
 DEFAULT_GRAMMAR_CACHE_BYTES = 256 << 20
 #: A tenant's recent compile time (what orders the compiles waiting for a worker) halves in this long.
 COMPILE_USAGE_HALF_LIFE_S = 10.0
+#: Default caps of one runtime: tenants with open sessions, and sessions in all (each holds a
+#: matcher's parse; a caller that opens without closing, or invents tenants, stops here).
+DEFAULT_MAX_TENANTS = 1024
+DEFAULT_MAX_SESSIONS = 16384
 #: A tenant past this fraction of `max_compile_seconds_per_tenant` compiles on the background worker
 #: (idle CPU only). Measured here, the busiest well-behaved tenants of the load tests stay under 0.41 s.
 BACKGROUND_COMPILE_FRACTION = 0.5
@@ -233,7 +237,8 @@ class GrammarRuntime:
 
     `compile_timeout_s`: the deadline of a compile, and of an open's wait for one. `failure_ttl_s`:
     how long a spec that failed to compile is refused without compiling it again.
-    `max_sessions_per_tenant`: open sessions a tenant may hold; `max_compiles_per_tenant`: compiles
+    `max_sessions_per_tenant`: open sessions a tenant may hold; `max_tenants`: tenants holding
+    sessions at once, `max_sessions`: sessions in all (QuotaError past either); `max_compiles_per_tenant`: compiles
     of one tenant running at once (default: all workers but one, so other tenants always have one).
     `idle_timeout_s`: a session not stepped for that long is closed (calls on it then raise
     SessionError). `grammar_cache_bytes` bounds the compiled grammars kept by content key;
@@ -259,7 +264,11 @@ class GrammarRuntime:
                  idle_timeout_s: float | None = 600.0,
                  fill_threads: int | None = None, grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES,
                  cache_limit_bytes: int = DEFAULT_CACHE_LIMIT_BYTES, cache_tier: Any = None,
-                 compile_processes: bool = False, max_compile_seconds_per_tenant: float | None = None):
+                 compile_processes: bool = False, max_compile_seconds_per_tenant: float | None = None,
+                 max_tenants: int = DEFAULT_MAX_TENANTS, max_sessions: int = DEFAULT_MAX_SESSIONS):
+        if max_tenants < 1 or max_sessions < 1:
+            raise ValueError("max_tenants and max_sessions must be at least 1")
+        self.max_tenants, self.max_sessions = max_tenants, max_sessions
         if max_compiles_per_tenant is None:
             max_compiles_per_tenant = max(1, compile_workers - 1)
         if (compile_workers < 1 or max_sessions_per_tenant < 1 or max_compiles_per_tenant < 1
@@ -305,6 +314,7 @@ class GrammarRuntime:
         self._failures: dict[bytes, tuple[float, BaseException]] = {}
         self._sessions: dict[str, Session] = {}
         self._per_tenant: dict[str, int] = {}
+        self._held_total = 0        # the sum of _per_tenant (slots of open sessions and opens under way)
         self._last_reap = time.monotonic()
         self._width = (tokenizer_info.vocab_size + 31) // 32
         self._rows_cache: np.ndarray = np.arange(256, dtype=np.int64)
@@ -659,7 +669,13 @@ class GrammarRuntime:
             held = self._per_tenant.get(tenant, 0)
             if held >= self.max_sessions_per_tenant:
                 raise QuotaError(f"tenant {tenant!r} has {held} open sessions, its limit")
+            if self._held_total >= self.max_sessions:
+                raise QuotaError(f"this runtime holds {self._held_total} sessions, its limit (max_sessions)")
+            if not held and len(self._per_tenant) >= self.max_tenants:
+                raise QuotaError(f"this runtime serves {len(self._per_tenant)} tenants with open sessions, its "
+                                 "limit (max_tenants): a new tenant waits until one closes its sessions")
             self._per_tenant[tenant] = held + 1
+            self._held_total += 1
         tier = self.cache_tier
         try:
             key = content_key(spec.grammar)
@@ -680,6 +696,8 @@ class GrammarRuntime:
 
     def _release(self, tenant: str) -> None:
         with self._lock:
+            if tenant in self._per_tenant:
+                self._held_total -= 1
             n = self._per_tenant.get(tenant, 0) - 1
             if n > 0:
                 self._per_tenant[tenant] = n
