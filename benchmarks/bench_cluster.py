@@ -215,7 +215,8 @@ def replica_stats(url: str, want: int, tries: int = 40) -> dict[str, dict]:
 
     seen: dict[str, dict] = {}
     for _ in range(tries):
-        with urllib.request.urlopen(url + "/xg2/stats", timeout=10) as r:
+        request = urllib.request.Request(url + "/xg2/stats", headers={"Authorization": "Bearer bench-cluster"})
+        with urllib.request.urlopen(request, timeout=10) as r:
             stats = json.loads(r.read())
         seen[stats["replica"]["id"]] = stats
         if len(seen) >= want:

@@ -49,7 +49,7 @@ The engine's KV cache is grown once to its largest size before the first request
 
 **B. Time to first token, shared against first-seen tool sets** (through the Serve app:
 ``serve.cli.Server(model=--serve-model, port=<a free port>, mask_service=False,
-api_keys={"tenant-a": "tenant-a", "tenant-b": "tenant-b"})``, one model replica, 2 cache shards,
+api_keys=<a key ring of the two tenants and an admin key>)``, one model replica, 2 cache shards,
 the official ``openai`` client). Tool sets: 8 tools each from ``<shared>/data/tools/registry.jsonl``
 (OpenAI tool objects) among the 626 whose JSON is at most 200 tokens (so that a prompt fits the
 tiny model's 2,048 positions: ~1.2-1.7k tokens), all sets disjoint (no tool in two sets: a
@@ -351,8 +351,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The benchmark's keys (serve/keys.py): its two tenants, and the admin key it reads the figures with.
+KEYS = {"tenant-a": "bench-tenant-a-0123456789", "tenant-b": "bench-tenant-b-0123456789"}
+ADMIN_KEY = "bench-operator-0123456789"
+
+
 def get_stats(url: str) -> dict:
-    with urllib.request.urlopen(f"{url}/xg2/stats", timeout=30) as r:
+    request = urllib.request.Request(f"{url}/xg2/stats", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
         return json.loads(r.read())
 
 
@@ -419,15 +425,17 @@ def bench_serve(model: str, sets: int, max_tokens: int, seed: int, port: int | N
     all_sets = tool_sets(2 * sets + 1, seed, load_model(model, progress=False).tokenizer)
     warm, a_sets, b_new = all_sets[0], all_sets[1:sets + 1], all_sets[sets + 1:]
     t0 = time.perf_counter()
+    from serve.keys import KeyRing
+
     server = Server(model=model, port=port, mask_service=False, progress=False,
-                    api_keys={"tenant-a": "tenant-a", "tenant-b": "tenant-b"})
+                    api_keys=KeyRing([(k, t, False) for t, k in KEYS.items()] + [(ADMIN_KEY, "operator", True)]))
     log(f"serve: starting the app ({model}) on port {port}")
     with server:
         url = server.url
         start_s = time.perf_counter() - t0
         log(f"serve: up in {start_s:.1f} s")
-        ca = openai.OpenAI(base_url=url, api_key="tenant-a", max_retries=0, timeout=300)
-        cb = openai.OpenAI(base_url=url, api_key="tenant-b", max_retries=0, timeout=300)
+        ca = openai.OpenAI(base_url=url, api_key=KEYS["tenant-a"], max_retries=0, timeout=300)
+        cb = openai.OpenAI(base_url=url, api_key=KEYS["tenant-b"], max_retries=0, timeout=300)
         stats = get_stats(url)
         groups: dict[str, list[dict]] = {"warmup": [], "a_first_seen": [], "b_shared": [], "b_first_seen": []}
 

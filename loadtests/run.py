@@ -219,9 +219,12 @@ class Sampler(threading.Thread):
     """Every `every` seconds: GET /v1/xg2/stats, the shards' statistics (through Ray, when this
     process runs the application) and the resident memory of the application's processes."""
 
-    def __init__(self, base: str, every: float, shard_names: list[str] | None, t0: float):
+    def __init__(self, base: str, every: float, shard_names: list[str] | None, t0: float,
+                 stats_key: str | None = None):
         super().__init__(daemon=True, name="loadtest-sampler")
         self.base, self.every, self.shard_names, self.t0 = base, every, shard_names, t0
+        # an admin key reads every tenant's figures; any other key, the replica's and its own
+        self.headers = {"Authorization": f"Bearer {stats_key or 'loadtest-sampler'}"}
         self.samples: list[dict] = []
         self.recent: dict[tuple, dict] = {}
         self.tracker = ReplicaTracker()
@@ -236,7 +239,8 @@ class Sampler(threading.Thread):
     def sample(self) -> dict:
         s: dict[str, Any] = {"t": time.time()}
         try:
-            with urllib.request.urlopen(f"{self.base}/v1/xg2/stats", timeout=5) as r:
+            request = urllib.request.Request(f"{self.base}/v1/xg2/stats", headers=self.headers)
+            with urllib.request.urlopen(request, timeout=5) as r:
                 stats = json.loads(r.read())
             idx, delta = self.tracker.add(stats)
             s["replica"] = idx
@@ -822,6 +826,7 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
         replicas = 2 if kill_replica_ else 1
     with contextlib.ExitStack() as stack:
         server = None
+        stats_key = os.environ.get("XG2_STATS_KEY")   # a server of someone else's: its admin key, if given
         if url is None:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             import logging
@@ -831,8 +836,12 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
             logging.getLogger("ray.serve").setLevel(logging.WARNING)      # this script says what happens
             port = port or free_port()
             log(f"starting the application: model {model}, {replicas} replica(s), {shards} shard(s), port {port}")
+            from serve.keys import open_with_admin
+
+            ring, stats_key = open_with_admin()     # the users are open tenants; the sampler reads all
             server = Server(model=model, port=port, replicas=replicas, shards=shards, max_batch=max_batch,
-                            mask_service=mask_service, progress=False, options=server_options, shard_mb=shard_mb)
+                            mask_service=mask_service, progress=False, options=server_options, shard_mb=shard_mb,
+                            api_keys=ring)
             server.start()
             stack.callback(server.stop)
             url = server.url
@@ -858,7 +867,7 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
             raise RuntimeError(f"locust did not start; see {out / 'locust.log'}:\n"
                                + (out / "locust.log").read_text()[-2000:])
         shard_names = [f"{server.shard_prefix}-{i}" for i in range(shards)] if server is not None else None
-        sampler = Sampler(base, sample_every, shard_names, t_start)
+        sampler = Sampler(base, sample_every, shard_names, t_start, stats_key)
         sampler.start()
         faults: list[dict] = []
         plan = []

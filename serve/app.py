@@ -58,8 +58,12 @@ def caller_of(authorization: str, keys: KeyRing | None) -> Caller:
         raise p.RequestError(str(e), status=401, code="invalid_api_key") from None
 
 
-def _key_ring(api_keys: KeyRing | dict[str, str] | None) -> KeyRing | None:
-    return api_keys if api_keys is None or isinstance(api_keys, KeyRing) else KeyRing.from_mapping(api_keys)
+def _key_ring(api_keys: KeyRing | dict[str, str] | None, open_tenants: bool = False) -> KeyRing | None:
+    """The ring `api_keys` stand for (None: open tenants alone)."""
+    if api_keys is None:
+        return None
+    ring = api_keys if isinstance(api_keys, KeyRing) else KeyRing.from_mapping(api_keys)
+    return ring.with_open_tenants() if open_tenants and not ring.open_tenants else ring
 
 
 def stats_view(stats: dict, caller: Caller, open_tenants: bool, in_flight: int, sessions: int) -> dict:
@@ -178,9 +182,11 @@ class ModelServer:
     ingress calls `respond` or `generate` by handle (router "affinity"); all run `_call`, so an
     answer is the same either way. Every answer names the replica in its REPLICA_HEADER."""
 
-    def __init__(self, options: dict | None = None, api_keys: KeyRing | dict[str, str] | None = None):
+    def __init__(self, options: dict | None = None, api_keys: KeyRing | dict[str, str] | None = None,
+                 open_tenants: bool = False):
         self.replica = Replica(ReplicaOptions(**(options or {})))
-        self.keys = _key_ring(api_keys)
+        self.keys = _key_ring(api_keys, open_tenants)
+        self.open_tenants = self.keys is None or self.keys.open_tenants
         self._metrics = _Metrics(self.replica)
         self._replica_id = serve.get_replica_context().replica_id.unique_id
 
@@ -232,7 +238,7 @@ class ModelServer:
         stats = self.replica.stats()
         stats["replica"] = {"pid": os.getpid(), "id": self._replica_id,
                             "node": ray.get_runtime_context().get_node_id()}
-        view = stats_view(stats, caller, self.keys is None, self.replica._in_flight.get(caller.tenant, 0),
+        view = stats_view(stats, caller, self.open_tenants, self.replica._in_flight.get(caller.tenant, 0),
                           self.replica.runtime.open_sessions(caller.tenant))
         return Response(p.encode(view), media_type="application/json")
 
@@ -306,11 +312,12 @@ class MaskService:
     place (the host answers as the key's tenant, see MatcherHost)."""
 
     async def __init__(self, model: str = "default", shards: list[str] | None = None,
-                       shard_namespace: str | None = None, api_keys: KeyRing | dict[str, str] | None = None):
+                       shard_namespace: str | None = None, api_keys: KeyRing | dict[str, str] | None = None,
+                       open_tenants: bool = False):
         from .masks import start_host
 
         self.tag = serve.get_replica_context().replica_id.unique_id
-        self._host = start_host(model, self.tag, shards, shard_namespace, _key_ring(api_keys))
+        self._host = start_host(model, self.tag, shards, shard_namespace, _key_ring(api_keys, open_tenants))
         self.vocab_size = (await self._host.info.remote())["vocab_size"]
         self._clients = 0
 
@@ -404,7 +411,8 @@ def _placement(args: dict[str, Any]) -> dict[str, Any]:
 
 def build(args: dict[str, Any]) -> Any:
     """The model application (`serve run serve.app:build`, or `serve/config.yaml`): args `model`,
-    `replicas`, `shards` (how many; 0: no cache tier), `shard_prefix`, `api_keys` (key -> tenant),
+    `replicas`, `shards` (how many; 0: no cache tier), `shard_prefix`, `api_keys` (a KeyRing, or key
+    -> tenant), `open_tenants` (with `api_keys`: any other token is a tenant of its own),
     `replica_resources` and `replica_max_replicas_per_node` (placement), `router`
     ("affinity", the default: the ingress and the grammar-affinity router; "default": Serve's
     proxy and router, for comparison), `routing_imbalance`, `routing_remembered_keys` (0: the
@@ -413,6 +421,7 @@ def build(args: dict[str, Any]) -> Any:
     args = dict(args or {})
     replicas = int(args.pop("replicas", 1))
     api_keys = args.pop("api_keys", None)
+    open_tenants = bool(args.pop("open_tenants", False))
     router = args.pop("router", "affinity")
     imbalance = args.pop("routing_imbalance", None)
     remembered = args.pop("routing_remembered_keys", None)
@@ -423,14 +432,14 @@ def build(args: dict[str, Any]) -> Any:
     shards = _shard_names(args)
     options = {**args, "shards": shards}
     if router == "default":
-        return ModelServer.options(num_replicas=replicas, **placement).bind(options, api_keys)
+        return ModelServer.options(num_replicas=replicas, **placement).bind(options, api_keys, open_tenants)
     from .ingress import Ingress
     from .routing import DEFAULT_IMBALANCE, DEFAULT_REMEMBERED_KEYS, router_config
 
     config = router_config(imbalance=DEFAULT_IMBALANCE if imbalance is None else int(imbalance),
                            remembered_keys=DEFAULT_REMEMBERED_KEYS if remembered is None else int(remembered))
     model = ModelServer.options(num_replicas=replicas, request_router_config=config, **placement).bind(
-        options, api_keys)
+        options, api_keys, open_tenants)
     defaults = ReplicaOptions()
     return Ingress.options(num_replicas=ingress_replicas).bind(
         model, tool_format=options.get("tool_format", defaults.tool_format),
@@ -448,4 +457,5 @@ def build_masks(args: dict[str, Any]) -> Any:
         raise UsageError(f"the mask service needs at least one replica, not {replicas}")
     shards = _shard_names(args)
     return MaskService.options(num_replicas=replicas).bind(args.get("model", "default"), shards,
-                                                           args.get("shard_namespace"), args.get("api_keys"))
+                                                           args.get("shard_namespace"), args.get("api_keys"),
+                                                           bool(args.get("open_tenants", False)))

@@ -37,8 +37,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="the API keys, one 'TENANT KEY [admin]' per line: only these are let in, each as its "
                     "tenant; an admin key reads every tenant's figures at /v1/xg2/stats (see serve/keys.py)")
     ap.add_argument("--open-tenants", action="store_true",
-                    help="without --api-keys, let any bearer token in as a tenant of its own even off the "
-                    "loopback (a client that changes keys then escapes every per-tenant limit)")
+                    help="let any bearer token not in --api-keys in as a tenant of its own, even off the loopback "
+                    "(a client that changes keys then escapes every per-tenant limit)")
     ap.add_argument("--router", choices=("affinity", "default"), default="affinity",
                     help="how requests reach the model replicas: affinity (default: to the replica that holds "
                     "their grammar or most of their tools) or default (Serve's own routing, for comparison)")
@@ -66,6 +66,7 @@ class Server:
         self.shard_mb = shard_mb        # each cache shard's budget (None: xg2.actors.shard's default)
         self.replicas, self.shards, self.max_batch = replicas, shards, max_batch
         self.mask_service, self.progress, self.api_keys = mask_service, progress, api_keys
+        self.open_tenants = open_tenants
         self.mask_replicas = mask_replicas
         self.options = dict(options or {})
         # Serve's HTTP proxies (None: Serve's default, one on every node), and where the model
@@ -121,6 +122,7 @@ class Server:
                 **self.options, **{f"replica_{k}": v for k, v in self.model_placement.items()}}
         if self.api_keys is not None:
             args["api_keys"] = self.api_keys
+            args["open_tenants"] = self.open_tenants
         self.say(f"starting {self.shards} cache shard(s), {self.replicas} model replica(s)")
         from .shards import build_shards
 
@@ -134,7 +136,7 @@ class Server:
             if self.mask_service:
                 self._run(serve, build_masks({"model": self.model, "replicas": self.mask_replicas, "shards": self.shards,
                                               "shard_prefix": self.shard_prefix, "shard_namespace": "xg2",
-                                              "api_keys": self.api_keys}),
+                                              "api_keys": self.api_keys, "open_tenants": self.open_tenants}),
                           "xg2-masks", None)
             self._wait_healthy()
         except BaseException:

@@ -12,7 +12,9 @@ any log line never hold a key. A presented key's digest is compared with every s
 constant time, so how long a lookup takes says nothing about which key (or which prefix) is close.
 
 The key file: one key per line, `TENANT KEY [admin]`, `#` starts a comment. An admin key reads
-every tenant's figures at `/v1/xg2/stats`; a tenant's key reads its own.
+every tenant's figures at `/v1/xg2/stats`; a tenant's key reads its own. Keys and open tenants
+together (`--api-keys FILE --open-tenants`): the keys listed are their tenants (and admins), any
+other token is a tenant of its own.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def _digest(key: str) -> bytes:
 class KeyRing:
     """Key digests -> (tenant, admin). Built from a key file or a mapping key -> tenant."""
 
-    def __init__(self, entries: Iterable[tuple[str, str, bool]]):
+    def __init__(self, entries: Iterable[tuple[str, str, bool]], *, open_tenants: bool = False):
+        """`open_tenants`: a token not listed is a tenant of its own (see `caller`), not refused."""
+        self.open_tenants = open_tenants
         self._entries: list[tuple[bytes, str, bool]] = []
         seen: set[bytes] = set()
         for key, tenant, admin in entries:
@@ -68,7 +72,7 @@ class KeyRing:
                 raise KeyFileError(f"a key is listed twice (tenant {tenant!r})")
             seen.add(d)
             self._entries.append((d, tenant, bool(admin)))
-        if not self._entries:
+        if not self._entries and not open_tenants:
             raise KeyFileError("no API keys given")
 
     @classmethod
@@ -110,6 +114,19 @@ class KeyRing:
                 found = Caller(tenant, admin)
         return found
 
+    def caller(self, token: str) -> Caller | None:
+        """The caller a bearer token is: its key's, else with open tenants a tenant of its own (a
+        name no key file can give: `open_tenant`); None when refused."""
+        found = self.lookup(token)
+        if found is None and self.open_tenants and token:
+            return Caller(open_tenant(token))
+        return found
+
+    def with_open_tenants(self) -> KeyRing:
+        ring = KeyRing.__new__(KeyRing)
+        ring._entries, ring.open_tenants = list(self._entries), True
+        return ring
+
     @property
     def tenants(self) -> set[str]:
         return {t for _, t, _ in self._entries}
@@ -118,12 +135,13 @@ class KeyRing:
         return len(self._entries)
 
     def __repr__(self) -> str:
-        return f"KeyRing({len(self)} keys, {len(self.tenants)} tenants)"
+        return f"KeyRing({len(self)} keys, {len(self.tenants)} tenants{', open tenants' if self.open_tenants else ''})"
 
 
 def open_tenant(key: str) -> str:
-    """The tenant a bearer token is when no key list is configured: a digest, never the key itself."""
-    return "key-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+    """The tenant a bearer token is with open tenants: a digest, never the key itself (and never a
+    name a key file can give: those have no '~')."""
+    return "key~" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
 
 
 def caller_of(authorization: str, ring: KeyRing | None) -> Caller:
@@ -134,7 +152,7 @@ def caller_of(authorization: str, ring: KeyRing | None) -> Caller:
         raise LookupError("no API key: send it as 'Authorization: Bearer <key>'")
     if ring is None:
         return Caller(open_tenant(key))
-    caller = ring.lookup(key)
+    caller = ring.caller(key)
     if caller is None:
         raise LookupError("unknown API key")
     return caller
@@ -150,3 +168,12 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def open_with_admin() -> tuple[KeyRing, str]:
+    """Open tenants plus one fresh admin key (the ring, the key): what a load test or benchmark
+    starts its server with, to read every tenant's figures while its clients are tenants of their own."""
+    import secrets
+
+    admin = "admin-" + secrets.token_urlsafe(24)
+    return KeyRing([(admin, "operator", True)], open_tenants=True), admin

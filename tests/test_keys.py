@@ -192,3 +192,22 @@ def test_every_step_client_call_has_a_timeout():
     assert info.value.session_ids == ["s1", "s2"] and "unknown" in str(info.value)
     with pytest.raises(UsageError):
         StepClient(_Stuck(), KEY_A, 300, timeout_s=0)
+
+
+def test_keys_and_open_tenants_together():
+    """Listed keys are their tenants; any other token is a tenant of its own, whose name no key can
+    give (so a tenant's name sent as a token is not that tenant)."""
+    from serve.keys import open_with_admin
+
+    ring = KeyRing([(KEY_A, "acme", False), (ADMIN, "ops", True)], open_tenants=True)
+    assert ring.caller(KEY_A) == Caller("acme") and ring.caller(ADMIN) == Caller("ops", admin=True)
+    other = ring.caller("acme")
+    assert other is not None and other.tenant != "acme" and not other.admin
+    assert ring.caller("") is None
+    assert caller_of("Bearer whatever", ring).tenant == open_tenant("whatever")
+    closed = KeyRing([(KEY_A, "acme", False)])
+    assert closed.caller("acme") is None and closed.with_open_tenants().caller("acme") == other
+    ring2, admin = open_with_admin()
+    assert ring2.caller(admin).admin and ring2.caller("someone") == Caller(open_tenant("someone"))
+    with pytest.raises(KeyFileError):
+        KeyRing([])                     # no keys and not open: refused

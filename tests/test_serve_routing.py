@@ -79,7 +79,8 @@ def stats_of(app, replica: str, timeout_s: float = 30.0) -> dict:
     """`replica`'s /v1/xg2/stats (any replica answers; asked until that one does)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with urllib.request.urlopen(app.url + "/xg2/stats", timeout=30) as r:
+        request = urllib.request.Request(app.url + "/xg2/stats", headers={"Authorization": "Bearer routing-test"})
+        with urllib.request.urlopen(request, timeout=30) as r:
             stats = json.loads(r.read())
         if stats["replica"]["id"] == replica:
             return stats

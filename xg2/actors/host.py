@@ -81,7 +81,7 @@ class MatcherHost:
     def __init__(self, tokenizer: Any, *, shards: list[str] | None = None, shard_namespace: str | None = None,
                  shard_bytes: int | None = None, row_book_bytes: int = 8 << 20, max_row_books: int = 32,
                  tag: str | None = None, keys: Any = None, **runtime_options: Any):
-        """`keys`: API keys (an object whose `lookup(key)` gives the key's caller, with its
+        """`keys`: API keys (an object whose `caller(key)` gives the key's caller, with its
         `tenant`, or None; serve.keys.KeyRing): every call then names the caller's key where it
         names a tenant, and is answered as that key's tenant (AccessError for a key it does not
         know). Without, the tenant a call names is taken as it is: the host serves callers that
@@ -117,7 +117,7 @@ class MatcherHost:
             if not isinstance(tenant, str) or not tenant:
                 raise UsageError("a call names its tenant (a non-empty string)")
             return tenant
-        caller = self._keys.lookup(tenant) if isinstance(tenant, str) else None
+        caller = self._keys.caller(tenant) if isinstance(tenant, str) else None
         if caller is None:
             raise AccessError("unknown API key: this mask service takes the caller's key where a call names "
                               "its tenant")
