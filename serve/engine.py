@@ -327,7 +327,12 @@ class Engine:
         todo = [(g, t) for g, t in zip(gens, picked)
                 if g.session is not None and not (g.cancelled or g.done) and t not in self.stop_ids]
         if todo:
-            ok = self.runtime.accept([g.session for g, _ in todo], [t for _, t in todo])
+            try:
+                ok = self.runtime.accept([g.session for g, _ in todo], [t for _, t in todo])
+            except xg2.FillTimeoutError as e:      # those requests fail; the others' tokens are taken
+                ok = e.accepted
+                self._too_costly([todo[k][0] for k in e.rows])
+                ok = [a or k in e.rows for k, a in enumerate(ok)]      # (not counted as refused)
             for (g, t), accepted in zip(todo, ok):
                 if not accepted:        # cannot happen with the mask applied; never emit such a token
                     self.counts["refused_tokens"] += 1

@@ -153,3 +153,30 @@ def test_builds_past_the_deadline_leave_the_core_usable_from_other_threads(hosti
     for t in threads:
         t.join(10)
     assert outcome == ["timeout", "timeout"]
+
+
+def test_an_accept_whose_closures_explode_stops_at_the_fill_budget():
+    """Accepting bytes into the hostile rules costs more with every byte (0.4 s, 0.9 s, 2 s... on
+    this machine without a budget): past the fill budget the accept raises FillTimeoutError and the
+    matcher is as it was before the call."""
+    vocab = [bytes([b]) for b in range(256)] + [b"</s>"]
+    info = xg2.TokenizerInfo(vocab, xg2.VocabType.RAW, stop_token_ids=[256])
+    c = xg2.GrammarCompiler(info, background_precompute=False, precompute_budget_ms=0.0, fill_timeout_ms=200)
+    m = xg2.GrammarMatcher(c.compile_grammar(HOSTILE_LATER))
+    assert m.accept_token(1)
+    stopped = None
+    for i, ch in enumerate("aéaéaéaéababaéaéaéé" * 2):
+        t0 = time.perf_counter()
+        try:
+            assert m.accept_string(ch)
+        except xg2.FillTimeoutError:
+            stopped = i
+        assert time.perf_counter() - t0 < 0.2 + 0.8
+        if stopped is not None:
+            break
+    assert stopped is not None and stopped > 0
+    # The state is the one before the failed accept: a byte the grammar refuses there is refused,
+    # and the accepted prefix rolls back token by token as before.
+    assert not m.accept_string("\x02")
+    m.rollback(stopped)
+    assert m.accept_string("a")

@@ -127,18 +127,20 @@ class SessionLostError(SessionError):
 
 
 class FillTimeoutError(XG2Error):
-    """A next-token mask needed a mask entry whose build ran past the fill's budget
-    (`GrammarCompiler(fill_timeout_ms=...)`): the grammar is too costly at this parse state. The
-    session cannot go on constrained; end it. In a batch fill only the positions in `rows` failed
-    (their bitmask rows are all zeros): every other row was written."""
+    """A next-token mask needed a mask entry whose build (or a parse step, when a token was
+    accepted) ran past the fill budget (`GrammarCompiler(fill_timeout_ms=...)`): the grammar is
+    too costly at this parse state. The session cannot go on constrained; end it. In a batch only
+    the positions in `rows` failed (in a fill, their bitmask rows are all zeros): every other row
+    was written, every other token taken; a batch accept's flags for all positions are `accepted`."""
 
-    def __init__(self, rows: list[int]):
+    def __init__(self, rows: list[int], accepted: list[bool] | None = None):
         self.rows = list(rows)
-        super().__init__(f"building a mask entry took longer than the fill budget (batch positions {self.rows}); "
+        self.accepted = accepted
+        super().__init__(f"a mask or a parse step took longer than the fill budget (batch positions {self.rows}); "
                          "the grammar is too costly at this state: end these sessions")
 
     def __reduce__(self):       # pickled across processes (Ray) with its rows, not its message
-        return (type(self), (self.rows,))
+        return (type(self), (self.rows, self.accepted))
 
 
 class AccessError(XG2Error, PermissionError):

@@ -436,6 +436,19 @@ cdef class MatcherCore:
                 return True
         return False
 
+    cdef inline void _arm(self, Parser* p) noexcept nogil:
+        """Give the parse the fill budget for what comes (an accept, the checks of a fill): one
+        token's closures over a hostile grammar can take minutes, and the batch waits for them."""
+        p.aborted = False
+        p.work = 0
+        p.deadline = _monotonic() + self.core.fill_timeout_s if self.core.fill_timeout_s > 0 else 0
+
+    cdef object _step_error(self):
+        if self.p.aborted:
+            self.p.aborted = False
+            return _fill_error(BUILD_PAST_DEADLINE, [0])
+        return MemoryError()
+
     def accept_token(self, int32_t t, bint enforce=True):
         """Accept a token id; False (state unchanged) if the grammar does not allow it here."""
         cdef VocabC* v = self.vc
@@ -458,14 +471,16 @@ cdef class MatcherCore:
                 raise MemoryError()
         self._push_boundary()
         with nogil:
+            self._arm(&self.p)
             if n_extra > 0:
                 ok = self._feed_edges(v.tok_data + v.tok_off[t], v.tok_off[t + 1] - v.tok_off[t], n_extra)
             else:
                 ok = self._feed(v.tok_data + v.tok_off[t], v.tok_off[t + 1] - v.tok_off[t])
+            self.p.deadline = 0
         if ok <= 0:
             self.n_bound -= 1
             if ok < 0:
-                raise MemoryError()
+                raise self._step_error()
             return False
         if self.core.rule_budget != NULL:
             if self.n_tok == self.cap_tok:
@@ -485,11 +500,13 @@ cdef class MatcherCore:
             return False
         self._push_boundary()
         with nogil:
+            self._arm(&self.p)
             ok = self._feed(&data[0], data.shape[0]) if data.shape[0] > 0 else 1
+            self.p.deadline = 0
         if ok <= 0:
             self.n_bound -= 1
             if ok < 0:
-                raise MemoryError()
+                raise self._step_error()
             return False
         if enforce and self.core.rule_budget != NULL:      # (text counts no token)
             self._enforce_budgets()
@@ -729,8 +746,14 @@ cdef class MatcherCore:
                         r = e.unc_ranks[j]
                         self.unc[r >> 6] |= (<uint64_t>1) << (r & 63)
             if any_unc:
+                self._arm(p)
                 n_checked = self._check_uncertain(WR)
+                p.deadline = 0
                 if n_checked < 0:
+                    p_pop_to(p, cur + 1)
+                    if p.aborted:
+                        p.aborted = False
+                        return BUILD_PAST_DEADLINE
                     return -1
             if self.core.n_tsets > 0:
                 self._or_token_edges(n_nodes)

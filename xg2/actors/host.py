@@ -156,15 +156,22 @@ class MatcherHost:
         sessions = self._sessions(tenant, session_ids)
         accepted = [True] * len(sessions)
         todo = [k for k, t in enumerate(tokens) if t is not None]
+        too_costly = []
         if todo:
-            flags = rt.accept([sessions[k] for k in todo], [int(tokens[k]) for k in todo])
+            try:
+                flags = rt.accept([sessions[k] for k in todo], [int(tokens[k]) for k in todo])
+            except FillTimeoutError as e:
+                flags = e.accepted
+                too_costly = [todo[k] for k in e.rows]
             for k, ok in zip(todo, flags):
                 accepted[k] = ok
-        ended = [s.matcher._core.terminated for s in sessions]
+        if too_costly:          # ended here, as a fill past its budget ends them (below)
+            rt.close([sessions[k] for k in too_costly])
+        ended = [s.closed or s.matcher._core.terminated for s in sessions]
         masks = self._rows(len(sessions))
         if any(ended):
             masks[:] = 0
-        self._failed = []
+        self._failed = list(too_costly)
         try:
             rt.fill([None if e else s for s, e in zip(sessions, ended)], masks)
         except FillTimeoutError as e:

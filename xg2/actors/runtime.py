@@ -859,21 +859,29 @@ class GrammarRuntime:
 
     def accept(self, sessions: Sequence[Session | None], tokens: Sequence[int]) -> list[bool]:
         """Whether each session accepted its token (a refused token changes nothing); None sessions
-        are skipped (False)."""
+        are skipped (False). FillTimeoutError when some accepts ran past the fill budget: its `rows`
+        are their positions (their state is as before), its `accepted` every position's flag."""
         if len(tokens) != len(sessions):
             raise UsageError(f"{len(tokens)} tokens for {len(sessions)} sessions: they must be as many")
         now = time.monotonic()
         out = []
-        for s, t in zip(sessions, tokens):
+        failed = []
+        for k, (s, t) in enumerate(zip(sessions, tokens)):
             if s is None:
                 out.append(False)
                 continue
             m = self._live(s).matcher
-            ok = m.accept_token(t)
+            try:
+                ok = m.accept_token(t)
+            except FillTimeoutError:        # its grammar is too costly here; the others go on
+                failed.append(k)
+                ok = False
             if ok:
                 s.tokens.append(int(t))
             s.last_used = now
             out.append(ok)
+        if failed:
+            raise FillTimeoutError(failed, out)
         return out
 
     def rollback(self, sessions: Sequence[Session], counts: int | Sequence[int] = 1) -> None:
