@@ -811,6 +811,7 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
              step_s: float = 30.0, port: int | None = None, do_plot: bool = True, progress: bool = True,
              server_options: dict | None = None, mask_service: bool = True,
              startup_timeout_s: float = 120.0, hostile: int = 0, restart_ingress_: bool = False,
+             fault_at_s: dict[str, float] | None = None,
              shard_mb: int | None = None) -> dict:
     """See the module note. Returns the summary (also written to `json_path`)."""
     if not 1 <= users <= 256 or not 0 < spawn_rate <= 64 or not 1 <= duration <= 24 * 3600:
@@ -876,7 +877,9 @@ def run_load(*, duration: int = 60, users: int = 8, spawn_rate: float = 2.0, mod
         if wanted and server is None:
             raise ValueError("faults need the application started here (no --url)")
         for i, what in enumerate(wanted):       # spread over the run: 1/2, or 1/3 and 2/3, or quarters
-            plan.append((t_start + (i + 1) * duration / (len(wanted) + 1), what))
+            at = (fault_at_s or {}).get(what, (i + 1) * duration / (len(wanted) + 1))     # unless given
+            plan.append((t_start + at, what))
+        plan.sort()
         deadline = t_start + duration + stop_timeout + 60
         last_note = time.time()
         while proc.poll() is None:

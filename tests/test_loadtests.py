@@ -199,7 +199,7 @@ def test_short_multi_tenant_run(ray_local, tmp_path):
     assert summary["tokens_per_s"] > 0 and summary["cache_hit_rate_over_time"]
     assert summary["rss_mb"] and any("replica" in r for r in summary["rss_mb"])
     assert summary["cache_bytes"] and summary["cache_bytes"][-1]["grammars"] > 0
-    assert elapsed < 90, elapsed
+    assert elapsed < 20 + 120 + 30, elapsed     # it stops by itself: its 20 s, the app's start (bounded), the stop
     # nothing left behind: the locust child and the application's replica and shard
     deadline = time.monotonic() + 15
     while True:
@@ -212,15 +212,16 @@ def test_short_multi_tenant_run(ray_local, tmp_path):
 
 
 def test_faults_and_a_hostile_tenant_under_load(ray_local, tmp_path):
-    """About 45 s of 4 users and one hostile tenant's user, with a cache shard killed (at 15 s) and then
-    Serve's HTTP proxy (the ingress, at 30 s: back in about 7 s) restarted: no invalid output,
+    """About 45 s of 4 users and one hostile tenant's user, with a cache shard killed (at 10 s) and then
+    Serve's HTTP proxy (the ingress, at 20 s: back in about 7 s) restarted: no invalid output,
     nothing hung, every hostile request answered with its 4xx (or an answer, when it was within the
     limits), both faults recovered from."""
     _need_data()
     run = _load("run")
     summary = run.run_load(duration=45, users=4, spawn_rate=5, model="tiny", shards=1, mask_service=False,
                            out_dir=tmp_path, sample_every=2.0, request_timeout=30, do_plot=False, progress=False,
-                           hostile=1, kill_shard_=True, restart_ingress_=True)
+                           hostile=1, kill_shard_=True, restart_ingress_=True,
+                           fault_at_s={"shard": 10, "ingress": 20})     # 25 s to see the proxy back and serving
     assert summary["invalid_outputs"] == 0, summary["invalid_samples"]
     assert summary["hung_requests"] == 0 and summary["timeouts"] == 0, summary["failure_samples"]
     hostile = summary["outcomes_by_class"]["HostileTenant"]
