@@ -47,7 +47,7 @@ def test_an_exploding_first_mask_raises_the_typed_deadline_error_in_time(hostile
             c.compile_grammar(HOSTILE)
         took = time.perf_counter() - t0
         assert isinstance(info.value, budget.CompileTimeout)
-        assert took < 1.5 + 1.0, took      # stopped inside the entry build, not after it
+        assert took < 1.5 + 1.5, took      # stopped inside the entry build, not after it
         assert c.cache_stats()["grammars"] == 0
         assert not budget.expired()
         # The compiler is usable afterwards (its builder's lock was given back).
@@ -71,7 +71,7 @@ def test_a_fill_over_exploding_entries_fails_alone_within_its_budget(hostile_inf
     t0 = time.perf_counter()
     with pytest.raises(xg2.FillTimeoutError) as info:
         bad.fill_next_token_bitmask(bm, 0)
-    assert time.perf_counter() - t0 < 0.3 + 0.7
+    assert time.perf_counter() - t0 < 3.0      # 0.3 s of CPU; unbounded, minutes
     assert info.value.rows == [0]
     # In a batch, the other row is written and only the hostile position is reported.
     bm[:] = -1
@@ -85,7 +85,7 @@ def test_a_fill_over_exploding_entries_fails_alone_within_its_budget(hostile_inf
     t0 = time.perf_counter()
     with pytest.raises(xg2.FillTimeoutError):
         bad.fill_next_token_bitmask(bm, 0)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 3.0
     # The good matcher goes on.
     assert good.accept_string("a1")
 
@@ -171,7 +171,7 @@ def test_an_accept_whose_closures_explode_stops_at_the_fill_budget():
             assert m.accept_string(ch)
         except xg2.FillTimeoutError:
             stopped = i
-        assert time.perf_counter() - t0 < 0.2 + 0.8
+        assert time.perf_counter() - t0 < 3.0      # 0.2 s of CPU; unbounded, seconds and growing
         if stopped is not None:
             break
     assert stopped is not None and stopped > 0

@@ -31,10 +31,12 @@ from .tokenizer import TokenizerInfo
 #: on them even on a loaded machine, while a tenant's pathological input cannot hold a compile
 #: thread for longer than a request's time to first token is worth.
 DEFAULT_COMPILE_TIMEOUT_MS = 5000.0
-#: Default `fill_timeout_ms`: what one fill may spend building the mask entries it lacks. The
-#: costliest entries of the corpora measured here (benchmarks/) build in tens of milliseconds; a
-#: hostile grammar's can take minutes, and a fill stalls its whole batch while it builds. Past the
-#: budget the fill fails that session alone (FillTimeoutError).
+#: Default `fill_timeout_ms`: the CPU time one fill may spend building a mask entry it lacks (and an
+#: accept, or a fill's checks of uncertain tokens, in the parser). The costliest entries of the
+#: corpora measured here (benchmarks/) build in tens of milliseconds; a hostile grammar's can take
+#: minutes, and a fill stalls its whole batch while it builds. Past the budget the fill fails that
+#: session alone (FillTimeoutError). CPU time, not wall time: a busy machine slows a legitimate
+#: build without making it fail.
 DEFAULT_FILL_TIMEOUT_MS = 500.0
 
 
@@ -244,13 +246,30 @@ def _class_trie_of(vocab: Vocab, classes: bytes, tries: dict[bytes, ClassTrie | 
     return trie
 
 
-def _precompute_worker(jobs: queue.SimpleQueue) -> None:
-    """A compiler's background precompute thread; None (put when the compiler is collected) ends it."""
+class _Running:
+    """The core whose background precompute runs now (read by the compiler that queues the next)."""
+
+    __slots__ = ("core",)
+
+    def __init__(self) -> None:
+        self.core: CompiledCore | None = None
+
+
+def _precompute_worker(jobs: queue.SimpleQueue, running: _Running) -> None:
+    """A compiler's background precompute thread; None (put when the compiler is collected) ends it.
+
+    The newest grammar's job goes first: a job is cancelled between two entries when another is
+    queued (GrammarCompiler._precompute), and goes back to the end of the queue with what is left
+    of its budget. Why: the grammar compiled last is the one whose first fills are about to come,
+    while the older ones' requests are decoding already; queued behind an older job, a new grammar's
+    fills built the entries themselves, on the byte trie (its class trie not built yet)."""
     while True:
         job = jobs.get()
         if job is None:
             return
         core, t0, budget_ms, top_k, timeout_ms, done, pending, make_trie = job
+        again = False
+        running.core = core
         try:
             if make_trie is not None:   # built here, not on the compile path (see GrammarCompiler._compile)
                 core.use_class_trie(make_trie())
@@ -259,11 +278,16 @@ def _precompute_worker(jobs: queue.SimpleQueue) -> None:
             # One entry build may run past the budget, not past what any compile may take.
             _precompute_costliest(core, t0, budget_ms, top_k, background=True,
                                   hard_deadline=0.0 if timeout_ms is None else time.perf_counter() + timeout_ms / 1e3)
+            again = core.resume_background() and time.perf_counter() < t0 + budget_ms / 1e3
         except MemoryError:
             pass    # what was not built is built on first visit; the next jobs must still run
         finally:
-            core.end_background()
-            done.set()
+            running.core = None
+            if again:
+                jobs.put((core, t0, budget_ms, top_k, timeout_ms, done, None, None))
+            else:
+                core.end_background()
+                done.set()
 
 
 def _load_entries(core: CompiledCore, entries: dict[int, bytes] | None) -> None:
@@ -374,8 +398,9 @@ class GrammarCompiler:
     without the pool, the engine runs with every optimisation off (masks are the same).
     Every compile (front-end, automata, keys, the first mask's entries, and with `jit=False` all
     of them) stops with GrammarLimitError past `compile_timeout_ms` (None: no limit); the compiler
-    keeps nothing of it and stays usable. A fill that must build entries it lacks stops past
-    `fill_timeout_ms` (None: no limit) with FillTimeoutError for that matcher alone.
+    keeps nothing of it and stays usable. A fill that must build an entry it lacks, or an accept,
+    stops past `fill_timeout_ms` of its thread's CPU time (None: no limit) with FillTimeoutError for
+    that matcher alone.
     """
 
     def __init__(self, tokenizer_info: TokenizerInfo, *, max_threads: int = 8, cache_enabled: bool = True,
@@ -420,6 +445,7 @@ class GrammarCompiler:
         self._vocab_ends: np.ndarray | None = None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
+        self._running = _Running()
         self.last_compile_seconds: float | None = None
         #: A second cache tier (xg2.actors): called with the pool keys of a new grammar's first
         #: mask that this pool lacks, before that mask is built; it loads what it finds into
@@ -886,17 +912,20 @@ class GrammarCompiler:
                 budget.check("mask entries (jit=False)")
                 core.precompute([node], budget.ends_at())
         elif self.background_precompute:
-            # One worker per compiler, in the order grammars were compiled; the budget counts from
-            # the compile, so a job that waited past it (its prefill is over) is skipped. The worker
+            # One worker per compiler, the newest grammar first (see _precompute_worker); the budget
+            # counts from the compile, so a job that waited past it (its prefill is over) is skipped. The worker
             # holds the queue, not the compiler: when the compiler goes, a finalizer tells it to stop.
             with self._lock:
                 if self._worker is None:
-                    self._worker = threading.Thread(target=_precompute_worker, args=(self._jobs,),
+                    self._worker = threading.Thread(target=_precompute_worker, args=(self._jobs, self._running),
                                                     name="xg2-precompute", daemon=True)
                     self._worker.start()
                     weakref.finalize(self, self._jobs.put, None)
             self._jobs.put((core, time.perf_counter(), budget_ms, self.precompute_top_k, self.compile_timeout_ms,
                             compiled._precomputed, compiled._pending_entries, compiled._make_trie))
+            older = self._running.core
+            if older is not None:
+                older.cancel_background()       # this grammar's first fills come next (see _precompute_worker)
             compiled._pending_entries = None
             compiled._make_trie = None
             return

@@ -1,6 +1,14 @@
 # Included by core.pyx: the mask-entry builder, the working memory of one thread's entry builds.
 
 
+cdef inline void _limit_parser(Parser* p, double deadline, double cpu_budget) noexcept nogil:
+    p.deadline = deadline
+    p.cpu_budget = cpu_budget
+    p.cpu_start = 0
+    p.work = 0
+    p.aborted = False
+
+
 cdef class EntryBuilder:
     """Builds the mask entries of one compiled grammar: the trie walk with parsers A (inside the
     rule), B (what may follow it) and the certain-context parsers, the transition memo of interned
@@ -60,6 +68,8 @@ cdef class EntryBuilder:
     # `aborted`: one node's entry of a hostile grammar can take minutes (its Earley sets explode
     # under the walk), and no compile, precompute or fill may wait for that. Set under the lock.
     cdef double deadline
+    cdef double cpu_budget            # or a budget of the thread's CPU time (see _limit_hit)
+    cdef double cpu_start
     cdef bint aborted
 
     def __cinit__(self):
@@ -85,6 +95,8 @@ cdef class EntryBuilder:
             self.pc[j].items = NULL
         self.memo.pool = NULL
         self.deadline = 0
+        self.cpu_budget = 0
+        self.cpu_start = 0
         self.aborted = False
 
     cdef int _alloc(self) except -1:
@@ -118,18 +130,18 @@ cdef class EntryBuilder:
         self.pb.memo = &self.memo
         return 0
 
-    cdef void set_deadline(self, double deadline) noexcept nogil:
-        """The deadline of the next build, for its walk and its parsers' closures; clears `aborted`."""
+    cdef void set_deadline(self, double deadline, double cpu_budget) noexcept nogil:
+        """The limits of the next build (a wall-clock deadline, a CPU budget; 0: none), for its walk
+        and its parsers' closures; clears `aborted`."""
         cdef int32_t j
         self.deadline = deadline
+        self.cpu_budget = cpu_budget
+        self.cpu_start = 0
         self.aborted = False
-        self.pa.deadline = self.pb.deadline = deadline
-        self.pa.work = self.pb.work = 0
-        self.pa.aborted = self.pb.aborted = False
+        _limit_parser(&self.pa, deadline, cpu_budget)
+        _limit_parser(&self.pb, deadline, cpu_budget)
         for j in range(MAX_RESUMES):
-            self.pc[j].deadline = deadline
-            self.pc[j].work = 0
-            self.pc[j].aborted = False
+            _limit_parser(&self.pc[j], deadline, cpu_budget)
 
     cdef void drop_parse(self) noexcept nogil:
         """Every parser emptied, as when the memo is cleared: their sets hold ids of the memo, which
@@ -655,7 +667,8 @@ cdef class EntryBuilder:
                     i = x
                     continue
             walked += 1
-            if walked % DEADLINE_CHECK_EVERY == 0 and self.deadline > 0 and _monotonic() > self.deadline:
+            if walked % DEADLINE_CHECK_EVERY == 0 and (self.deadline > 0 or self.cpu_budget > 0) \
+                    and _limit_hit(self.deadline, self.cpu_budget, &self.cpu_start):
                 self.aborted = True
                 return NULL
             byte = T.byte[i]

@@ -47,13 +47,16 @@ cdef class CompiledCore:
     cdef EntryBuilder fill            # the fills' builder
     cdef PyObject* fill_ptr           # the same, borrowed, for nogil code
     cdef EntryBuilder background      # a background precompute's builder while it runs, else None
+    cdef int bg_node                  # the node the background builder is building now (-1: none)
+    cdef int bg_cancel                # set: the background precompute stops before its next entry
     cdef readonly int64_t cache_bytes
     cdef readonly int64_t n_entries
     cdef const uint64_t* tsets        # per token set (TokenSlot), a bitset over the vocabulary
     cdef const int32_t* rule_budget   # per rule, its max_tokens (-1: none); NULL when no rule has one
     cdef readonly int32_t n_tsets
-    #: Seconds a fill may spend building the entries it lacks (0: no limit); past it the fill
-    #: fails with FillTimeoutError and the entry is left unbuilt (GrammarCompiler sets it).
+    #: Seconds of its thread's CPU time a fill may spend building an entry it lacks, or an accept
+    #: or a fill's checks may spend in the parser (0: no limit); past it FillTimeoutError, and the
+    #: entry is left unbuilt, the parse as it was (GrammarCompiler sets it).
     cdef public double fill_timeout_s
 
     def __cinit__(self):
@@ -65,6 +68,8 @@ cdef class CompiledCore:
         self.node_closed = NULL
         self.fill_ptr = NULL
         self.fill_timeout_s = 0
+        self.bg_node = -1
+        self.bg_cancel = 0
 
     def __init__(self, Vocab vocab, dict arrays, int root_rule, ClassTrie class_trie=None, pool=None,
                  keys=None):
@@ -232,7 +237,7 @@ cdef class CompiledCore:
         free(self.node_closed)
 
     cdef MaskEntry* get_entry(self, int32_t node) noexcept nogil:
-        """A node's entry, built on first need by the fills' builder, without a deadline (for
+        """A node's entry, built on first need by the fills' builder, without a limit (for
         inspection). Fills on other threads read the table without a lock, so an entry is
         published with a release store (see _install) and read with an acquire load: a reader
         that sees the pointer sees the entry's contents."""
@@ -240,23 +245,33 @@ cdef class CompiledCore:
         cdef MaskEntry* e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
         if e != NULL:
             return e
-        return self._build_in(self.fill_ptr, node, 0, &why)
+        return self._build_in(self.fill_ptr, node, 0, 0, &why)
 
-    cdef MaskEntry* entry_for_fill(self, int32_t node, double* deadline, int* why) noexcept nogil:
-        """A node's entry for a fill: built if missing, within the fill's deadline (*deadline:
-        0 until the fill first builds, then fill_timeout_s from then on for the rest of that fill).
-        NULL with *why BUILD_NO_MEMORY or BUILD_PAST_DEADLINE."""
+    cdef MaskEntry* entry_for_fill(self, int32_t node, int* why) noexcept nogil:
+        """A node's entry for a fill: built if missing, within fill_timeout_s of this thread's CPU
+        time. NULL with *why BUILD_NO_MEMORY or BUILD_PAST_DEADLINE."""
+        cdef double until
         cdef MaskEntry* e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
         if e != NULL:
             return e
-        if deadline[0] == 0 and self.fill_timeout_s > 0:
-            deadline[0] = _monotonic() + self.fill_timeout_s
-        return self._build_in(self.fill_ptr, node, deadline[0], why)
+        if xg2_int_load(&self.bg_node) == node:
+            # The background precompute is building this very entry: it started first, so its
+            # build ends sooner than one started now would (and two builds of one entry share the
+            # machine's cores for nothing). Wait for it, at most the fill's budget, then build.
+            until = _monotonic() + (self.fill_timeout_s if self.fill_timeout_s > 0 else 1.0)
+            while xg2_int_load(&self.bg_node) == node and _monotonic() < until:
+                usleep(20)
+            e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
+            if e != NULL:
+                return e
+        return self._build_in(self.fill_ptr, node, 0, self.fill_timeout_s, why)
 
-    cdef MaskEntry* _build_in(self, PyObject* bp, int32_t node, double deadline, int* why) noexcept nogil:
+    cdef MaskEntry* _build_in(self, PyObject* bp, int32_t node, double deadline, double cpu_budget,
+                              int* why) noexcept nogil:
         """A node's entry, built (or found in the pool) by builder `bp` (borrowed: its owner keeps
-        it alive) under that builder's lock, unless `deadline` (0: none) passes first; NULL with
-        *why BUILD_NO_MEMORY or BUILD_PAST_DEADLINE (nothing of the attempt is kept)."""
+        it alive) under that builder's lock, unless `deadline` or `cpu_budget` (0: none; see
+        _limit_hit) is reached first; NULL with *why BUILD_NO_MEMORY or BUILD_PAST_DEADLINE
+        (nothing of the attempt is kept)."""
         cdef MaskEntry* e
         why[0] = BUILD_OK
         xg2_ref_add(&(<EntryBuilder>bp).lock_waiters)
@@ -264,13 +279,13 @@ cdef class CompiledCore:
         xg2_ref_sub(&(<EntryBuilder>bp).lock_waiters)
         e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
         if e == NULL:
-            (<EntryBuilder>bp).set_deadline(deadline)
+            (<EntryBuilder>bp).set_deadline(deadline, cpu_budget)
             e = (<EntryBuilder>bp)._obtain(node)
             if e != NULL:
                 e = self._install(node, e)
             else:
                 why[0] = BUILD_PAST_DEADLINE if (<EntryBuilder>bp).past_deadline() else BUILD_NO_MEMORY
-            (<EntryBuilder>bp).set_deadline(0)
+            (<EntryBuilder>bp).set_deadline(0, 0)
         PyThread_release_lock((<EntryBuilder>bp).lock)
         return e
 
@@ -349,6 +364,16 @@ cdef class CompiledCore:
         if self.background is None:
             self.background = self._new_builder()
 
+    def cancel_background(self):
+        """Have the background precompute stop before its next entry (another grammar's goes first)."""
+        xg2_int_store(&self.bg_cancel, 1)
+
+    def resume_background(self):
+        """Whether the last background precompute was cancelled; clears it for the next run."""
+        cdef int was = xg2_int_load(&self.bg_cancel)
+        xg2_int_store(&self.bg_cancel, 0)
+        return bool(was)
+
     def end_background(self):
         """The background builder goes; its transition memo stays, with the fills' builder, when it
         is the warmer one. Why: a precompute on the compile path warms the fills' own memo, so the
@@ -387,7 +412,7 @@ cdef class CompiledCore:
             with nogil:
                 _let_waiters_in(self.fill_ptr)
                 if xg2_load_acquire(<void**>&self.entries[n]) == NULL:
-                    self._build_in(self.fill_ptr, n, deadline, &why)
+                    self._build_in(self.fill_ptr, n, deadline, 0, &why)
             if why == BUILD_NO_MEMORY:
                 raise MemoryError()
             if why == BUILD_PAST_DEADLINE:
@@ -414,6 +439,7 @@ cdef class CompiledCore:
         cdef PyObject* bp = <PyObject*>b
         cdef int32_t n, count = 0, k
         cdef int why = BUILD_OK
+        cdef MaskEntry* e
         cdef int64_t built = 0
         cdef double now, spu = 25e-9, t
         cdef int64_t* pairs
@@ -432,7 +458,7 @@ cdef class CompiledCore:
             qsort(pairs, count, 2 * sizeof(int64_t), _cmp_cost_desc)
             for k in range(count):
                 now = _monotonic()
-                if now >= deadline:
+                if now >= deadline or (background and xg2_int_load(&self.bg_cancel)):
                     break
                 if now + pairs[2 * k] * spu > deadline:
                     continue
@@ -440,7 +466,12 @@ cdef class CompiledCore:
                 if not background:
                     _let_waiters_in(bp)
                 if xg2_load_acquire(<void**>&self.entries[n]) == NULL:
-                    if self._build_in(bp, n, hard_deadline, &why) == NULL:
+                    if background:
+                        xg2_int_store(&self.bg_node, n)     # a fill that needs it waits for it
+                    e = self._build_in(bp, n, hard_deadline, 0, &why)
+                    if background:
+                        xg2_int_store(&self.bg_node, -1)
+                    if e == NULL:
                         if why == BUILD_PAST_DEADLINE:
                             break       # left for its first visit
                         built = -1

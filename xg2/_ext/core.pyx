@@ -16,6 +16,9 @@ from libc.math cimport NAN
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
+cdef extern from "<unistd.h>" nogil:
+    int usleep(unsigned int usec)
+
 from cpython.ref cimport PyObject
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, WAIT_LOCK)
@@ -54,6 +57,7 @@ cdef extern from "<time.h>" nogil:
         long tv_nsec
     int clock_gettime(int clk, timespec* ts)
     enum: CLOCK_MONOTONIC
+    enum: CLOCK_THREAD_CPUTIME_ID
 
 
 cdef inline double _monotonic() noexcept nogil:
@@ -61,6 +65,30 @@ cdef inline double _monotonic() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline double _thread_cpu() noexcept nogil:
+    """This thread's CPU time, in seconds: what a work budget counts, whatever else the machine runs."""
+    cdef timespec ts
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline bint _limit_hit(double deadline, double cpu_budget, double* cpu_start) noexcept nogil:
+    """Whether work under a limit must stop: past `deadline` (time.perf_counter seconds; 0: none),
+    or past `cpu_budget` seconds of this thread's CPU time since the first check (*cpu_start: 0
+    until then). A deadline bounds a compile in wall time, as its caller waits; a CPU budget bounds
+    the work of a fill or an accept, so that a busy machine does not fail a legitimate one."""
+    cdef double now
+    if deadline > 0 and _monotonic() > deadline:
+        return True
+    if cpu_budget > 0:
+        now = _thread_cpu()
+        if cpu_start[0] == 0:
+            cpu_start[0] = now
+            return False
+        return now - cpu_start[0] > cpu_budget
+    return False
 
 
 cdef enum:

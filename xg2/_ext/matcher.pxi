@@ -437,11 +437,12 @@ cdef class MatcherCore:
         return False
 
     cdef inline void _arm(self, Parser* p) noexcept nogil:
-        """Give the parse the fill budget for what comes (an accept, the checks of a fill): one
-        token's closures over a hostile grammar can take minutes, and the batch waits for them."""
+        """Give the parse the fill budget (CPU time) for what comes (an accept, the checks of a
+        fill): one token's closures over a hostile grammar can take minutes, and the batch waits."""
         p.aborted = False
         p.work = 0
-        p.deadline = _monotonic() + self.core.fill_timeout_s if self.core.fill_timeout_s > 0 else 0
+        p.cpu_start = 0
+        p.cpu_budget = self.core.fill_timeout_s     # no clock is read unless the closures grow long
 
     cdef object _step_error(self):
         if self.p.aborted:
@@ -476,7 +477,7 @@ cdef class MatcherCore:
                 ok = self._feed_edges(v.tok_data + v.tok_off[t], v.tok_off[t + 1] - v.tok_off[t], n_extra)
             else:
                 ok = self._feed(v.tok_data + v.tok_off[t], v.tok_off[t + 1] - v.tok_off[t])
-            self.p.deadline = 0
+            self.p.cpu_budget = 0
         if ok <= 0:
             self.n_bound -= 1
             if ok < 0:
@@ -502,7 +503,7 @@ cdef class MatcherCore:
         with nogil:
             self._arm(&self.p)
             ok = self._feed(&data[0], data.shape[0]) if data.shape[0] > 0 else 1
-            self.p.deadline = 0
+            self.p.cpu_budget = 0
         if ok <= 0:
             self.n_bound -= 1
             if ok < 0:
@@ -689,7 +690,6 @@ cdef class MatcherCore:
         cdef MaskEntry* e
         cdef uint64_t bitsw
         cdef int any_unc = 0, n_checked = 0, why = BUILD_OK
-        cdef double deadline = 0
         cdef int32_t sid = p.set_id[cur], slot = sid & (MCACHE_SLOTS - 1), full = -1
         if self.terminated:
             memset(self.acc, 0, W * sizeof(uint64_t))
@@ -710,7 +710,7 @@ cdef class MatcherCore:
             # An entry that keeps a set (a bitset, or all ordinary tokens but a list) starts the
             # mask by itself; without one the mask starts empty.
             for k in range(n_nodes):
-                e = self.core.entry_for_fill(self.nodes[k], &deadline, &why)
+                e = self.core.entry_for_fill(self.nodes[k], &why)
                 if e == NULL:
                     return why
                 if full < 0 and e.kind != ENTRY_ACCEPTED_LIST:
@@ -748,7 +748,7 @@ cdef class MatcherCore:
             if any_unc:
                 self._arm(p)
                 n_checked = self._check_uncertain(WR)
-                p.deadline = 0
+                p.cpu_budget = 0
                 if n_checked < 0:
                     p_pop_to(p, cur + 1)
                     if p.aborted:

@@ -21,6 +21,8 @@ cdef struct Parser:
     int32_t cap_id_pos
     int32_t n_static      # leading sets that are never popped (the context parser's caller sets)
     double deadline       # closures stop once the clock passes it (0: never); see p_past_deadline
+    double cpu_budget     # or once they have taken this much of the thread's CPU time (0: no limit)
+    double cpu_start      # the thread's CPU time at the first check (0: not read yet)
     int64_t work          # closure steps since the clock was last read
     bint aborted          # a closure stopped at the deadline (its caller returned as for OOM)
 
@@ -59,6 +61,8 @@ cdef int p_init(Parser* p) noexcept nogil:
     p.memo = NULL
     p.n_static = 0
     p.deadline = 0
+    p.cpu_budget = 0
+    p.cpu_start = 0
     p.work = 0
     p.aborted = False
     p.set_id = <int32_t*>malloc(p.cap_sets * sizeof(int32_t))
@@ -289,16 +293,17 @@ cdef inline int64_t p_set_end(Parser* p, int32_t k) noexcept nogil:
 
 
 cdef inline bint p_past_deadline(Parser* p, int64_t steps) noexcept nogil:
-    """Count `steps` of closure work; past CLOSURE_CHECK_EVERY of them, read the clock. One closure
+    """Count `steps` of closure work; past CLOSURE_CHECK_EVERY of them, check the limit (see
+    _limit_hit). One closure
     of a hostile grammar can take minutes (sets of many items whose completions rescan their
     origin sets); an entry build gives its parsers its deadline so that it can stop inside one."""
-    if p.deadline <= 0:
+    if p.deadline <= 0 and p.cpu_budget <= 0:
         return False
     p.work += steps
     if p.work < CLOSURE_CHECK_EVERY:
         return False
     p.work = 0
-    if _monotonic() > p.deadline:
+    if _limit_hit(p.deadline, p.cpu_budget, &p.cpu_start):
         p.aborted = True
         return True
     return False

@@ -19,6 +19,7 @@ cdef extern from *:
     static inline void *xg2_load_acquire(void **p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void xg2_store_release(void **p, void *v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
     static inline int xg2_int_load(int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void xg2_int_store(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
     static inline int xg2_cas_ptr(void **p, void *v) {
         void *expected = NULL;
         return __atomic_compare_exchange_n(p, &expected, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
@@ -30,6 +31,7 @@ cdef extern from *:
     void* xg2_load_acquire(void** p) nogil
     void xg2_store_release(void** p, void* v) nogil
     int xg2_int_load(int* p) nogil
+    void xg2_int_store(int* p, int v) nogil
     bint xg2_cas_ptr(void** p, void* v) nogil       # NULL -> v, once
     void xg2_add64(int64_t* p, int64_t v) nogil
 

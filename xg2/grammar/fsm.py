@@ -48,6 +48,11 @@ MAX_DFA_STATES = 20_000
 #: Work budget (NFA nodes visited in epsilon closures) for building one rule's automaton; past it the
 #: grammar is rejected with GrammarLimitError instead of compiling for minutes.
 MAX_CLOSURE_WORK = 4_000_000
+#: Edges (byte and rule) an epsilon-free fallback automaton may have. Past MAX_DFA_STATES the NFA is
+#: kept without epsilon edges, and every later pass (pruning, content keys, tables, the core) is
+#: linear in its size: found by fuzzing, rules of 300k nodes and 600k edges took 5-27 s to compile
+#: past this point, where any legitimate grammar measured here stays under a few thousand.
+MAX_FALLBACK_EDGES = 150_000
 
 _TOO_LARGE = "a rule's automaton is too large to build (nested or very large repetition bounds)"
 
@@ -61,8 +66,9 @@ class _Budget:
         self.left -= n
         if self.left < 0:
             raise GrammarLimitError(_TOO_LARGE)
-        self.calls += 1
-        if not self.calls & 255:
+        self.calls += 1 + n // 64       # the deadline is read as often per unit of work as per call
+        if self.calls >= 256:
+            self.calls = 0
             deadline.check("automaton construction")
 
 _UTF8_BOUNDS = ((0, 0x7F, 1), (0x80, 0x7FF, 2), (0x800, 0xFFFF, 3), (0x10000, 0x10FFFF, 4))
@@ -775,12 +781,14 @@ def _epsilon_free(nfa: NFA, start: int, end: int, budget: _Budget) -> RuleFSM:
     byte_edges: list[list[tuple[int, int, int]]] = []
     rule_edges: list[list[tuple[int, int]]] = []
     finals = set()
+    edges = nfa.edges
+    kept = 0
     for u in range(n):
         closure = _eps_closure(nfa, [u])
-        budget.spend(len(closure))
+        budget.spend(len(closure) + sum(len(edges[w]) for w in closure))
         bes, res = set(), set()
         for w in closure:
-            for kind, a, b, v in nfa.edges[w]:
+            for kind, a, b, v in edges[w]:
                 if kind == 0:
                     bes.add((a, b, v))
                 elif kind == 1:
@@ -789,6 +797,9 @@ def _epsilon_free(nfa: NFA, start: int, end: int, budget: _Budget) -> RuleFSM:
             finals.add(u)
         byte_edges.append(sorted(bes))
         rule_edges.append(sorted(res))
+        kept += len(bes) + len(res)
+        if kept > MAX_FALLBACK_EDGES:
+            raise GrammarLimitError(_TOO_LARGE)
     fsm = RuleFSM(byte_edges, rule_edges, finals, deterministic=False)
     return canonical(fsm, start)
 
@@ -959,6 +970,8 @@ def canonical(fsm: RuleFSM, start: int) -> RuleFSM:
     while i < len(order):
         u = order[i]
         i += 1
+        if not i & 1023:        # an epsilon-free fallback can have many nodes of many edges
+            deadline.check("automaton construction")
         for _lo, _hi, v in sorted(fsm.byte_edges[u]):
             if v not in num:
                 num[v] = len(order)
@@ -967,8 +980,12 @@ def canonical(fsm: RuleFSM, start: int) -> RuleFSM:
             if v not in num:
                 num[v] = len(order)
                 order.append(v)
-    byte_edges = [sorted((lo, hi, num[v]) for lo, hi, v in fsm.byte_edges[u]) for u in order]
-    rule_edges = [sorted((r, num[v]) for r, v in fsm.rule_edges[u]) for u in order]
+    byte_edges, rule_edges = [], []
+    for k, u in enumerate(order):
+        if not (k + 1) & 1023:
+            deadline.check("automaton construction")
+        byte_edges.append(sorted((lo, hi, num[v]) for lo, hi, v in fsm.byte_edges[u]))
+        rule_edges.append(sorted((r, num[v]) for r, v in fsm.rule_edges[u]))
     finals = {num[u] for u in fsm.finals if u in num}
     return RuleFSM(byte_edges, rule_edges, finals, fsm.deterministic)
 
@@ -979,6 +996,8 @@ def reaching(fsm: RuleFSM, targets, rule_edges=None) -> set[int]:
     rule_edges = fsm.rule_edges if rule_edges is None else rule_edges
     pred: list[list[int]] = [[] for _ in range(fsm.n_nodes)]
     for u in range(fsm.n_nodes):
+        if not (u + 1) & 1023:
+            deadline.check("automaton construction")
         for _lo, _hi, v in fsm.byte_edges[u]:
             pred[v].append(u)
         for _r, v in rule_edges[u]:
@@ -999,14 +1018,22 @@ def prune(fsm: RuleFSM, live_rules: set[int]) -> RuleFSM:
     n = fsm.n_nodes
     if trimmed(fsm) and all(r in live_rules for edges in fsm.rule_edges for r, _v in edges):
         return fsm  # the common case, known without a walk for memoised automata
-    rule_edges = [[(r, v) for r, v in fsm.rule_edges[u] if r in live_rules] for u in range(n)]
+    rule_edges = []
+    for u in range(n):
+        if not (u + 1) & 1023:      # an epsilon-free fallback can have many nodes of many edges
+            deadline.check("automaton construction")
+        rule_edges.append([(r, v) for r, v in fsm.rule_edges[u] if r in live_rules])
     alive = reaching(fsm, fsm.finals, rule_edges)
     if len(alive) == n and all(len(a) == len(b) for a, b in zip(rule_edges, fsm.rule_edges)):
         return fsm
     if 0 not in alive:
         return RuleFSM([[]], [[]], set(), fsm.deterministic)
-    byte_edges = [[e for e in fsm.byte_edges[u] if e[2] in alive] if u in alive else [] for u in range(n)]
-    rule_edges = [[e for e in rule_edges[u] if e[1] in alive] if u in alive else [] for u in range(n)]
+    byte_edges = []
+    for u in range(n):
+        if not (u + 1) & 1023:
+            deadline.check("automaton construction")
+        byte_edges.append([e for e in fsm.byte_edges[u] if e[2] in alive] if u in alive else [])
+        rule_edges[u] = [e for e in rule_edges[u] if e[1] in alive] if u in alive else []
     return canonical(RuleFSM(byte_edges, rule_edges, fsm.finals & alive, fsm.deterministic), 0)
 
 
