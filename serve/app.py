@@ -29,10 +29,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import ray
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from xg2.errors import SessionLostError, UsageError, XG2Error
 
@@ -48,6 +52,133 @@ _log = logging.getLogger("xg2.serve")
 GAUGE_PERIOD_S = 1.0
 
 api = FastAPI(title="xg2", docs_url=None, redoc_url=None)
+
+# ------------------------------------------------------------------------------------------------
+# The OpenAPI document (GET /openapi.json, here and through the ingress): the handlers read their
+# bodies themselves (serve.protocol's msgspec decoders, whose refusals point at the field at
+# fault), so the bodies are described here, as JSON Schemas generated from the same msgspec types,
+# with the bounds the validators add (serve.protocol.validate_*) written into them.
+# ------------------------------------------------------------------------------------------------
+
+_REF = "#/components/schemas/{name}"
+_JSON = "application/json"
+_SSE = "text/event-stream"
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": _REF.format(name=name)}
+
+
+def _bound(schema: dict, kind: str, **bounds: Any) -> None:
+    """Adds `bounds` to the `kind` branch of a property's schema (msgspec writes `T | None` as
+    anyOf [T, null])."""
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == kind:
+            branch.update(bounds)
+
+
+def _schema_components() -> dict[str, Any]:
+    """The request, response and error types as JSON Schemas (OpenAPI 3.1's dialect), keyed by name."""
+    _, components = msgspec.json.schema_components(
+        [p.ChatCompletionRequest, p.CompletionRequest, p.ChatCompletion, p.ChatCompletionChunk, p.Completion,
+         p.CompletionChunk, p.ModelList, p.ErrorResponse], ref_template=_REF)
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        props = components[name]["properties"]
+        _bound(props["temperature"], "number", minimum=0, maximum=2)
+        _bound(props["top_p"], "number", exclusiveMinimum=0, maximum=1)
+        _bound(props["n"], "integer", minimum=1, maximum=1)
+        _bound(props["seed"], "integer", minimum=-(1 << 63), maximum=(1 << 63) - 1)
+        props["guided_whitespace_pattern"] = {"type": "null", "default": None,
+                                              "description": "not supported: refused when given"}
+        for field in ("max_tokens", "max_completion_tokens"):
+            if field in props:
+                _bound(props[field], "integer", minimum=1)
+                props[field]["description"] = "at most the server's limit (max_tokens_limit)"
+    components["StructuredOutputs"]["properties"]["whitespace_pattern"] = {
+        "type": "null", "default": None, "description": "not supported: refused when given"}
+    chat = components["ChatCompletionRequest"]["properties"]
+    chat["messages"]["minItems"] = 1
+    components["FunctionDefinition"]["properties"]["name"]["pattern"] = p.TOOL_NAME_RE.pattern.replace(r"\Z", "$")
+    completion = components["CompletionRequest"]["properties"]
+    text = {"type": "string", "minLength": 1}
+    completion["prompt"] = {"anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": 1}],
+                            "description": "one prompt, not empty: a string, or a list of exactly one string "
+                            "(token ids are refused)"}
+    completion["echo"]["anyOf"][0]["enum"] = [False]        # echo and suffix are refused
+    _bound(completion["suffix"], "string", maxLength=0)
+    _bound(completion["best_of"], "integer", minimum=1, maximum=1)
+    components["ErrorDetail"]["required"] = ["message", "type", "param", "code"]     # always written
+    components["Health"] = {"type": "object", "properties": {"status": {"const": "ok"}}, "required": ["status"]}
+    components["Stats"] = {
+        "type": "object", "description": "The replica's figures; a tenant's key reads only its own "
+        "(tenant, requests in flight, open sessions, compile usage, recent requests), an admin key all.",
+        "additionalProperties": True}
+    return components
+
+
+def _error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    what = {400: "a malformed or refused request (`param`: the JSON pointer of the field at fault)",
+            401: "no API key, or an unknown one", 404: "no such route", 405: "a method the route does not take",
+            413: "a body larger than the server's bound", 429: "too many requests or sessions for this key",
+            500: "an internal error", 503: "the model replicas are unavailable; retry later"}
+    return {status: {"description": what[status], "content": {_JSON: {"schema": _ref("ErrorResponse")}}}
+            for status in statuses}
+
+
+def _answer(name: str, chunk: str) -> dict[int | str, dict[str, Any]]:
+    """A generation route's answers: the whole answer, or server-sent events of chunks (`stream`)."""
+    return {200: {"description": f"the answer ({name}), or with `stream` server-sent events, each a {chunk} "
+                  "(an error after the first event is an ErrorResponse event), then `data: [DONE]`",
+                  "content": {_JSON: {"schema": _ref(name)}, _SSE: {"schema": {"type": "string"}}}},
+            **_error_responses(400, 401, 413, 429, 500, 503)}
+
+
+def _body(name: str) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {_JSON: {"schema": _ref(name)}}},
+            "security": [{"bearer": []}]}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The application's OpenAPI document (every route's body and answers); built once."""
+    if api.openapi_schema is None:
+        doc = get_openapi(title=api.title, version=api.version, routes=api.routes,
+                          description="xg2: the OpenAI API with structured generation. Every refusal is an "
+                          "OpenAI error object (ErrorResponse).")
+        components = doc.setdefault("components", {})
+        components.setdefault("schemas", {}).update(_schema_components())
+        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
+                                                    "description": "the API key (`Authorization: Bearer KEY`)"}}
+        api.openapi_schema = doc
+    return api.openapi_schema
+
+
+api.openapi = openapi_document      # type: ignore[method-assign]
+
+
+# Every refusal is an OpenAI error object, the framework's own (no such route, a method the route
+# does not take) included, with the wording the ingress uses.
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    status = exc.status_code
+    if status == 404:
+        message = f"no such route: {request.url.path}"
+    elif status == 405:
+        message = f"{request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    response = _error(p.RequestError(message, status=status, code=_HTTP_CODES.get(status)))
+    response.headers.update(exc.headers or {})      # a 405's Allow among them
+    return response
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+    first = (exc.errors() or [{}])[0]
+    where = "".join(f"/{part}" for part in first.get("loc", ())[1:])
+    return _error(p.RequestError(str(first.get("msg", "invalid request")), where or None, code="invalid_value"))
 
 
 def caller_of(authorization: str, keys: KeyRing | None) -> Caller:
@@ -83,6 +214,11 @@ def stats_view(stats: dict, caller: Caller, open_tenants: bool, in_flight: int, 
 
 def _error(e: p.RequestError) -> Response:
     return Response(p.encode(e.to_response()), status_code=e.status, media_type="application/json")
+
+
+def _internal_error(e: BaseException) -> p.RequestError:
+    """A failure no request should cause, as OpenAI's error object (500, `server_error`)."""
+    return p.RequestError(f"internal error: {type(e).__name__}", status=500, code="server_error")
 
 
 async def _events(stream: Any) -> Any:
@@ -197,6 +333,9 @@ class ModelServer:
             out = await fn(caller.tenant, await request.body())
         except p.RequestError as e:
             return _error(e)
+        except Exception as e:      # noqa: BLE001 - the client gets OpenAI's error object, not a bare 500
+            _log.exception("request failed")
+            return _error(_internal_error(e))
         finally:
             self._metrics.update()
         info = grammar_info()
@@ -207,23 +346,34 @@ class ModelServer:
             return Response(out, media_type="application/json", headers=headers)
         return StreamingResponse(_events(out), media_type="text/event-stream", headers=headers)
 
-    @api.post("/v1/chat/completions")
+    # The handlers read their own bodies (see the OpenAPI section above): the bodies and answers
+    # are declared here for the document alone.
+    @api.post("/v1/chat/completions", response_class=Response, summary="A chat completion",
+              operation_id="chat_completions", openapi_extra=_body("ChatCompletionRequest"),
+              responses=_answer("ChatCompletion", "ChatCompletionChunk"))
     async def chat_completions(self, request: Request) -> Response:
         return self._tagged(await self._call(self.replica.chat, request))
 
-    @api.post("/v1/completions")
+    @api.post("/v1/completions", response_class=Response, summary="A (legacy) text completion",
+              operation_id="completions", openapi_extra=_body("CompletionRequest"),
+              responses=_answer("Completion", "CompletionChunk"))
     async def completions(self, request: Request) -> Response:
         return self._tagged(await self._call(self.replica.completions, request))
 
-    @api.get("/v1/models")
+    @api.get("/v1/models", response_class=Response, summary="The model served", operation_id="models",
+             responses={200: {"description": "the model list", "content": {_JSON: {"schema": _ref("ModelList")}}}})
     async def models(self) -> Response:
         return Response(self.replica.models(), media_type="application/json")
 
-    @api.get("/health")
+    @api.get("/health", response_class=Response, summary="Liveness", operation_id="health",
+             responses={200: {"description": "the replica answers", "content": {_JSON: {"schema": _ref("Health")}}}})
     async def health(self) -> Response:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    @api.get("/v1/xg2/stats")
+    @api.get("/v1/xg2/stats", response_class=Response, summary="The replica's figures", operation_id="stats",
+             openapi_extra={"security": [{"bearer": []}]},
+             responses={200: {"description": "what of the figures the key may read",
+                              "content": {_JSON: {"schema": _ref("Stats")}}}, **_error_responses(401)})
     async def stats(self, request: Request) -> Response:
         """This replica's figures: requests, steps (forward, fill, mask time exposed), runtime and
         cache tiers (hits, bytes); what of them the caller's key may read (see stats_view)."""
@@ -241,6 +391,10 @@ class ModelServer:
         view = stats_view(stats, caller, self.open_tenants, self.replica._in_flight.get(caller.tenant, 0),
                           self.replica.runtime.open_sessions(caller.tenant))
         return Response(p.encode(view), media_type="application/json")
+
+    async def openapi_document(self) -> dict[str, Any]:
+        """The application's OpenAPI document (the ingress serves it by this call)."""
+        return openapi_document()
 
     async def check_health(self) -> None:
         if self.replica.engine._closed:

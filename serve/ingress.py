@@ -32,9 +32,11 @@ from .routing import AFFINITY_KWARG, Affinity, tool_key
 
 _log = logging.getLogger("xg2.serve")
 
-#: (method, path) -> what the model replica is asked.
+#: (method, path) -> what the model replica is asked ("openapi": its OpenAPI document, which the
+#: ingress keeps once read).
 ROUTES = {("POST", "/v1/chat/completions"): "chat", ("POST", "/v1/completions"): "completions",
-          ("GET", "/v1/models"): "models", ("GET", "/health"): "health", ("GET", "/v1/xg2/stats"): "stats"}
+          ("GET", "/v1/models"): "models", ("GET", "/health"): "health", ("GET", "/v1/xg2/stats"): "stats",
+          ("GET", "/openapi.json"): "openapi"}
 _JSON = "application/json"
 _SSE = "text/event-stream"
 
@@ -52,29 +54,36 @@ def inspect_request(kind: str, body: bytes, *, tool_format: str = "qwen_3",
                     max_tokens_limit: int = p.DEFAULT_MAX_TOKENS_LIMIT) -> tuple[Affinity | None, bool]:
     """The request's affinity (request_affinity) and whether it asks for a stream (False when it
     cannot be decoded: the replica's answer is then an error, never a stream)."""
+    if kind not in ("chat", "completions"):
+        raise ValueError(f"no affinity for a {kind!r} request: only chat and completions carry a grammar")
     try:
         if kind == "chat":
             req: Any = p.decode_chat_request(body, max_tokens_limit=max_tokens_limit)
             spec = chat_session_spec(req, tool_format=tool_format)
-        elif kind == "completions":
+        else:
             req = p.decode_completion_request(body, max_tokens_limit=max_tokens_limit)
             spec = completion_session_spec(req)
-        else:
-            raise ValueError(f"no affinity for a {kind!r} request: only chat and completions carry a grammar")
     except p.RequestError:
+        return None, False
+    except Exception:       # noqa: BLE001 - a best effort: the replica answers what it deserves
+        _log.debug("no affinity for a %s request", kind, exc_info=True)
         return None, False
     streamed = bool(req.stream)
     if spec is None:
         return None, streamed
     tools: tuple[bytes, ...] = ()
-    if isinstance(spec, ToolsSpec):
-        tools = tuple(tool_key(t["function"]["parameters"]) for t in spec.tools if "parameters" in t["function"])
-    return (content_key(spec), tools), streamed
+    try:
+        if isinstance(spec, ToolsSpec):
+            tools = tuple(tool_key(t["function"]["parameters"]) for t in spec.tools if "parameters" in t["function"])
+        return (content_key(spec), tools), streamed
+    except Exception:       # noqa: BLE001 - as above: no affinity (the replica refuses what cannot be keyed)
+        _log.debug("no affinity for a %s request", kind, exc_info=True)
+        return None, streamed
 
 
-def _error(message: str, status: int, code: str) -> Response:
+def _error(message: str, status: int, code: str, headers: dict[str, str] | None = None) -> Response:
     err = p.RequestError(message, status=status, code=code)
-    return Response(p.encode(err.to_response()), status_code=status, media_type=_JSON)
+    return Response(p.encode(err.to_response()), status_code=status, media_type=_JSON, headers=headers)
 
 
 @serve.deployment(name="xg2-ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1024,
@@ -89,20 +98,29 @@ class Ingress:
                  max_body_bytes: int = 4 << 20):
         self.model = model
         self.tool_format, self.max_tokens_limit, self.max_body_bytes = tool_format, max_tokens_limit, max_body_bytes
+        self._openapi: bytes | None = None
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
         root = request.scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root):] or "/"
-        route = ROUTES.get((request.method, path))
+        # HEAD is GET without the body (the server sends none)
+        route = ROUTES.get(("GET" if request.method == "HEAD" else request.method, path))
         if route is None:
-            if any(path == known for _m, known in ROUTES):
-                return _error(f"{request.method} is not allowed on {path}", 405, "method_not_allowed")
+            allowed = [m for m, known in ROUTES if known == path]
+            allowed += ["HEAD"] if "GET" in allowed else []
+            if allowed:
+                return _error(f"{request.method} is not allowed on {path}", 405, "method_not_allowed",
+                              {"Allow": ", ".join(allowed)})
             return _error(f"no such route: {path}", 404, "not_found")
         try:
             if route in ("chat", "completions"):
                 return await self._generate(route, request)
+            if route == "openapi":
+                if self._openapi is None:
+                    self._openapi = p.encode(await self.model.openapi_document.remote())
+                return Response(self._openapi, media_type=_JSON)
             # ModelServer's own routes, called by handle: they answer starlette Responses
             if route == "stats":
                 answer = await self.model.stats_for.remote(request.headers.get("authorization", ""))

@@ -537,7 +537,7 @@ _COMPLETION_DECODER = msgspec.json.Decoder(CompletionRequest)
 
 def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
     try:
-        return decoder.decode(body)
+        req = decoder.decode(body)
     except msgspec.ValidationError as e:
         raise _validation_error(e) from None
     except msgspec.DecodeError as e:
@@ -545,6 +545,34 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
     except RecursionError:      # msgspec's decoder recurses per nesting level
         raise RequestError("the body nests too deeply to decode (JSON nested about a thousand levels "
                            "or more)", None, code="invalid_json") from None
+    if _LONG_DIGITS.search(body):       # (no integer past 64 bits without 19 digits in a row)
+        where = _wide_int(msgspec.to_builtins(req), "")
+        if where is not None:
+            raise RequestError("integer out of range: integers must fit in 64 bits (from -2**63 to 2**64 - 1)",
+                               where or None, code="invalid_value")
+    return req
+
+
+#: Integers outside these bounds have no 64-bit form: msgspec decodes them into the free-form
+#: fields (a schema, a structural tag), but the grammar's content key (msgpack) and the
+#: compilers cannot take them, so they are refused with the body's other errors.
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
+def _wide_int(value: Any, at: str) -> str | None:
+    """The JSON pointer of the first integer past 64 bits in `value` (builtins), or None."""
+    stack = [(value, at)]
+    while stack:
+        value, at = stack.pop()
+        if type(value) is int:
+            if not _INT_MIN <= value <= _INT_MAX:
+                return at
+        elif isinstance(value, dict):
+            stack.extend((v, f"{at}/{_escape(str(k))}") for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((v, f"{at}/{i}") for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def decode_chat_request(body: bytes, *,
@@ -570,6 +598,8 @@ def _check_sampling(req: _RequestFields) -> None:
     if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
         raise RequestError(f"top_p must be greater than 0 and at most 1, got {req.top_p:g}", "/top_p",
                            code="invalid_value")
+    if req.seed is not None and not -(1 << 63) <= req.seed < (1 << 63):
+        raise RequestError(f"seed must be a 64-bit signed integer, got {req.seed}", "/seed", code="invalid_value")
     if req.n is not None and req.n != 1:
         raise RequestError(f"only n=1 is supported, got n={req.n}", "/n", code="unsupported_value")
     if req.stream_options is not None and not req.stream:
@@ -636,6 +666,9 @@ def validate_completion_request(req: CompletionRequest, *,
         if len(prompt) > 1:
             raise RequestError("only one prompt per request is supported", "/prompt/1",
                                code="unsupported_value")
+    if not req.prompt_text:     # no token to start from (vLLM refuses it too)
+        raise RequestError("prompt must not be empty", "/prompt" if isinstance(prompt, str) else "/prompt/0",
+                           code="invalid_value")
     _check_max_tokens(req.max_tokens, "/max_tokens", max_tokens_limit)
     if req.echo:
         raise RequestError("echo is not supported", "/echo", code="unsupported_value")
