@@ -392,7 +392,8 @@ class GrammarCompiler:
     seen before. Partial JIT: compile builds the entries of the first mask and returns; the
     costliest others are built within `precompute_budget_ms` (and at most `precompute_top_k` of
     them) by a background thread, with a builder of its own so that fills never wait for it, while
-    the model prefills (`background_precompute=False` builds them on the compile path instead);
+    the model prefills, the newest grammar's first (`background_precompute=False` builds them on the
+    compile path instead);
     the rest are built on first visit. `jit=False` builds every entry at compile
     time and `repetition_compression=False` unrolls every bounded repetition: with both, and
     without the pool, the engine runs with every optimisation off (masks are the same).
