@@ -15,7 +15,7 @@ Each case runs in a worker process (multiprocessing, spawn): a `GrammarCompiler`
 options (`compile_timeout_ms` 5000, `fill_timeout_ms` 500), a fresh one per grammar by default so
 that every case reproduces on its own (`--shared-compiler`: one compiler for all the grammars a
 worker runs, as a server would), then a random walk of up to `--steps` tokens, each drawn uniformly
-from the filled bitmask. The parent gives each case compile_timeout + steps x fill_timeout + a
+from the filled bitmask. The parent gives each case compile_timeout + steps x 2 fill_timeouts + a
 margin of wall time; past that the case is a hang: the worker dumps its Python stacks
 (faulthandler) and is killed, the case is reported with its grammar, and a new worker takes the
 next case. Outcomes:
@@ -453,14 +453,15 @@ class Runner:
 
 
 def case_limit_s(options: dict, steps: int, margin_s: float) -> float:
-    """compile_timeout + steps x fill_timeout + margin, from the options or xg2's defaults."""
+    """compile_timeout + steps x 2 fill_timeouts (a step's fill and its accept have a budget each,
+    in CPU time) + margin, from the options or xg2's defaults."""
     from xg2.compiler import DEFAULT_COMPILE_TIMEOUT_MS, DEFAULT_FILL_TIMEOUT_MS
 
     compile_ms = options.get("compile_timeout_ms", DEFAULT_COMPILE_TIMEOUT_MS)
     fill_ms = options.get("fill_timeout_ms", DEFAULT_FILL_TIMEOUT_MS)
     if compile_ms is None or fill_ms is None:
         raise ValueError("a watchdog needs both deadlines: compile_timeout_ms and fill_timeout_ms set")
-    return compile_ms / 1000 + steps * fill_ms / 1000 + margin_s
+    return compile_ms / 1000 + steps * 2 * fill_ms / 1000 + margin_s
 
 
 def run_corpus(cases: list[tuple[str, str]], vocab_spec: tuple, options: dict | None = None, *, seed: int = 0,

@@ -22,7 +22,7 @@ import fuzz_grammars as fz
 OPTIONS = {"compile_timeout_ms": 1000, "fill_timeout_ms": 200}
 STEPS = 20
 MARGIN_S = 4.0
-LIMIT_S = fz.case_limit_s(OPTIONS, STEPS, MARGIN_S)      # 1 + 20 x 0.2 + 4 = 9 s a case
+LIMIT_S = fz.case_limit_s(OPTIONS, STEPS, MARGIN_S)      # 1 + 20 x 2 x 0.2 + 4 = 13 s a case
 SEED = 7
 N = 40
 

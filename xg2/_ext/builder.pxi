@@ -1,10 +1,10 @@
 # Included by core.pyx: the mask-entry builder, the working memory of one thread's entry builds.
 
 
-cdef inline void _limit_parser(Parser* p, double deadline, double cpu_budget) noexcept nogil:
+cdef inline void _limit_parser(Parser* p, double deadline, double cpu_budget, double cpu_start) noexcept nogil:
     p.deadline = deadline
     p.cpu_budget = cpu_budget
-    p.cpu_start = 0
+    p.cpu_start = cpu_start
     p.work = 0
     p.aborted = False
 
@@ -130,18 +130,32 @@ cdef class EntryBuilder:
         self.pb.memo = &self.memo
         return 0
 
-    cdef void set_deadline(self, double deadline, double cpu_budget) noexcept nogil:
-        """The limits of the next build (a wall-clock deadline, a CPU budget; 0: none), for its walk
-        and its parsers' closures; clears `aborted`."""
+    cdef void set_deadline(self, double deadline, double cpu_budget, double cpu_start) noexcept nogil:
+        """The limits of the next build (a wall-clock deadline, a CPU budget counted from
+        `cpu_start`, 0: from the first check; 0: none), for its walk and its parsers' closures;
+        clears `aborted`."""
         cdef int32_t j
         self.deadline = deadline
         self.cpu_budget = cpu_budget
-        self.cpu_start = 0
+        self.cpu_start = cpu_start
         self.aborted = False
-        _limit_parser(&self.pa, deadline, cpu_budget)
-        _limit_parser(&self.pb, deadline, cpu_budget)
+        _limit_parser(&self.pa, deadline, cpu_budget, cpu_start)
+        _limit_parser(&self.pb, deadline, cpu_budget, cpu_start)
         for j in range(MAX_RESUMES):
-            _limit_parser(&self.pc[j], deadline, cpu_budget)
+            _limit_parser(&self.pc[j], deadline, cpu_budget, cpu_start)
+
+    cdef double first_cpu_start(self) noexcept nogil:
+        """The earliest CPU time any check of the last build started counting from (0: none did)."""
+        cdef double out = self.cpu_start
+        cdef int32_t j
+        if self.pa.cpu_start > 0 and (out == 0 or self.pa.cpu_start < out):
+            out = self.pa.cpu_start
+        if self.pb.cpu_start > 0 and (out == 0 or self.pb.cpu_start < out):
+            out = self.pb.cpu_start
+        for j in range(MAX_RESUMES):
+            if self.pc[j].cpu_start > 0 and (out == 0 or self.pc[j].cpu_start < out):
+                out = self.pc[j].cpu_start
+        return out
 
     cdef void drop_parse(self) noexcept nogil:
         """Every parser emptied, as when the memo is cleared: their sets hold ids of the memo, which

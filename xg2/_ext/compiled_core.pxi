@@ -247,9 +247,10 @@ cdef class CompiledCore:
             return e
         return self._build_in(self.fill_ptr, node, 0, 0, &why)
 
-    cdef MaskEntry* entry_for_fill(self, int32_t node, int* why) noexcept nogil:
+    cdef MaskEntry* entry_for_fill(self, int32_t node, double* cpu_start, int* why) noexcept nogil:
         """A node's entry for a fill: built if missing, within fill_timeout_s of this thread's CPU
-        time. NULL with *why BUILD_NO_MEMORY or BUILD_PAST_DEADLINE."""
+        time for the whole fill (*cpu_start: the fill's CPU time when its first build was checked;
+        0 until then). NULL with *why BUILD_NO_MEMORY or BUILD_PAST_DEADLINE."""
         cdef double until
         cdef MaskEntry* e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
         if e != NULL:
@@ -264,14 +265,15 @@ cdef class CompiledCore:
             e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
             if e != NULL:
                 return e
-        return self._build_in(self.fill_ptr, node, 0, self.fill_timeout_s, why)
+        return self._build_in(self.fill_ptr, node, 0, self.fill_timeout_s, why, cpu_start)
 
     cdef MaskEntry* _build_in(self, PyObject* bp, int32_t node, double deadline, double cpu_budget,
-                              int* why) noexcept nogil:
+                              int* why, double* cpu_start=NULL) noexcept nogil:
         """A node's entry, built (or found in the pool) by builder `bp` (borrowed: its owner keeps
         it alive) under that builder's lock, unless `deadline` or `cpu_budget` (0: none; see
         _limit_hit) is reached first; NULL with *why BUILD_NO_MEMORY or BUILD_PAST_DEADLINE
-        (nothing of the attempt is kept)."""
+        (nothing of the attempt is kept). `cpu_start`: where the CPU budget started counting, shared
+        by the builds of one fill (read and written back)."""
         cdef MaskEntry* e
         why[0] = BUILD_OK
         xg2_ref_add(&(<EntryBuilder>bp).lock_waiters)
@@ -279,13 +281,15 @@ cdef class CompiledCore:
         xg2_ref_sub(&(<EntryBuilder>bp).lock_waiters)
         e = <MaskEntry*>xg2_load_acquire(<void**>&self.entries[node])
         if e == NULL:
-            (<EntryBuilder>bp).set_deadline(deadline, cpu_budget)
+            (<EntryBuilder>bp).set_deadline(deadline, cpu_budget, 0 if cpu_start == NULL else cpu_start[0])
             e = (<EntryBuilder>bp)._obtain(node)
+            if cpu_start != NULL:
+                cpu_start[0] = (<EntryBuilder>bp).first_cpu_start()
             if e != NULL:
                 e = self._install(node, e)
             else:
                 why[0] = BUILD_PAST_DEADLINE if (<EntryBuilder>bp).past_deadline() else BUILD_NO_MEMORY
-            (<EntryBuilder>bp).set_deadline(0, 0)
+            (<EntryBuilder>bp).set_deadline(0, 0, 0)
         PyThread_release_lock((<EntryBuilder>bp).lock)
         return e
 

@@ -690,6 +690,7 @@ cdef class MatcherCore:
         cdef MaskEntry* e
         cdef uint64_t bitsw
         cdef int any_unc = 0, n_checked = 0, why = BUILD_OK
+        cdef double cpu_start = 0         # one CPU budget for the fill's builds and checks
         cdef int32_t sid = p.set_id[cur], slot = sid & (MCACHE_SLOTS - 1), full = -1
         if self.terminated:
             memset(self.acc, 0, W * sizeof(uint64_t))
@@ -710,7 +711,7 @@ cdef class MatcherCore:
             # An entry that keeps a set (a bitset, or all ordinary tokens but a list) starts the
             # mask by itself; without one the mask starts empty.
             for k in range(n_nodes):
-                e = self.core.entry_for_fill(self.nodes[k], &why)
+                e = self.core.entry_for_fill(self.nodes[k], &cpu_start, &why)
                 if e == NULL:
                     return why
                 if full < 0 and e.kind != ENTRY_ACCEPTED_LIST:
@@ -747,6 +748,7 @@ cdef class MatcherCore:
                         self.unc[r >> 6] |= (<uint64_t>1) << (r & 63)
             if any_unc:
                 self._arm(p)
+                p.cpu_start = cpu_start
                 n_checked = self._check_uncertain(WR)
                 p.cpu_budget = 0
                 if n_checked < 0:
