@@ -4,6 +4,7 @@ budget, failing only the matchers that needed it."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -180,3 +181,31 @@ def test_an_accept_whose_closures_explode_stops_at_the_fill_budget():
     assert not m.accept_string("\x02")
     m.rollback(stopped)
     assert m.accept_string("a")
+
+
+def test_a_mask_host_ends_only_the_session_whose_mask_is_too_costly():
+    """The mask service's host: in one step of two sessions, the hostile one comes back ended and
+    failed (closed, an all-zero row), the other with its mask; the host goes on."""
+    from xg2.actors.host import MatcherHost
+    from xg2.errors import SessionError
+
+    vocab = [bytes([b]) for b in range(256)] + [b"</s>"]
+    info = xg2.TokenizerInfo(vocab, xg2.VocabType.RAW, stop_token_ids=[256])
+    compiler = xg2.GrammarCompiler(info, fill_timeout_ms=200, precompute_budget_ms=0.0)
+    host = MatcherHost(info, compiler=compiler)
+
+    async def run():
+        good = (await host.open("t", {"grammar": {"type": "regex", "pattern": "a[0-9]+"}}))["session"]
+        bad = (await host.open("t", {"grammar": {"type": "ebnf", "grammar": HOSTILE_LATER}}))["session"]
+        out = await host.step("t", [good, bad], [ord("a"), 1])
+        assert out["accepted"] == [True, True] and out["ended"] == [False, True] and out["failed"] == [False, True]
+        assert out["masks"][0].any() and not out["masks"][1].any()
+        with pytest.raises(SessionError):
+            await host.step("t", [bad], [None])          # closed with its failure
+        out = await host.step("t", [good], [ord("1")])
+        assert out["accepted"] == [True] and out["failed"] == [False]
+
+    try:
+        asyncio.run(run())
+    finally:
+        host.runtime.shutdown()
