@@ -155,16 +155,24 @@ def harmony_encoding():
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One local Ray for the whole test session (starting one costs seconds): bound to this
-    machine, no dashboard, stopped at the end."""
-    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S", "2")     # as serve.cli.Server sets it
+    """One local Ray for the whole test session (starting one costs seconds), started the way
+    `xg2 serve` starts its own (serve.cli.LocalRay: on the loopback, only the components needed,
+    nothing in its start that a busy machine makes fail), and stopped at the end with every
+    process it started."""
+    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S", "2")     # as serve.cli.Server sets them
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     import ray
+
+    from serve.cli import LocalRay
+
+    local = None
     if not ray.is_initialized():
-        # on the loopback (see RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER above; the address said again here)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
-                 _node_ip_address="127.0.0.1", log_to_driver=False, namespace="xg2-tests")
+        local = LocalRay(num_cpus=2, namespace="xg2-tests", log_to_driver=False).start()
     yield ray
-    ray.shutdown()
+    if local is not None:
+        local.stop()
+    else:
+        ray.shutdown()
 
 
 #: Small sample grammars the runtime and transport tests share.

@@ -86,11 +86,16 @@ def _cluster_state(address: str) -> dict:
 def cluster():
     from ray.cluster_utils import Cluster
 
+    from serve.cli import agent_ports, raylets_told_agent_ports
+
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    # on the loopback (the setting above is read when ray is first imported, perhaps already)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                      "node_ip_address": "127.0.0.1"})
-    c.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    # On the loopback (the setting above is read when ray is first imported, perhaps already).
+    # Each raylet is told its agents' ports, as LocalRay's is: else it waits 15 s at most for its
+    # dashboard agent to come up, and exits past that (the node never registers) on a busy machine.
+    with raylets_told_agent_ports():
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                          "node_ip_address": "127.0.0.1", **agent_ports()})
+        c.add_node(num_cpus=1, node_ip_address="127.0.0.1", **agent_ports())
     c.wait_for_nodes()
     yield c
     c.shutdown()

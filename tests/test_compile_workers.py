@@ -1,9 +1,11 @@
 """Compiles in child processes (xg2.actors.compile_workers): the same grammars as compiling in
-process, typed errors that keep their pointers, and a worker past its deadline or dead replaced."""
+process, typed errors that keep their pointers, and a worker past its deadline or dead replaced,
+its replacement's start paid by no request."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -94,27 +96,82 @@ def test_typed_errors_keep_their_class_and_where(proc_runtime):
     assert "line 1" in str(info.value) or getattr(info.value, "line", None) == 1
 
 
-def test_a_compile_past_its_deadline_kills_and_replaces_the_worker(json_info):
-    rt = GrammarRuntime(json_info, compile_processes=True, compile_timeout_s=0.3, compile_workers=1)
+def _freeze_new_workers(workers, monkeypatch) -> list[int]:
+    """Every worker started from now on is stopped (SIGSTOP) as soon as it is: its start never
+    ends, as on a machine too busy to start one within any deadline. The pids, to SIGCONT."""
+    frozen: list[int] = []
+    start = workers._start
+
+    def frozen_start(*args, **kwargs):
+        w = start(*args, **kwargs)
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        frozen.append(w.proc.pid)
+        return w
+
+    monkeypatch.setattr(workers, "_start", frozen_start)
+    return frozen
+
+
+def _thaw(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_compile_past_its_deadline_kills_and_replaces_the_worker(json_info, monkeypatch):
+    """The worker is killed past the deadline, and the next request is served at once by the spare
+    kept started: the replacement's start (frozen here, never ending) is paid by no request. What
+    is timed is the deadline alone: the worker under the first spec is frozen too, so the spec is
+    past any deadline whatever the machine's speed, and the next request has a generous one (it
+    would wait in vain for the frozen replacement if it waited for it at all)."""
+    rt = GrammarRuntime(json_info, compile_processes=True, compile_timeout_s=60, compile_workers=1)
+    frozen: list[int] = []
     try:
-        rt.compile_workers.wait_ready()
-        pid = rt.compile_workers.pids()[0]
-        slow = {"type": "json_schema", "schema": {"anyOf": [
-            {"type": "object", "properties": {f"k{j}_{i}": {"type": "integer"} for i in range(8)},
-             "required": [f"k{j}_0"]} for j in range(400)]}}
+        workers = rt.compile_workers
+        workers.wait_ready(spares=True)
+        (pid,), (spare,) = workers.pids(), workers.spare_pids()
+        frozen = _freeze_new_workers(workers, monkeypatch)
+        os.kill(pid, signal.SIGSTOP)        # the compile sent to it cannot finish
+        rt.compile_timeout_s = 0.3
         t0 = time.monotonic()
-        with pytest.raises(xg2.GrammarLimitError):      # the compiler's own deadline, or the kill
-            run(rt.open({"grammar": slow, "tenant": "t"}))
-        assert time.monotonic() - t0 < 5
+        with pytest.raises(xg2.GrammarLimitError):      # CompileTimeout, the open's or the worker's kill
+            run(rt.open({"grammar": SPECS[1], "tenant": "t"}))
+        assert time.monotonic() - t0 < 30
         while rt._inflight:                 # the compile thread sees the deadline after the open does
             time.sleep(0.01)
-        rt.compile_workers.wait_ready()     # a replaced worker takes longer to start than this deadline
-        s = run(rt.open({"grammar": SPECS[2], "tenant": "t"}))        # served by a worker again
+        assert workers.restarts == 1 and workers.pids() == [spare]
+        with pytest.raises(OSError):
+            os.kill(pid, 0)                 # the old one is gone
+        assert len(frozen) == 1 and workers.spare_pids() == frozen      # the replacement: a spare, still starting
+        rt.compile_timeout_s = 60
+        s = run(rt.open({"grammar": SPECS[2], "tenant": "u"}))         # another tenant: served by the spare
         assert not s.is_terminated()
-        if rt.compile_workers.restarts:
-            assert rt.compile_workers.pids()[0] != pid
+        assert workers.spare_pids() == frozen and os.sched_getscheduler(spare) != getattr(os, "SCHED_IDLE", -1)
     finally:
+        _thaw(frozen)
         rt.shutdown()
+
+
+def test_the_wait_for_a_starting_worker_is_not_a_compiles_time(json_info, monkeypatch):
+    """Without a spare, a compile that reaches a worker still starting waits for it apart from its
+    deadline: the deadline bounds the compile, not the machine's speed at starting a process."""
+    from xg2.actors.compile_workers import CompileWorkers
+
+    workers = CompileWorkers(json_info, 1, compile_timeout_s=60, spare_workers=0)
+    frozen: list[int] = []
+    try:
+        workers.wait_ready()
+        assert workers.spare_pids() == []
+        frozen = _freeze_new_workers(workers, monkeypatch)
+        os.kill(workers.pids()[0], signal.SIGKILL)
+        time.sleep(0.2)
+        threading.Timer(6.0, _thaw, args=(frozen,)).start()         # its start takes 6 s and more
+        t0 = time.monotonic()
+        assert workers.compile(xg2.actors.spec.RegexSpec("ab+"), timeout=5)     # replaced, waited for, compiled
+        assert time.monotonic() - t0 > 6 and workers.restarts == 1 and workers.pids() == frozen
+    finally:
+        _thaw(frozen)
+        workers.close()
 
 
 def test_the_worker_is_killed_on_a_timeout_its_own_deadline_missed(json_info):
@@ -158,7 +215,8 @@ def test_a_dead_worker_costs_one_request_and_is_replaced(json_info):
             killed: set[int] = set()
             until = time.monotonic() + 30
             while len(killed) < n and time.monotonic() < until:
-                live = [w for w in list(workers._all) if w.ready and w.proc.pid not in killed]
+                live = [w for w in list(workers._all)
+                        if w.ready and w not in workers._spares and w.proc.pid not in killed]
                 if live:
                     time.sleep(0.2)
                     os.kill(live[0].proc.pid, signal.SIGKILL)
@@ -191,7 +249,7 @@ def test_a_tenant_past_half_its_compile_budget_compiles_on_the_idle_cpu_worker(j
         workers = rt.compile_workers
         workers.wait_ready()
         assert workers.background_workers == 1
-        by_class = {w.background: w.proc.pid for w in workers._all}
+        by_class = {w.background: w.proc.pid for w in workers._all if w not in workers._spares}
         assert _sched_policy(by_class[True]) == os.SCHED_IDLE
         assert _sched_policy(by_class[False]) != os.SCHED_IDLE
         s = run(rt.open({"grammar": SPECS[2], "tenant": "quiet"}))
@@ -205,15 +263,22 @@ def test_a_tenant_past_half_its_compile_budget_compiles_on_the_idle_cpu_worker(j
         assert _walk_masks(rt, h, json_info, random.Random(1), 10)      # a working grammar (it may end early)
         rt.close([s, h])
 
-        # starved: the background worker stopped (as if the machine never had idle CPU)
+        # starved: the background worker stopped (as if the machine never had idle CPU), past any
+        # deadline whatever the machine's speed
         os.kill(by_class[True], signal.SIGSTOP)
         rt.compile_timeout_s = 0.5
         try:
             with pytest.raises(QuotaError, match="idle CPU"):
                 run(rt.open({"grammar": SPECS[0], "tenant": "heavy"}))
+            while rt._inflight:             # the compile thread's own deadline: the worker is killed
+                time.sleep(0.01)
         finally:
-            os.kill(by_class[True], signal.SIGCONT)
+            _thaw([by_class[True]])
         assert rt.stats["background_timeouts"] == 1
+        # its place, in its class, went to the spare
+        assert workers.restarts == 1 and by_class[True] not in workers.pids()
+        assert _sched_policy(next(w.proc.pid for w in workers._all if w.background)) == os.SCHED_IDLE
+        rt.compile_timeout_s = 60       # what follows is about the spec's fate, not about time
         q = run(rt.open({"grammar": SPECS[0], "tenant": "quiet"}))    # the same spec: not refused for others
         assert not q.is_terminated()
     finally:

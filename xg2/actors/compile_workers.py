@@ -19,6 +19,14 @@ again), which also bounds work inside one C call that the compiler's own deadlin
 interrupt; a worker that dies (out of memory, a crash) costs only the request that was running on
 it.
 
+A replacement's start is paid by no request: starting a worker (an interpreter, the imports, the
+vocabulary's tables) took longer than a compile's whole deadline on a busy machine, and the next
+request to reach the replacement timed out waiting for it, paying for the one that was killed. So
+a spare worker is kept started (`spare_workers`, one by default; started once the others have,
+not beside them): a killed or dead worker's place is taken at once by the spare, and the
+replacement started in the background becomes the next spare. A compile's deadline starts once it holds a started worker; the wait for one to finish
+starting (when two died within one start's time) is bounded apart, by START_TIMEOUT_S.
+
 The replica's cache tier (xg2.actors.tier) reaches the workers through their pipe: a worker asks
 its parent for the modules it is about to lower and for its first mask's entries (one batched read
 each, which the parent's compile thread answers from the shards between the worker's frames), and
@@ -150,6 +158,27 @@ class _Worker:
             raise _error_from(msg[1:])
         self.ready = True
 
+    def started(self) -> bool:
+        """Whether the worker has started, without waiting (False while it starts, or if it failed)."""
+        if self.ready:
+            return True
+        try:
+            if self.recv.poll(0):
+                self.wait_ready(0)
+        except (XG2Error, EOFError, OSError):
+            return False
+        return self.ready
+
+    def make_background(self) -> None:
+        """This (started) worker runs at SCHED_IDLE from now on, every thread of it (see _serve)."""
+        self.background = True
+        if not hasattr(os, "SCHED_IDLE"):
+            return
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+
     def kill(self) -> None:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             self.proc.kill()
@@ -168,9 +197,9 @@ class CompileWorkers:
 
     def __init__(self, tokenizer_info: TokenizerInfo, workers: int = 2, *, cache_limit_bytes: int = 128 << 20,
                  precompute_budget_ms: float = 0.0, compile_timeout_s: float = 5.0, nice: int = 10,
-                 background_workers: int = 0):
-        if workers < 1 or background_workers < 0:
-            raise ValueError("workers must be at least 1, background_workers at least 0")
+                 background_workers: int = 0, spare_workers: int = 1):
+        if workers < 1 or background_workers < 0 or spare_workers < 0:
+            raise ValueError("workers must be at least 1, background_workers and spare_workers at least 0")
         setup = {"tokenizer_info": tokenizer_info, "cache_limit_bytes": cache_limit_bytes,
                  "precompute_budget_ms": precompute_budget_ms, "compile_timeout_ms": compile_timeout_s * 1e3,
                  "nice": nice}
@@ -179,7 +208,9 @@ class CompileWorkers:
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._idle_background: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self.background_workers = background_workers
-        self._all: list[_Worker] = []
+        self.spare_workers = spare_workers
+        self._all: list[_Worker] = []           # every process: those that serve, and the spares
+        self._spares: list[_Worker] = []        # started (or starting), waiting to take a dead worker's place
         self._lock = threading.Lock()
         self._closed = False
         self.restarts = 0
@@ -191,6 +222,9 @@ class CompileWorkers:
             self._idle.put(self._start())
         for _ in range(background_workers):
             self._idle_background.put(self._start(background=True))
+        # the spares start once the others have (wait_ready), or with the first compile: not beside
+        # them, where they would only make the replica's start longer on a busy machine
+        self._spares_due = spare_workers
 
     def _start(self, background: bool = False) -> _Worker:
         w = _Worker(self._setup_idle if background else self._setup)
@@ -200,21 +234,67 @@ class CompileWorkers:
         return w
 
     def _replace(self, w: _Worker) -> None:
+        """A dead or killed worker's place goes to a spare (a started one first), at once; a new
+        spare starts in its stead. Without a spare, a new worker starts in the place itself."""
         w.kill()
         with self._lock:
             if w in self._all:
                 self._all.remove(w)
             closed = self._closed
-        if not closed:
-            self.restarts += 1
+            spare = self._take_spare() if not closed else None
+        if closed:
+            return
+        self.restarts += 1
+        if spare is None:
             (self._idle_background if w.background else self._idle).put(self._start(w.background))
-
-    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Block until every worker has started (a replica calls it once, before serving)."""
+            return
+        if w.background:
+            spare.make_background()
+        (self._idle_background if w.background else self._idle).put(spare)
+        fresh = self._start()
         with self._lock:
-            workers = list(self._all)
+            if self._closed:
+                fresh.kill()
+            else:
+                self._spares.append(fresh)
+
+    def _take_spare(self) -> _Worker | None:
+        """(Under the lock.) A spare, a started one first; spares that died are dropped."""
+        for dead in [x for x in self._spares if x.proc.poll() is not None]:
+            self._spares.remove(dead)
+            if dead in self._all:
+                self._all.remove(dead)
+            dead.kill()
+        if not self._spares:
+            return None
+        spare = next((x for x in self._spares if x.started()), self._spares[0])
+        self._spares.remove(spare)
+        return spare
+
+    def _start_spares(self) -> None:
+        with self._lock:
+            n, self._spares_due = self._spares_due, 0
+        for _ in range(n):
+            w = self._start()
+            with self._lock:
+                if self._closed:
+                    w.kill()
+                else:
+                    self._spares.append(w)
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S, spares: bool = False) -> None:
+        """Block until every worker has started (a replica calls it once, before serving); the
+        spares start then. With `spares`, wait for them too."""
+        with self._lock:
+            workers = [w for w in self._all if w not in self._spares]
         for w in workers:
             w.wait_ready(timeout)
+        self._start_spares()
+        if spares:
+            with self._lock:
+                workers = list(self._spares)
+            for w in workers:
+                w.wait_ready(timeout)
 
     def compile(self, spec: Any, timeout: float, background: bool = False, tier: Any = None,
                 publish: bool = True) -> bytes:
@@ -226,17 +306,23 @@ class CompileWorkers:
 
         A worker that dies under a spec is replaced and the spec tried once more on another: the
         first death may not be the spec's (a worker killed from outside while idle is seen only
-        when the spec is sent to it), a second one is, and the spec is refused."""
+        when the spec is sent to it), a second one is, and the spec is refused.
+
+        `timeout` bounds the compile from the moment it holds a started worker: waiting for one
+        to finish starting is not the compile's time (see the module note), and is bounded by
+        START_TIMEOUT_S instead."""
         if self._closed:
             raise CompileWorkerError("the compile workers were closed")
+        if self._spares_due:
+            self._start_spares()
         idle = self._idle_background if background and self.background_workers else self._idle
-        deadline = time.monotonic() + timeout
+        budget = [timeout]      # what is left of it, for a second attempt
         for attempt in range(2):
             try:
-                msg = self._compile_once(idle, spec, deadline, timeout, tier, publish)
+                msg = self._compile_once(idle, spec, budget, timeout, tier, publish)
                 break
             except _WorkerDied:
-                if attempt or self._closed or time.monotonic() >= deadline:
+                if attempt or self._closed or budget[0] <= 0:
                     raise CompileWorkerError("the compile worker died while compiling this spec (out of "
                                              "memory, or killed); it was started again") from None
         if msg[:1] == _OK:
@@ -246,21 +332,24 @@ class CompileWorkers:
             return msg[1 + _HEAD.size + n:]
         raise _error_from(msg[1:])
 
-    def _compile_once(self, idle: queue.SimpleQueue, spec: Any, deadline: float, timeout: float, tier: Any,
+    def _compile_once(self, idle: queue.SimpleQueue, spec: Any, budget: list[float], timeout: float, tier: Any,
                       publish: bool) -> bytes:
-        """One worker's answer to the spec (its reply frame); _WorkerDied if it died meanwhile."""
+        """One worker's answer to the spec (its reply frame); _WorkerDied if it died meanwhile.
+        `budget[0]`: the seconds the compile may take from when it holds a started worker (what
+        is left of it is written back)."""
         w = idle.get()
         while w.proc.poll() is not None:        # died while idle (killed from outside): replaced unseen
             self._replace(w)
             w = idle.get()
         try:
-            w.wait_ready(max(0.0, min(START_TIMEOUT_S, deadline - time.monotonic())))
+            w.wait_ready(START_TIMEOUT_S)       # not the compile's time: a spare is started already
         except (EOFError, OSError):
             self._replace(w)
             raise _WorkerDied from None
         except BaseException:
             self._replace(w)
             raise
+        deadline = time.monotonic() + budget[0]
         try:
             mode = _ALONE if tier is None else _WITH_TIER if publish else _READ_TIER
             w.send.send_bytes(mode + _SPEC_ENC.encode(spec))
@@ -281,19 +370,25 @@ class CompileWorkers:
             if lowered and tier is not None and publish and msg[:1] == _OK:
                 tier.publish_module_blobs(lowered)
         except (EOFError, OSError, BrokenPipeError):
+            budget[0] = deadline - time.monotonic()
             self._replace(w)
             raise _WorkerDied from None
         idle.put(w)
         return msg
 
     def pids(self) -> list[int]:
+        """The processes that serve compiles (the spares aside: spare_pids)."""
         with self._lock:
-            return [w.proc.pid for w in self._all]
+            return [w.proc.pid for w in self._all if w not in self._spares]
+
+    def spare_pids(self) -> list[int]:
+        with self._lock:
+            return [w.proc.pid for w in self._spares]
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            workers, self._all = self._all, []
+            workers, self._all, self._spares = self._all, [], []
         for w in workers:
             w.kill()
 
