@@ -127,10 +127,15 @@ def test_generated_requests_get_no_server_error_and_openai_errors(app):
     assert importlib.util.find_spec("schemathesis") is not None, "schemathesis is in the test extra: install it"
     summary = fuzz.run_schemathesis(_base(app), key=KEY, examples=80, seed=7, phases="examples,fuzzing", max_time=240)
     print(fuzz.report(summary))
-    assert summary["requests"] >= 100, fuzz.report(summary)
+    # How many requests Hypothesis generates per route within --max-examples depends on the
+    # machine's speed (163 on a quiet machine; 91 with CI beside another job, 8 of them to
+    # /v1/completions): the bound is that every route was reached and the two bodies tried.
+    assert summary["requests"] >= 60, fuzz.report(summary)
     assert summary["server_errors"] == 0, fuzz.report(summary)
     assert summary["non_openai_4xx"] == 0, fuzz.report(summary)
-    assert {"POST /v1/chat/completions", "POST /v1/completions"} <= set(summary["per_route"])
+    assert {f"{m.upper()} {p}" for m, p in ROUTES} <= set(summary["per_route"]), fuzz.report(summary)
+    for route in ("POST /v1/chat/completions", "POST /v1/completions"):
+        assert sum(summary["per_route"][route].values()) >= 5, fuzz.report(summary)
 
 
 # ------------------------------------------------------------------------------------------------
