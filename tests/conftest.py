@@ -156,14 +156,14 @@ def harmony_encoding():
 @pytest.fixture(scope="session")
 def ray_local():
     """One local Ray for the whole test session (starting one costs seconds), started the way
-    `xg2 serve` starts its own (serve.cli.LocalRay: on the loopback, only the components needed,
+    `xg2 serve` starts its own (serve.local_ray.LocalRay: on the loopback, only the components needed,
     nothing in its start that a busy machine makes fail), and stopped at the end with every
     process it started."""
     os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S", "2")     # as serve.cli.Server sets them
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     import ray
 
-    from serve.cli import LocalRay
+    from serve.local_ray import LocalRay
 
     local = None
     if not ray.is_initialized():

@@ -86,7 +86,7 @@ def _cluster_state(address: str) -> dict:
 def cluster():
     from ray.cluster_utils import Cluster
 
-    from serve.cli import agent_ports, raylets_told_agent_ports
+    from serve.local_ray import agent_ports, raylets_told_agent_ports
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     # On the loopback (the setting above is read when ray is first imported, perhaps already).

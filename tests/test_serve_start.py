@@ -1,9 +1,9 @@
-"""`xg2 serve` with a Ray of its own (serve.cli.LocalRay): it starts with only the Ray components
+"""`xg2 serve` with a Ray of its own (serve.local_ray.LocalRay): it starts with only the Ray components
 it needs, says each slow step and fails naming the one that ran out of its bound, and after SIGTERM
 (while serving) or SIGINT (while starting) no process it started is left.
 
 A run's processes are found two ways, both checked afterwards: its descendants, and whatever
-carries its LocalRay's mark in the environment (serve.cli.OWNER_ENV, whose value starts with the
+carries its LocalRay's mark in the environment (serve.local_ray.OWNER_ENV, whose value starts with the
 pid of the process that started it), which is how a process reparented away from the tree is
 still seen. The bounds here are generous: what is tested is that the start succeeds and the stop
 leaves nothing, not how fast this machine is.
@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serve.cli import OWNER_ENV
+from serve.local_ray import OWNER_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 START_BOUND_S = 900         # a busy machine's start, with room
