@@ -143,7 +143,16 @@ class LocalRay:
         t0 = time.monotonic()
         for attempt in range(1, self.ATTEMPTS + 1):
             try:
-                self._start_node()
+                try:
+                    self._start_node()
+                except (ImportError, AttributeError, TypeError) as e:
+                    # Ray's private start API (ray._private.node) is not the one this was written
+                    # for (Ray 2.60): its own ray.init, which may time out on a busy machine
+                    self._end()
+                    self.say(f"this Ray ({getattr(ray, '__version__', '?')}) starts its node another way "
+                             f"({type(e).__name__}: {e}); starting it with ray.init")
+                    self._start_plain()
+                    break
                 with signal_handlers_kept():
                     ray.init(address=self.node.address, _node_ip_address="127.0.0.1", namespace=self.namespace,
                              logging_level=self.logging_level, log_to_driver=self.log_to_driver)
@@ -197,6 +206,27 @@ class LocalRay:
             else:
                 os.environ[OWNER_ENV] = before
         self.session_dir = self.node.get_session_dir_path()
+
+    def _start_plain(self) -> None:
+        """ray.init's own local node (no dashboard, on the loopback), its processes marked as
+        _start_node's are, so that stop() still finds them all."""
+        import ray
+
+        self.owner = f"{os.getpid()}:{uuid.uuid4().hex}"
+        before = os.environ.get(OWNER_ENV)
+        os.environ[OWNER_ENV] = self.owner
+        try:
+            with signal_handlers_kept():
+                ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
+                         num_cpus=self.num_cpus, namespace=self.namespace, logging_level=self.logging_level,
+                         log_to_driver=self.log_to_driver)
+        finally:
+            if before is None:
+                os.environ.pop(OWNER_ENV, None)
+            else:
+                os.environ[OWNER_ENV] = before
+        with contextlib.suppress(Exception):
+            self.session_dir = ray._private.worker._global_node.get_session_dir_path()
 
     def _as_ray_init(self, system_config: dict) -> None:
         """What ray.init does before it starts a node (Ray 2.60); each part skipped on a Ray without it."""

@@ -216,3 +216,43 @@ def test_repeated_starts_and_stops():
             print(out["output"], flush=True)
     print(f"{sum(results)}/{runs} healthy and left nothing", flush=True)
     assert all(results)
+
+
+FALLBACK = """
+import os, sys
+import psutil
+from serve.local_ray import LocalRay, OWNER_ENV
+
+def other_api(self):
+    raise AttributeError("module 'ray._private.node' has no attribute 'Node'")
+
+LocalRay._start_node = other_api        # as on a Ray whose private start API differs
+said = []
+local = LocalRay(num_cpus=1, say=said.append).start()
+import ray
+
+@ray.remote
+def mark():
+    return os.environ.get(OWNER_ENV)
+
+owner = local.owner
+assert ray.get(mark.remote()) == owner, "the workers carry the mark"
+left = local.stop()
+assert left == [], left
+assert any("starting it with ray.init" in m for m in said), said
+for p in psutil.process_iter():
+    try:
+        assert p.environ().get(OWNER_ENV) != owner, p
+    except psutil.Error:
+        pass
+print("ok")
+"""
+
+
+def test_a_ray_whose_private_start_api_differs_is_started_by_ray_init_and_stopped_whole():
+    """LocalRay starts its node through Ray's private API (written for Ray 2.60); on a Ray where
+    that API differs it says so and falls back to ray.init, and stop() still leaves nothing."""
+    proc = subprocess.run([sys.executable, "-c", FALLBACK], check=False, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=STOP_BOUND_S + 300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-3000:] + proc.stderr[-3000:]
