@@ -62,7 +62,7 @@ def app(ray_local):
     from serve.keys import KeyRing
 
     ring = KeyRing([(key(t), t, False) for t in TENANTS] + [(ADMIN_KEY, "operator", True)])
-    server = Server(model="tiny", port=_free_port(), shards=1, progress=False, api_keys=ring,
+    server = Server(model="tiny", port=_free_port(), shards=1, progress=False, api_keys=ring, mask_replicas=1,
                     options={"max_requests_per_tenant": 2, "max_tokens_limit": 512})
     server.start()
     yield server
