@@ -251,12 +251,15 @@ class CompileWorkers:
         if w.background:
             spare.make_background()
         (self._idle_background if w.background else self._idle).put(spare)
-        fresh = self._start()
+        self._keep_spare(self._start())
+
+    def _keep_spare(self, w: _Worker) -> None:
+        """A worker just started becomes a spare, unless the workers were closed meanwhile."""
         with self._lock:
             if self._closed:
-                fresh.kill()
+                w.kill()
             else:
-                self._spares.append(fresh)
+                self._spares.append(w)
 
     def _take_spare(self) -> _Worker | None:
         """(Under the lock.) A spare, a started one first; spares that died are dropped."""
@@ -275,12 +278,7 @@ class CompileWorkers:
         with self._lock:
             n, self._spares_due = self._spares_due, 0
         for _ in range(n):
-            w = self._start()
-            with self._lock:
-                if self._closed:
-                    w.kill()
-                else:
-                    self._spares.append(w)
+            self._keep_spare(self._start())
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S, spares: bool = False) -> None:
         """Block until every worker has started (a replica calls it once, before serving); the
