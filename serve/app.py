@@ -309,9 +309,11 @@ class _Metrics:
 
 # Health checked every 2 s, failing after 10: a replica lost with its node is replaced within
 # seconds of its checks failing (Serve gives up after three in a row), not after half a minute with
-# Serve's defaults (10 s, 30 s), while its node's requests are retried on the others.
+# Serve's defaults (10 s, 30 s), while its node's requests are retried on the others. A replica
+# told to stop looks every 0.5 s (Serve: 2 s) whether its requests are done, up to Serve's 20 s:
+# an idle one goes at once.
 @serve.deployment(name="xg2-model", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64,
-                  health_check_period_s=2, health_check_timeout_s=10)
+                  health_check_period_s=2, health_check_timeout_s=10, graceful_shutdown_wait_loop_s=0.5)
 @serve.ingress(api)
 class ModelServer:
     """A model replica. HTTP reaches it straight from Serve's proxy (router "default"), or the
@@ -455,7 +457,7 @@ class ModelServer:
 
 
 @serve.deployment(name="xg2-masks", num_replicas=2, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
-                  health_check_period_s=5,
+                  health_check_period_s=5, graceful_shutdown_wait_loop_s=0.5,
                   request_router_config={"request_router_class": "serve.masks.SessionRouter",
                                          "request_routing_stats_period_s": 2.0})
 class MaskService:

@@ -88,6 +88,16 @@ def _app_status(serve: Any, name: str) -> str:
     return f"{value(app.status)}" + (f"; {', '.join(pending)}" if pending else "")
 
 
+def _serve_controller(ray: Any) -> Any:
+    """The handle of Serve's controller on the Ray joined, or None: Serve is not running there."""
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        return ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return None
+
+
 class Server:
     """The application started in this process's Ray (a context manager: stopped on exit)."""
 
@@ -122,6 +132,7 @@ class Server:
         self._joined = False                    # a cluster joined (--address) by this Server
         self.interrupting = False               # SIGINT sent by a start step's watch (see _bounded)
         self._apps: list[str] = []
+        self._serve_found = False               # Serve already ran on the Ray joined: left running at the stop
 
     @property
     def url(self) -> str:
@@ -176,12 +187,13 @@ class Server:
                 self._run(serve, build_shards({"shards": self.shards, "shard_prefix": self.shard_prefix,
                                                "shard_namespace": "xg2", "shard_mb": self.shard_mb}),
                           "xg2-shards", None)
-            self._run(serve, build(args), "xg2", "/")
+            apps = [(build(args), "xg2", "/")]
             if self.mask_service:
-                self._run(serve, build_masks({"model": self.model, "replicas": self.mask_replicas, "shards": self.shards,
-                                              "shard_prefix": self.shard_prefix, "shard_namespace": "xg2",
-                                              "api_keys": self.api_keys, "open_tenants": self.open_tenants}),
-                          "xg2-masks", None)
+                apps.append((build_masks({"model": self.model, "replicas": self.mask_replicas, "shards": self.shards,
+                                          "shard_prefix": self.shard_prefix, "shard_namespace": "xg2",
+                                          "api_keys": self.api_keys, "open_tenants": self.open_tenants}),
+                             "xg2-masks", None))
+            self._run_together(serve, apps)
             self._wait_healthy()
         except BaseException:
             self.stop()         # what was deployed goes, whatever failed
@@ -192,6 +204,17 @@ class Server:
     def _start_serve(self, serve: Any, ray: Any) -> None:
         options = {"http_options": {"host": self.host, "port": self.port}, "logging_config": {"log_level": "WARNING"},
                    **({"proxy_location": self.proxy_location} if self.proxy_location else {})}
+        controller = _serve_controller(ray)
+        if controller is not None:
+            # Serve already runs here (someone else's applications, or a test session's): this
+            # Server's applications go beside them, behind its HTTP proxy on the port it was given
+            # when it started (Serve takes no other), and Serve stays when they go.
+            self._serve_found = True
+            port = ray.get(controller.get_http_config.remote(), timeout=30).port
+            if port != self.port:
+                self.say(f"Serve already runs on this Ray with its HTTP proxy on port {port}: serving there")
+                self.port = port
+            return
         try:
             serve.start(**options)
         except (TimeoutError, ray.exceptions.RayActorError) as e:
@@ -206,6 +229,25 @@ class Server:
         self._bounded(f"starting {name}", lambda: serve.run(app, name=name, route_prefix=route_prefix),
                       APP_START_TIMEOUT_S, status=lambda: _app_status(serve, name))
         self.say(f"{name} running ({time.monotonic() - t0:.1f} s)")
+
+    def _run_together(self, serve: Any, apps: list[tuple[Any, str, str | None]]) -> None:
+        """The model and mask applications deployed at once (neither needs the other; started one
+        after the other they cost their sum, some 10 s more per start), each named in what is
+        still awaited. One by one on a Ray without `serve.run_many`."""
+        run_many = getattr(serve, "run_many", None)
+        if len(apps) == 1 or run_many is None:
+            for app, name, prefix in apps:
+                self._run(serve, app, name, prefix)
+            return
+        from ray.serve.api import RunTarget
+
+        names = [name for _, name, _ in apps]
+        self._apps.extend(names)
+        t0 = time.monotonic()
+        targets = [RunTarget(app, name=name, route_prefix=prefix) for app, name, prefix in apps]
+        self._bounded(f"starting {' and '.join(names)}", lambda: run_many(targets), APP_START_TIMEOUT_S,
+                      status=lambda: "; ".join(f"{n} {_app_status(serve, n)}" for n in names))
+        self.say(f"{' and '.join(names)} running ({time.monotonic() - t0:.1f} s)")
 
     def _bounded(self, what: str, fn: Callable[[], Any], timeout_s: float,
                  status: Callable[[], str] | None = None) -> Any:
@@ -313,8 +355,8 @@ class Server:
                 except Exception as e:      # noqa: BLE001 - the others still go
                     self.say(f"could not delete the application {name}: {e}")
             self._apps = []
-            if not serve.status().applications:
-                serve.shutdown()        # Serve's own actors too, when nothing else of anyone's runs on it
+            if not self._serve_found and not serve.status().applications:
+                serve.shutdown()        # Serve's own actors too, when this Server started them and nothing else runs
         finally:
             for i in range(self.shards):        # in case the keeper could not take them with it
                 try:

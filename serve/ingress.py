@@ -87,7 +87,7 @@ def _error(message: str, status: int, code: str, headers: dict[str, str] | None 
 
 
 @serve.deployment(name="xg2-ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1024,
-                  health_check_period_s=10)
+                  health_check_period_s=10, graceful_shutdown_wait_loop_s=0.5)
 class Ingress:
     """See the module note. `model` is the handle of "xg2-model"; `tool_format` and
     `max_tokens_limit` are the replicas' (ReplicaOptions), so that the content keys computed here

@@ -17,7 +17,7 @@ HEAD_NODE = {"node:__internal_head__": 0.001}
 
 
 @serve.deployment(name="xg2-shard-keeper", num_replicas=1, ray_actor_options={"num_cpus": 0, "resources": HEAD_NODE},
-                  health_check_period_s=10)
+                  health_check_period_s=10, graceful_shutdown_wait_loop_s=0.5)
 class ShardKeeperDeployment(ShardKeeper):
     pass
 

@@ -175,6 +175,23 @@ def ray_local():
         ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def serve_local(ray_local):
+    """Serve started once on the session's Ray (its controller and HTTP proxy cost some 6 s to
+    start), on the loopback; yields its HTTP port. A Server started in a test finds it, serves
+    behind its proxy and leaves it running when it stops (serve.cli.Server)."""
+    import socket
+
+    from ray import serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+    yield port
+    serve.shutdown()
+
+
 #: Small sample grammars the runtime and transport tests share.
 SAMPLE_EBNF = 'root ::= "(" expr ")"\nexpr ::= [0-9]+ | expr "+" expr | "(" expr ")"'
 SAMPLE_REGEX = r"[a-z]{1,8}@[a-z]+\.(com|org)"

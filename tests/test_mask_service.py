@@ -8,7 +8,6 @@ tiny model's vocabulary, compiles in each host's own processes), once for the mo
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import numpy as np
@@ -27,12 +26,6 @@ CASES = [
     ({"grammar": {"type": "ebnf", "grammar": SAMPLE_EBNF}}, "(1+(2+3))"),
     ({"grammar": {"type": "json_schema", "schema": {"type": "array", "items": {"type": "integer"}}}}, "[1, 22, 333]"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +47,14 @@ def reference(loaded):
 
 
 @pytest.fixture(scope="module")
-def handle(ray_local, loaded):
+def handle(serve_local, loaded):
     from ray import serve
 
     from serve.app import build_masks
 
-    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()}, logging_config={"log_level": "WARNING"})
     h = serve.run(build_masks({"model": "tiny", "shards": 0, "replicas": 2}), name=APP, route_prefix=None)
     yield h
     serve.delete(APP)
-    if not serve.status().applications:     # the next module's Server starts Serve with its own port
-        serve.shutdown()
 
 
 def _walk(reference, loaded, spec: dict, text: str) -> tuple[list[int], list[np.ndarray]]:

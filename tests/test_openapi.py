@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,17 +27,11 @@ ROUTES = {("post", "/v1/chat/completions"), ("post", "/v1/completions"), ("get",
           ("get", "/health"), ("get", "/v1/xg2/stats")}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def app(ray_local):
+def app(serve_local):
     from serve.cli import Server
 
-    server = Server(model="tiny", port=_free_port(), shards=1, progress=False, mask_service=False,
+    server = Server(model="tiny", port=serve_local, shards=1, progress=False, mask_service=False,
                     options=dict(fuzz.APP_OPTIONS))
     server.start()
     yield server

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 import urllib.error
@@ -39,12 +38,6 @@ TOOLS = [
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 #: The application's tenants, each with its key (serve/keys.py), and an operator with the admin key.
 TENANTS = ["tenant-a", "tenant-b", "probe", "engine-1", "engine-2"] + [f"tenant-d{i}" for i in range(12)]
 
@@ -57,12 +50,12 @@ ADMIN_KEY = "sk-operator-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
-def app(ray_local):
+def app(serve_local):
     from serve.cli import Server
     from serve.keys import KeyRing
 
     ring = KeyRing([(key(t), t, False) for t in TENANTS] + [(ADMIN_KEY, "operator", True)])
-    server = Server(model="tiny", port=_free_port(), shards=1, progress=False, api_keys=ring, mask_replicas=1,
+    server = Server(model="tiny", port=serve_local, shards=1, progress=False, api_keys=ring, mask_replicas=1,
                     options={"max_requests_per_tenant": 2, "max_tokens_limit": 512})
     server.start()
     yield server

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -21,12 +20,6 @@ from xg2.errors import UsageError
 MESSAGES = [{"role": "user", "content": "Call a tool."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tools(n: int, tag: str) -> list[dict]:
     """`n` tools whose parameter schemas no other tag shares (each one module of its own)."""
     return [{"type": "function", "function": {"name": f"{tag}_{i}", "parameters": {
@@ -35,10 +28,10 @@ def tools(n: int, tag: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def app(ray_local):
+def app(serve_local):
     from serve.cli import Server
 
-    server = Server(model="tiny", port=_free_port(), replicas=2, shards=1, progress=False, mask_service=False,
+    server = Server(model="tiny", port=serve_local, replicas=2, shards=1, progress=False, mask_service=False,
                     options={"routing_imbalance": 1, "max_tokens_limit": 2000})
     server.start()
     yield server
