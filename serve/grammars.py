@@ -277,7 +277,9 @@ def _tools_spec(req: ChatCompletionRequest, tool_format: str, reasoning: Reasoni
         tools.append({"type": "function", "function": fn})
     choice = req.tool_choice
     plain_choice = "auto" if choice is None else msgspec.to_builtins(choice)
-    return ToolsSpec(tools, plain_choice, tool_format, req.parallel_tool_calls is not False, reasoning)
+    # structured_outputs.disable_any_whitespace holds for the arguments as for a response format
+    ws = not (req.structured_outputs is not None and req.structured_outputs.disable_any_whitespace)
+    return ToolsSpec(tools, plain_choice, tool_format, req.parallel_tool_calls is not False, reasoning, ws)
 
 
 def _chat_source(req: ChatCompletionRequest, tool_format: str,
@@ -438,7 +440,7 @@ def _tools_error(src: _Source, exc: BaseException) -> RequestError:
         try:
             tag = msgspec.to_builtins(get_model_structural_tag(
                 spec.model, spec.tools, spec.tool_choice, reasoning=spec.reasoning,
-                parallel_tool_calls=spec.parallel_tool_calls))
+                parallel_tool_calls=spec.parallel_tool_calls, any_whitespace=spec.any_whitespace))
         except XG2Error:
             tag = None
         hit = _schema_in_tag(tag, pointer) if tag is not None else None

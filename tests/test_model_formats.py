@@ -24,6 +24,7 @@ from test_masks import reference_mask, unpack
 
 import xg2
 import xg2.testing
+from xg2.grammar.model_output import read_model_output
 
 BFCL = SHARED / "data" / "bfcl"
 REGISTRY = SHARED / "data" / "tools" / "registry.jsonl"
@@ -876,10 +877,14 @@ def test_random_walk_calls_parse_and_validate(formats, deepseek_info, model):
             assert matcher.accept_token(t)
             out += vocab[t]
         text = out.decode("utf-8", "replace")
-        for name, args in read_calls(model, text, schemas):
+        reference = read_calls(model, text, schemas)
+        for name, args in reference:
             assert name in schemas, text
             jsonschema.validate(args, copy.deepcopy(schemas[name]))
             closed += 1
+        # the server's reader, from the format's own definition, reads what the model's parser reads
+        read = read_model_output(model, text, tools, "disabled")
+        assert [(c.name, c.arguments) for c in read.calls] == reference, text
     assert closed >= 6, f"only {closed} walks closed a call to check"
 
 

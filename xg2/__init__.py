@@ -29,6 +29,14 @@ from .exception import (
 )
 from .grammar.grammar import Grammar
 from .grammar.model_formats import get_model_structural_tag, register_model_structural_tag
+from .grammar.model_output import (
+    ModelOutput,
+    ToolCallOut,
+    model_output_hold,
+    read_model_output,
+    register_model_output_reader,
+    tool_format_of_template,
+)
 from .grammar.structural_tag import StructuralTag, StructuralTagItem
 from .kernels import (
     allocate_token_bitmask,
@@ -57,11 +65,13 @@ __all__ = [
     "RegexError",
     "SchemaError",
     "SchemaWarning",
+    "ModelOutput",
     "StructuralTag",
     "StructuralTagError",
     "StructuralTagItem",
     "TokenizerError",
     "TokenizerInfo",
+    "ToolCallOut",
     "UsageError",
     "VocabType",
     "XG2Error",
@@ -73,10 +83,14 @@ __all__ = [
     "get_model_structural_tag",
     "get_serialization_version",
     "max_recursion_depth",
+    "model_output_hold",
     "normalize_tool_choice",
+    "read_model_output",
+    "register_model_output_reader",
     "register_model_structural_tag",
     "reset_token_bitmask",
     "set_max_recursion_depth",
+    "tool_format_of_template",
 ]
 
 __version__ = "0.1.0"

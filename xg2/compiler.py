@@ -761,9 +761,10 @@ class GrammarCompiler:
             return None
         self._fetch_modules([("structural_tag", text) for text, _args in stubs.values()])
         modules = {}
-        for name, (text, (schema, style, any_order, max_ws)) in stubs.items():
-            module = self._module(("structural_tag", text), lambda s=schema, st=style, a=any_order, w=max_ws: Grammar(
-                json_schema_to_ir(s, style=st, any_order=a, max_whitespace_cnt=w)), keep_fsms=True)
+        for name, (text, (schema, style, any_order, max_ws, any_ws)) in stubs.items():
+            module = self._module(("structural_tag", text), lambda s=schema, st=style, a=any_order, w=max_ws, aw=any_ws:
+                                  Grammar(json_schema_to_ir(s, style=st, any_order=a, max_whitespace_cnt=w,
+                                                            any_whitespace=aw)), keep_fsms=True)
             if module is None or module.lowered.fsms is None or module.lowered.arrays["rule_nullable"][module.lowered.root]:
                 return None
             modules[name] = module

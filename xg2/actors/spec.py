@@ -68,12 +68,14 @@ class ToolsSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="to
     model: str = "qwen_3"
     parallel_tool_calls: bool = True
     reasoning: Literal["enabled", "disabled", "auto"] = "disabled"
+    any_whitespace: bool = True             # False: the arguments' JSON without whitespace
 
     def compile(self, compiler: GrammarCompiler) -> CompiledGrammar:
         from ..grammar.model_formats import get_model_structural_tag
 
         tag = get_model_structural_tag(self.model, self.tools, self.tool_choice, reasoning=self.reasoning,
-                                       parallel_tool_calls=self.parallel_tool_calls)
+                                       parallel_tool_calls=self.parallel_tool_calls,
+                                       any_whitespace=self.any_whitespace)
         return compiler.compile_structural_tag(tag)
 
 

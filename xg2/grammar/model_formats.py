@@ -59,11 +59,14 @@ class ToolCallRequest:
     any_order: bool = False
     max_whitespace_cnt: int | None = None
     exclude_special_tokens: bool = True
+    any_whitespace: bool = True
 
     def arguments(self, tool: Tool, style: str = "json") -> dict:
         fmt: dict[str, Any] = {"type": "json_schema", "json_schema": tool.parameters, "style": style}
         if self.any_order:
             fmt["any_order"] = True
+        if not self.any_whitespace:
+            fmt["any_whitespace"] = False
         if self.max_whitespace_cnt is not None:
             fmt["max_whitespace_cnt"] = self.max_whitespace_cnt
         return fmt
@@ -93,7 +96,8 @@ def model_formats() -> list[str]:
 def get_model_structural_tag(model: str, tools: list | None = None, tool_choice: Any = "auto",
                              reasoning: bool | Reasoning = "enabled", force_reasoning: bool = False,
                              any_order: bool = False, exclude_special_tokens: bool = True,
-                             max_whitespace_cnt: int | None = None, parallel_tool_calls: bool = True) -> StructuralTag:
+                             max_whitespace_cnt: int | None = None, parallel_tool_calls: bool = True, *,
+                             any_whitespace: bool = True) -> StructuralTag:
     """The structural tag of a model's output format for an OpenAI-style request.
 
     `tools`: function tools ``{"type": "function", "function": {"name", "parameters", ...}}`` and
@@ -106,12 +110,13 @@ def get_model_structural_tag(model: str, tools: list | None = None, tool_choice:
     read as enabled/disabled); models without reasoning ignore it. `parallel_tool_calls=False`
     allows one call at most. The parameters are xgrammar's, in its order; `force_reasoning`
     (deprecated there, its behaviour now part of each model's format) is accepted and changes
-    nothing. Invalid requests raise ModelFormatError with the pointer of the bad argument."""
+    nothing. `any_whitespace=False` (xg2's) allows no whitespace between the JSON tokens of the
+    arguments. Invalid requests raise ModelFormatError with the pointer of the bad argument."""
     del force_reasoning
     builder = _builder(model)
     mode, chosen = _choice(tool_choice, _tools(tools))
     return _build(builder, chosen, mode, reasoning, any_order, exclude_special_tokens, max_whitespace_cnt,
-                  parallel_tool_calls)
+                  parallel_tool_calls, any_whitespace)
 
 
 def build_model_structural_tag(model: str, tools: list | None = None, builtin_tools: list | None = None,
@@ -158,7 +163,8 @@ def _listed(tools: Any, at: str) -> list:
 
 
 def _build(builder: Builder, tools: tuple[Tool, ...], mode: Mode, reasoning: Any, any_order: bool,
-           exclude_special_tokens: bool, max_whitespace_cnt: int | None, parallel_tool_calls: bool) -> StructuralTag:
+           exclude_special_tokens: bool, max_whitespace_cnt: int | None, parallel_tool_calls: bool,
+           any_whitespace: bool = True) -> StructuralTag:
     if isinstance(reasoning, bool):
         reasoning = "enabled" if reasoning else "disabled"
     if reasoning not in ("enabled", "disabled", "auto"):
@@ -166,11 +172,11 @@ def _build(builder: Builder, tools: tuple[Tool, ...], mode: Mode, reasoning: Any
     if max_whitespace_cnt is not None and (not isinstance(max_whitespace_cnt, int) or max_whitespace_cnt < 1):
         raise ModelFormatError("max_whitespace_cnt must be a positive integer", "/max_whitespace_cnt")
     for name, value in (("parallel_tool_calls", parallel_tool_calls), ("any_order", any_order),
-                        ("exclude_special_tokens", exclude_special_tokens)):
+                        ("exclude_special_tokens", exclude_special_tokens), ("any_whitespace", any_whitespace)):
         if not isinstance(value, bool):     # bool("no") would loosen the format the caller asked for
             raise ModelFormatError(f"{name} must be a boolean, got {value!r}", "/" + name)
     request = ToolCallRequest(tools, mode, reasoning, bool(parallel_tool_calls), bool(any_order),
-                              max_whitespace_cnt, bool(exclude_special_tokens))
+                              max_whitespace_cnt, bool(exclude_special_tokens), bool(any_whitespace))
     return parse_structural_tag({"type": "structural_tag", "format": builder(request)})
 
 
@@ -417,8 +423,13 @@ class CallSyntax:
         return {"type": "tag", "begin": opening, "content": {"type": "any_text", "excludes": inside}, "end": closing}
 
 
+#: The formats defined by a CallSyntax: model_output.py reads their output from the same definition.
+SYNTAXES: dict[str, CallSyntax] = {}
+
+
 def _register_syntax(name: str, syntax: CallSyntax) -> None:
     register_model_structural_tag(name)(syntax.build)
+    SYNTAXES[name] = syntax
 
 
 #: Llama 3.1–3.3 JSON tool calling: `{"name": ..., "parameters": {...}}` (no reasoning).

@@ -99,6 +99,9 @@ class JSONSchemaFormat(_Format, tag="json_schema"):
     any_order: bool = False
     max_whitespace_cnt: Union[int, None] = None  # noqa: UP007
     excludes: list[NonEmpty] = []
+    # xg2's: False allows no whitespace between JSON tokens (vLLM's disable_any_whitespace, for tool
+    # arguments as for response formats); xgrammar's tag has no such field and always allows it.
+    any_whitespace: bool = True
 
 
 class QwenXMLParameterFormat(_Format, tag="qwen_xml_parameter"):
@@ -526,7 +529,7 @@ def structural_tag_to_ir(tag: StructuralTag, tokenizer_info: Any = None, stubs: 
     (the output ends with it wherever the format can end).
 
     With `stubs` (a dict, filled in), every JSON Schema becomes a call of a stub rule, one per
-    distinct (schema, style, any_order, max_whitespace_cnt), named in `stubs`: the frame into which
+    distinct (schema, style, any_order, max_whitespace_cnt, any_whitespace), named in `stubs`: the frame into which
     the compiler links the schemas it lowered once (linking.py). The tags a trigger starts are
     then a rule of their own too, a *gate*, named in `gates` with its trigger: the text around it
     is the same automaton in every frame with the same triggers (built once, its entries shared
@@ -549,7 +552,7 @@ class _Lowering:
         """A call of the stub rule standing for this schema (one per distinct schema and options)."""
         plain = isinstance(f, QwenXMLParameterFormat)
         spec = (f.json_schema, "qwen_xml" if plain else f.style, not plain and f.any_order,
-                None if plain else f.max_whitespace_cnt)
+                None if plain else f.max_whitespace_cnt, plain or f.any_whitespace)
         text = msgspec.json.encode(spec)
         name = self.stub_names.get(text)
         if name is None:
@@ -697,6 +700,7 @@ class _Lowering:
                 ir = json_schema_to_ir(f.json_schema, style="qwen_xml" if plain else f.style,
                                        any_order=not plain and f.any_order,
                                        max_whitespace_cnt=None if plain else f.max_whitespace_cnt,
+                                       any_whitespace=plain or f.any_whitespace,
                                        excludes=() if plain else tuple(f.excludes))
             except ExcludesError as e:
                 raise _error(e.message, f"{at}/excludes/{e.index}") from None
