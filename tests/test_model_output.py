@@ -7,7 +7,7 @@ The random walks of test_model_formats compare this reader with the model's own 
 from __future__ import annotations
 
 import pytest
-from test_model_formats import MODELS, formats, render  # noqa: F401 - formats: a fixture
+from test_model_formats import MODELS, Formats, render
 
 import xg2
 from xg2.grammar.model_output import TEMPLATE_SIGNS
@@ -22,6 +22,11 @@ NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "o
 TOOLS = [WEATHER, NOW]
 ONE = [("get_weather", {"city": "Paris & <Lyon> \"x\"", "days": 3, "opts": {"units": "C", "hours": [1.5, 2]}})]
 TWO = [*ONE, ("now", {})]
+@pytest.fixture(scope="module")
+def formats(deepseek_info, deepseek_tokenizer, harmony_info, harmony_encoding):
+    return Formats(deepseek_info, deepseek_tokenizer, harmony_info, harmony_encoding)
+
+
 #: Formats without reasoning in their output, and those whose turn holds no text before calls.
 NO_REASONING = {"llama", "kimi", "exaone"}
 NO_TEXT = {"cohere", "harmony"}
