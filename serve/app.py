@@ -43,6 +43,7 @@ from xg2.errors import SessionLostError, UsageError, XG2Error
 from . import protocol as p
 from .keys import Caller, KeyRing
 from .keys import caller_of as keys_caller_of
+from .model import model_tool_format
 from .replica import Replica, ReplicaOptions, grammar_info
 from .routing import REPLICA_HEADER
 
@@ -598,7 +599,7 @@ def build(args: dict[str, Any]) -> Any:
         options, api_keys, open_tenants)
     defaults = ReplicaOptions()
     return Ingress.options(num_replicas=ingress_replicas).bind(
-        model, tool_format=options.get("tool_format", defaults.tool_format),
+        model, tool_format=options.get("tool_format") or model_tool_format(options.get("model", defaults.model)),
         max_tokens_limit=options.get("max_tokens_limit", defaults.max_tokens_limit),
         max_body_bytes=options.get("max_body_bytes", defaults.max_body_bytes))
 

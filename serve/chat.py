@@ -1,26 +1,27 @@
-"""Chat prompts and tool calls in the ``qwen_3`` (Hermes) style.
+"""Chat prompts, and the OpenAI shape of the tool calls a model's output is read into.
 
 The prompt the model sees and the calls xg2 constrains it to write must agree: a model shown its
-past calls in one spelling and forced to write new ones in another does worse. So the prompt
-side is rendered here by hand rather than by a tokenizer's chat template, which for SmolLM2 knows
-nothing of tools, and the parser reads exactly what xg2's ``qwen_3`` structural tag produces:
-free text, then ``<tool_call>\\n{"name": "NAME", "arguments": {...}}\\n</tool_call>`` blocks
-joined by newlines.
+past calls in one spelling and forced to write new ones in another does worse. For SmolLM2 (whose
+own template knows nothing of tools) the prompt is rendered here by hand, with tools described
+and past calls written the ``qwen_3`` (Hermes) way, the format the server constrains it to; a
+model directory's own chat template renders its prompts (TemplateChatFormat). The output is read
+back by the format's reader (xg2.read_model_output), from the same definition as its grammar:
+`openai_tool_calls` gives its calls the shape OpenAI's clients expect.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from typing import Any
+
+from xg2 import ToolCallOut
 
 #: SmolLM2's own default system prompt, used by its chat template when a conversation has none.
 SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
-THINK_CLOSE = "</think>"
 
 # Written for this project; it carries the same information as the Hermes / Qwen 2.5 tool prompt
 # (where the signatures are, and how a call must be spelled) because small models are trained on
@@ -38,13 +39,6 @@ _TOOLS_OUTRO = (
     "between <tool_call></tool_call> XML tags, one block per call:\n"
     '<tool_call>\n{"name": <function-name>, "arguments": <arguments-json-object>}\n</tool_call>'
 )
-
-# JSON values are read with raw_decode rather than cut out with a pattern: an argument string may
-# itself hold "</tool_call>", and the grammar does not forbid that.
-_DECODER = json.JSONDecoder()
-_SPACE_RE = re.compile(r"\s*")
-_CLOSE_RE = re.compile(r"\s*" + re.escape(CALL_CLOSE))
-
 
 class ChatFormatError(ValueError):
     """A message the renderer cannot express (the server answers it with a 400)."""
@@ -112,35 +106,21 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def _tool_call(name: str, arguments: Any) -> dict:
-    return {"id": new_call_id(), "type": "function",
-            "function": {"name": name,
-                         "arguments": json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))}}
-
-
-def _call_from(obj: Any) -> dict | None:
-    """An OpenAI call, or None when the block's JSON is not one (it then stays in the content)."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):           # some models double-encode; OpenAI clients want the object
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return _tool_call(obj["name"], args)
+def openai_tool_calls(calls: list[ToolCallOut]) -> list[dict]:
+    """Calls read from an output as OpenAI's `tool_calls`: fresh ids, the arguments as compact
+    JSON text."""
+    return [{"id": new_call_id(), "type": "function",
+             "function": {"name": c.name,
+                          "arguments": json.dumps(c.arguments, ensure_ascii=False, separators=(",", ":"))}}
+            for c in calls]
 
 
 class ChatFormat:
-    """ChatML prompts with Hermes-style tools, and ``qwen_3`` call parsing.
+    """ChatML prompts with Hermes-style tools (calls written the ``qwen_3`` way).
 
     ``default_system``: the system prompt added when a conversation has none (SmolLM2's template
     does this too, so plain conversations render exactly as its own template would); None adds
     one only when there are tools to describe."""
-
-    tool_format = "qwen_3"
 
     def __init__(self, default_system: str | None = SMOLLM2_SYSTEM_PROMPT) -> None:
         self.default_system = default_system
@@ -191,48 +171,10 @@ class ChatFormat:
         out.append("<|im_start|>assistant\n")
         return "".join(out)
 
-    # -- parsing -----------------------------------------------------------------------------
-
-    def parse_tool_calls(self, text: str) -> tuple[str | None, list[dict]]:
-        """Split generated text into its content (None when only whitespace is left) and OpenAI
-        ``tool_calls``. A block whose JSON does not parse stays in the content: the text is then
-        visible to the client instead of silently lost. A final block cut off before its closing
-        tag (the length limit) is read too when its JSON is complete. Text up to a reasoning
-        block's ``</think>`` is never searched for calls."""
-        start = text.index(THINK_CLOSE) + len(THINK_CLOSE) if THINK_CLOSE in text else 0
-        kept: list[str] = [text[:start]]
-        calls: list[dict] = []
-        pos = search = start            # pos: where the text not yet kept begins
-        while (opened := text.find(CALL_OPEN, search)) >= 0:
-            search = opened + len(CALL_OPEN)
-            try:
-                obj, end = _DECODER.raw_decode(text, _SPACE_RE.match(text, search).end())
-            except ValueError:
-                continue
-            close = _CLOSE_RE.match(text, end)
-            if close is not None:
-                stop = close.end()
-            elif not text[end:].strip():    # the last call, cut off before its closing tag
-                stop = len(text)
-            else:
-                continue
-            call = _call_from(obj)
-            if call is None:
-                continue
-            kept.append(text[pos:opened])
-            calls.append(call)
-            pos = search = stop
-        kept.append(text[pos:])
-        content = "".join(kept)
-        if calls:
-            content = content.strip()
-        return (content if content.strip() else None), calls
-
 
 class TemplateChatFormat(ChatFormat):
     """For a model directory of unknown family: its own chat template renders the prompt (it knows
-    the model's roles and special tokens), and ChatML is the fallback when it has none. Calls are
-    still parsed the ``qwen_3`` way, the format xg2 is asked to constrain to."""
+    the model's roles and special tokens), and ChatML is the fallback when it has none."""
 
     def __init__(self, tokenizer: Any, default_system: str | None = None) -> None:
         super().__init__(default_system)

@@ -37,6 +37,9 @@ SMOLLM2_LABEL = "SmolLM2-135M-Instruct"
 #: the layout or the conversion).
 CACHE_FORMAT = 1
 _MARKER = "xg2-cache.json"
+#: SmolLM2's tool-call format (its prompts describe tools the Hermes way; serve.chat), and a
+#: directory's whose template names none.
+DEFAULT_TOOL_FORMAT = "qwen_3"
 
 #: The ``"tiny"`` model: SmolLM2's architecture (Llama, grouped-query attention, tied embeddings)
 #: and tokenizer at a size whose forward pass costs microseconds, for tests.
@@ -68,7 +71,7 @@ class LoadedModel:
     vocab_size: int
     eos_token_ids: list[int]
     chat_format: ChatFormat
-    tool_format: str = "qwen_3"
+    tool_format: str = "qwen_3"             # the tool-call format it writes (xg2.get_model_structural_tag)
     _tokenizer_info: Any = field(default=None, init=False, repr=False, compare=False)
 
 
@@ -105,14 +108,16 @@ def load_model(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     dtype: torch.dtype = torch.float32,
-    tool_format: str = "qwen_3",
+    tool_format: str | None = None,
 ) -> LoadedModel:
     """Load ``"default"`` (SmolLM2-135M-Instruct), ``"tiny"`` (a small random model with
     SmolLM2's tokenizer, seeded, for tests) or a local Hugging Face model directory.
 
     ``cache_dir`` holds the converted default model and the SmolLM2 tokenizer (default:
     ``default_cache_dir()``). ``progress`` reports the slow first-run conversion on stderr. The
-    model is returned in eval mode on the CPU; inference mode is the caller's choice."""
+    model is returned in eval mode on the CPU; inference mode is the caller's choice.
+    ``tool_format``: the tool-call format (xg2.get_model_structural_tag's names) the model writes;
+    None: ``qwen_3`` for SmolLM2, the one a directory's chat template writes (model_tool_format)."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if name == "default":
         gguf = smollm2_gguf_path()
@@ -125,11 +130,38 @@ def load_model(
     else:
         model, tokenizer = _load_directory(name, dtype)
         chat = TemplateChatFormat(tokenizer)
+        tool_format = tool_format or _template_format(getattr(tokenizer, "chat_template", None))
     model.eval()
     vocab_size = _logits_width(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, vocab_size=vocab_size,
                        eos_token_ids=_eos_token_ids(model, tokenizer, vocab_size), chat_format=chat,
-                       tool_format=tool_format)
+                       tool_format=tool_format or DEFAULT_TOOL_FORMAT)
+
+
+def model_tool_format(name: str) -> str:
+    """The tool-call format of model `name` without loading it (the ingress routes by it): SmolLM2's
+    ``qwen_3``, or the one a directory's chat template writes (tokenizer_config.json's
+    ``chat_template``, or chat_template.jinja), else ``qwen_3``."""
+    if name in ("default", "tiny"):
+        return DEFAULT_TOOL_FORMAT
+    path = Path(name).expanduser()
+    template = None
+    try:
+        if (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        elif (path / "tokenizer_config.json").is_file():
+            template = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError):
+        template = None
+    return _template_format(template) or DEFAULT_TOOL_FORMAT
+
+
+def _template_format(template: Any) -> str | None:
+    from xg2 import tool_format_of_template
+
+    if isinstance(template, dict):      # named templates: the default one, or the one for tools
+        template = template.get("tool_use") or template.get("default")
+    return tool_format_of_template(template if isinstance(template, str) else None)
 
 
 def tokenizer_info(loaded: LoadedModel) -> Any:

@@ -22,11 +22,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from xg2 import ModelOutput, model_output_hold, read_model_output
 from xg2.actors import GrammarRuntime
-from xg2.actors.spec import SessionSpec
+from xg2.actors.spec import SessionSpec, ToolsSpec
 from xg2.errors import QuotaError, XG2Error
+from xg2.grammar.model_output import model_output_think
 
 from . import protocol as p
+from .chat import openai_tool_calls
 from .engine import Engine, GenerationError, GrammarTooCostly, SamplingParams
 from .grammars import chat_session_spec, compile_error_to_request_error, completion_session_spec
 from .model import LoadedModel, load_model, tokenizer_info
@@ -40,7 +43,7 @@ class ReplicaOptions:
 
     model: str = "default"
     model_name: str | None = None           # the id /v1/models lists and responses carry
-    tool_format: str = "qwen_3"             # the model's tool-call format (xg2.get_model_structural_tag)
+    tool_format: str | None = None          # the model's tool-call format (None: the model's; serve.model)
     max_batch: int = 8
     max_len: int = 4096
     max_tokens_limit: int = 4096
@@ -190,22 +193,24 @@ class Replica:
             prompt_text = await asyncio.to_thread(render) if len(body) > _LARGE_PROMPT_BYTES else render()
         except ValueError as e:
             raise p.RequestError(str(e), "/messages") from None
-        tools = bool(req.tools) and spec is not None and req.tool_choice != "none"
+        tools = spec if isinstance(spec, ToolsSpec) else None       # the output is read in the tool format
         run = await self._start(tenant, req, spec, prompt_text, req.effective_max_tokens,
                                 lambda exc: compile_error_to_request_error(exc, req, tool_format=fmt),
-                                markers=("<tool_call>",) if tools else ())
+                                markers=_held_markers(tools))
         if req.stream:
             return _Events(run, self._chat_events(run, req, tools))
         async with run:
             text = await run.text()
-        content, calls = (self.loaded.chat_format.parse_tool_calls(text) if tools else (text, []))
-        finish = "tool_calls" if calls else run.finish_reason
-        message = p.ChatMessage(content=content if content else (None if calls else ""))
+        out = read_model_output(fmt, text, tools.tools, tools.reasoning) if tools else ModelOutput(content=text)
+        calls = openai_tool_calls(out.calls)
+        message = p.ChatMessage(content=out.content if out.content else (None if calls else ""))
+        if out.reasoning:
+            message.reasoning_content = out.reasoning
         if calls:
             message.tool_calls = [p.ResponseToolCall(id=c["id"], function=p.ResponseFunctionCall(
                 name=c["function"]["name"], arguments=c["function"]["arguments"])) for c in calls]
         return p.encode(p.ChatCompletion(model=self.model_name, choices=[
-            p.ChatChoice(message=message, finish_reason=finish)], usage=run.usage()))
+            p.ChatChoice(message=message, finish_reason=_finish(out, calls, run.finish_reason))], usage=run.usage()))
 
     async def completions(self, tenant: str, body: bytes) -> bytes | AsyncIterator[bytes]:
         """A `/v1/completions` body (with the grammar extensions): JSON or server-sent events."""
@@ -295,7 +300,7 @@ class Replica:
         if session is not None:
             self.runtime.close(session)
 
-    async def _chat_events(self, run: _Run, req: Any, tools: bool) -> AsyncIterator[bytes]:
+    async def _chat_events(self, run: _Run, req: Any, tools: ToolsSpec | None) -> AsyncIterator[bytes]:
         cid, created = p.new_chat_id(), p.now()
         usage_field = None if req.include_usage else p.UNSET
 
@@ -306,26 +311,25 @@ class Replica:
 
         async with run:
             yield chunk(p.Delta(role="assistant", content=""))
-            held = []           # with tools: text from the first "<tool_call>" on waits for the end
-            async for piece in run.pieces():
-                if tools and (held or "<tool_call>" in run.stream.text):
-                    held.append(piece)
-                    continue
-                if piece:
-                    yield chunk(p.Delta(content=piece))
-            finish = run.finish_reason
-            if tools:
-                content, calls = self.loaded.chat_format.parse_tool_calls(run.stream.text)
-                sent = run.stream.text[:len(run.stream.text) - len("".join(held))]
-                rest = (content or "")[len(sent):] if content and content.startswith(sent) else ""
-                if rest:
-                    yield chunk(p.Delta(content=rest))
-                if calls:
-                    finish = "tool_calls"
-                    for i, c in enumerate(calls):
-                        yield chunk(p.Delta(tool_calls=[p.DeltaToolCall(
-                            index=i, id=c["id"], type="function", function=p.DeltaFunctionCall(
-                                name=c["function"]["name"], arguments=c["function"]["arguments"]))]))
+            if tools is None:
+                async for piece in run.pieces():
+                    if piece:
+                        yield chunk(p.Delta(content=piece))
+                finish = run.finish_reason
+            else:
+                split = _StreamSplit(self.loaded.tool_format, tools)
+                async for _piece in run.pieces():
+                    for delta in split.step(run.stream.text, run.stream.sent):
+                        yield chunk(delta)
+                out = read_model_output(self.loaded.tool_format, run.stream.text, tools.tools, tools.reasoning)
+                for delta in split.end(out):
+                    yield chunk(delta)
+                calls = openai_tool_calls(out.calls)
+                for i, c in enumerate(calls):
+                    yield chunk(p.Delta(tool_calls=[p.DeltaToolCall(
+                        index=i, id=c["id"], type="function", function=p.DeltaFunctionCall(
+                            name=c["function"]["name"], arguments=c["function"]["arguments"]))]))
+                finish = _finish(out, calls, run.finish_reason)
             yield chunk(p.Delta(), finish)
             if req.include_usage:
                 yield p.sse_event(p.ChatCompletionChunk(id=cid, created=created, model=self.model_name,
@@ -368,6 +372,74 @@ class Replica:
     async def close(self) -> None:
         await self.engine.close()
         await asyncio.to_thread(self.runtime.shutdown)
+
+
+def _finish(out: ModelOutput, calls: list, reason: str) -> str:
+    """OpenAI's finish reason: `length` for an output cut inside a call (or its reasoning), whose
+    markup is then in neither the content nor the calls; `tool_calls` when it called."""
+    if out.cut:
+        return "length"
+    return "tool_calls" if calls else reason
+
+
+def _held_markers(tools: ToolsSpec | None) -> tuple[str, ...]:
+    """What the text stream must not release half of: the strings from which the tool format's
+    text is held back, and the end of its reasoning."""
+    if tools is None:
+        return ()
+    think = model_output_think(tools.model) if tools.reasoning != "disabled" else None
+    return tuple(m for m in (*model_output_hold(tools.model), *(think[1:] if think else ())) if m)
+
+
+class _StreamSplit:
+    """A tool-format output streamed as it is read whole at its end: the reasoning (sent once its
+    closing tag is out), then text up to where a call may begin, held from there; `end` sends
+    what the whole output's reading adds to what was sent."""
+
+    def __init__(self, model: str, tools: ToolsSpec):
+        self.hold = model_output_hold(model)
+        think = model_output_think(model) if tools.reasoning != "disabled" else None
+        self.think_end = think[1] if think else None
+        self.model, self.tools = model, tools
+        self.start: int | None = 0 if self.think_end is None else None      # where the text begins
+        self.sent = ""              # the text sent
+        self.reasoning_sent = False
+
+    def step(self, text: str, released: int) -> list[p.Delta]:
+        out: list[p.Delta] = []
+        if self.start is None:
+            at = text.find(self.think_end)
+            if at < 0 or at + len(self.think_end) > released:
+                return out
+            self.start = at + len(self.think_end)
+            thought = read_model_output(self.model, text[:self.start], self.tools.tools, self.tools.reasoning).reasoning
+            if thought:
+                out.append(p.Delta(reasoning_content=thought))
+                self.reasoning_sent = True
+        if "" in self.hold:
+            return out          # the format's text lies inside its own markup: read whole at the end
+        end = released
+        for marker in self.hold:
+            at = text.find(marker, self.start)
+            if at >= 0:
+                end = min(end, at)
+        piece = text[self.start + len(self.sent):end]
+        if not self.sent:
+            piece = piece.lstrip()
+            self.start = end - len(piece)
+        if piece:
+            self.sent += piece
+            out.append(p.Delta(content=piece))
+        return out
+
+    def end(self, out: ModelOutput) -> list[p.Delta]:
+        deltas = []
+        if out.reasoning and not self.reasoning_sent:
+            deltas.append(p.Delta(reasoning_content=out.reasoning))
+        content = out.content or ""
+        if content.startswith(self.sent) and len(content) > len(self.sent):
+            deltas.append(p.Delta(content=content[len(self.sent):]))
+        return deltas
 
 
 class _Events:

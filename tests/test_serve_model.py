@@ -16,10 +16,13 @@ from pathlib import Path
 
 import pytest
 
+import xg2
+
 torch = pytest.importorskip("torch")
 
 serve_model = importlib.import_module("serve.model")
 serve_chat = importlib.import_module("serve.chat")
+openai_tool_calls = serve_chat.openai_tool_calls
 ChatFormat, ChatFormatError = serve_chat.ChatFormat, serve_chat.ChatFormatError
 TemplateChatFormat, SMOLLM2_SYSTEM_PROMPT = serve_chat.TemplateChatFormat, serve_chat.SMOLLM2_SYSTEM_PROMPT
 
@@ -113,6 +116,19 @@ def test_local_directory_loads_with_its_own_template(tiny, tmp_path):
                 {"role": "user", "content": "bye"}]
     assert local.chat_format.render(messages) == tiny.chat_format.render(messages)
     assert serve_model.load_model(str(tmp_path), tool_format="llama").tool_format == "llama"
+    assert serve_model.model_tool_format(str(tmp_path)) == "qwen_3"
+    # a directory whose template writes DeepSeek-V3.1's calls is served in that format
+    ds = tmp_path / "ds"
+    tiny.model.save_pretrained(ds)
+    tiny.tokenizer.chat_template = ("{% for m in messages %}{{ m.content }}{% if m.tool_calls %}<\uff5ctool\u2581calls"
+                                    "\u2581begin\uff5c>{% for c in m.tool_calls %}{{ c.function.name }}<\uff5ctool\u2581sep"
+                                    "\uff5c>{% endfor %}{% endif %}{% endfor %}")
+    try:
+        tiny.tokenizer.save_pretrained(ds)
+    finally:
+        tiny.tokenizer.chat_template = local.tokenizer.chat_template
+    assert serve_model.model_tool_format(str(ds)) == "deepseek_v3_1"
+    assert serve_model.load_model(str(ds)).tool_format == "deepseek_v3_1"
 
 
 def test_unknown_model_is_a_clear_error(tmp_path):
@@ -273,9 +289,9 @@ def test_render_tool_calls_and_responses():
         "<|im_start|>assistant\n")
     # What the prompt shows as a past turn parses back into the same calls.
     turn = prompt.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
-    content, calls = ChatFormat().parse_tool_calls(turn)
-    assert content is None
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+    out, calls = read(turn)
+    assert out.content is None
+    assert unpack(calls) == [
         ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
 
 
@@ -286,87 +302,57 @@ def test_render_rejects_what_it_cannot_show():
         ChatFormat().render([{"content": "no role"}])
 
 
-# --- tool-call parsing --------------------------------------------------------------------------
+# --- tool calls read back (xg2.read_model_output, in the qwen_3 format SmolLM2 is served with) --------
+
+F_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+TOOLS = [F_TOOL, *({"type": "function", "function": {"name": n}} for n in ("a", "b", "g", "yes", "no",
+                                                                          "get_weather", "search"))]
 
 
-def unpack(calls):
+def read(text: str, reasoning: str = "disabled"):
+    out = xg2.read_model_output("qwen_3", text, TOOLS, reasoning)
+    calls = openai_tool_calls(out.calls)
     for call in calls:
         assert call["type"] == "function" and call["id"].startswith("call_") and len(call["id"]) == 29
         assert isinstance(call["function"]["arguments"], str)
+    return out, calls
+
+
+def unpack(calls):
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
 
 
-def test_parse_one_call():
+def test_read_one_call_its_arguments_compact():
     args = {"city": "Paris", "units": ["C", "F"], "deep": {"n": 1.5, "ok": True, "none": None}}
-    text = '<tool_call>\n{"name": "get_weather", "arguments": ' + json.dumps(args) + "}\n</tool_call>"
-    content, calls = ChatFormat().parse_tool_calls(text)
-    assert content is None and unpack(calls) == [("get_weather", args)]
-    assert calls[0]["function"]["arguments"] == json.dumps(args, separators=(",", ":"))     # compact
+    out, calls = read('<tool_call>\n{"name": "get_weather", "arguments": ' + json.dumps(args) + "}\n</tool_call>")
+    assert out.content is None and unpack(calls) == [("get_weather", args)] and not out.cut
+    assert calls[0]["function"]["arguments"] == json.dumps(args, separators=(",", ":"))
 
 
-def test_parse_close_tag_inside_an_argument_string():
-    text = ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "b", "arguments": {"x": "</tool_call> inside a string"}}\n</tool_call>')
-    content, calls = ChatFormat().parse_tool_calls(text)
-    assert content is None
-    assert unpack(calls) == [("a", {}), ("b", {"x": "</tool_call> inside a string"})]
-    assert calls[0]["id"] != calls[1]["id"]
+def test_read_a_close_tag_inside_an_argument_string_and_two_calls():
+    out, calls = read('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
+                      '<tool_call>\n{"name": "b", "arguments": {"x": "</tool_call> é"}}\n</tool_call>')
+    assert out.content is None
+    assert unpack(calls) == [("a", {}), ("b", {"x": "</tool_call> é"})]
+    assert calls[0]["id"] != calls[1]["id"] and calls[1]["function"]["arguments"] == '{"x":"</tool_call> é"}'
 
 
-def test_parse_two_plain_calls():
-    text = ('<tool_call>\n{"name": "a", "arguments": {"k": 1}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "b", "arguments": {"k": "é"}}\n</tool_call>')
-    content, calls = ChatFormat().parse_tool_calls(text)
-    assert content is None and unpack(calls) == [("a", {"k": 1}), ("b", {"k": "é"})]
-    assert calls[1]["function"]["arguments"] == '{"k":"é"}'
-    assert calls[0]["id"] != calls[1]["id"]
+def test_read_text_before_a_call_and_text_alone():
+    out, calls = read('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')
+    assert out.content == "Let me check." and unpack(calls) == [("get_weather", {"city": "Rome"})]
+    assert read("Paris is the capital of France.")[0].content == "Paris is the capital of France."
+    assert read("  ok  \n")[0].content == "  ok  \n"         # text alone is untouched
+    assert read("")[0].content is None and read(" \n")[0].content is None
 
 
-def test_parse_text_before_a_call_and_whitespace_variants():
-    text = 'Let me check.\n<tool_call>  {"name":"get_weather","arguments":{"city":"Rome"}}</tool_call>\n'
-    content, calls = ChatFormat().parse_tool_calls(text)
-    assert content == "Let me check." and unpack(calls) == [("get_weather", {"city": "Rome"})]
-    text = '<tool_call>\n\n  {"name": "f",\n "arguments": {"a": [1,\n 2]}}  \n\n</tool_call>'
-    assert unpack(ChatFormat().parse_tool_calls(text)[1]) == [("f", {"a": [1, 2]})]
+def test_read_a_cut_call_gives_no_call_and_no_markup():
+    for text in ('Sure.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n', 'Sure.\n<tool_call>\n{"name": "f", "argu'):
+        out, calls = read(text)
+        assert out.cut and calls == [] and out.content == "Sure."
 
 
-def test_parse_malformed_call_stays_in_the_content():
-    bad = '<tool_call>\n{"name": "f", "arguments": {"a": }\n</tool_call>'
-    content, calls = ChatFormat().parse_tool_calls(bad)
-    assert content == bad and calls == []
-    good = '<tool_call>\n{"name": "g", "arguments": {"b": 2}}\n</tool_call>'
-    content, calls = ChatFormat().parse_tool_calls(bad + "\n" + good)
-    assert content == bad and unpack(calls) == [("g", {"b": 2})]
-    for not_a_call in ('<tool_call>\n["f"]\n</tool_call>', '<tool_call>\n{"arguments": {}}\n</tool_call>',
-                       '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>'):
-        assert ChatFormat().parse_tool_calls(not_a_call) == (not_a_call, [])
-    # An unclosed block does not swallow the well-formed call after it.
-    content, calls = ChatFormat().parse_tool_calls("<tool_call>\n{oops\n" + good)
-    assert content == "<tool_call>\n{oops" and unpack(calls) == [("g", {"b": 2})]
-
-
-def test_parse_without_calls():
-    assert ChatFormat().parse_tool_calls("Paris is the capital of France.") == (
-        "Paris is the capital of France.", [])
-    assert ChatFormat().parse_tool_calls("  ok  \n") == ("  ok  \n", [])       # plain text is untouched
-    assert ChatFormat().parse_tool_calls("") == (None, [])
-    assert ChatFormat().parse_tool_calls(" \n") == (None, [])
-
-
-def test_parse_cut_off_call_and_reasoning():
-    content, calls = ChatFormat().parse_tool_calls('Sure.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n')
-    assert content == "Sure." and unpack(calls) == [("f", {"x": 1})]
-    assert ChatFormat().parse_tool_calls('<tool_call>\n{"name": "f", "argu') == (
-        '<tool_call>\n{"name": "f", "argu', [])
+def test_read_reasoning_apart_from_the_calls():
     thought = '<think>\nMaybe <tool_call>\n{"name": "no", "arguments": {}}\n</tool_call>?\n</think>\n\n'
-    content, calls = ChatFormat().parse_tool_calls(thought + '<tool_call>\n{"name": "yes", "arguments": {}}\n</tool_call>')
-    assert content == thought.strip() and unpack(calls) == [("yes", {})]
-
-
-def test_parse_accepts_string_arguments_and_parameters():
-    text = '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call>'
-    assert unpack(ChatFormat().parse_tool_calls(text)[1]) == [("f", {"a": 1})]
-    text = '<tool_call>\n{"name": "f", "parameters": {"a": 1}}\n</tool_call>'
-    assert unpack(ChatFormat().parse_tool_calls(text)[1]) == [("f", {"a": 1})]
-    text = '<tool_call>\n{"name": "f"}\n</tool_call>'
-    assert unpack(ChatFormat().parse_tool_calls(text)[1]) == [("f", {})]
+    out, calls = read(thought + '<tool_call>\n{"name": "yes", "arguments": {}}\n</tool_call>', reasoning="enabled")
+    assert out.reasoning == 'Maybe <tool_call>\n{"name": "no", "arguments": {}}\n</tool_call>?'
+    assert out.content is None and unpack(calls) == [("yes", {})]

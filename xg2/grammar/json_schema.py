@@ -148,6 +148,11 @@ class _Converter(XMLLowering, ObjectLowering, StringLowering, ArrayLowering, Num
         if max_whitespace_cnt is not None and (max_whitespace_cnt < 0 or max_whitespace_cnt > MAX_BOUND):
             raise GrammarLimitError(f"max_whitespace_cnt must be between 0 and {MAX_BOUND}")
         self.ws = Repeat(CharClass(((9, 10), (13, 13), (32, 32))), 0, max_whitespace_cnt)
+        # around an XML style's elements: any run, or without any_whitespace one character at most
+        # (the templates write a newline there, or nothing)
+        self.xml_ws = self.ws if any_whitespace else Repeat(CharClass(((9, 10), (13, 13), (32, 32))), 0,
+                                                              min(1, max_whitespace_cnt if max_whitespace_cnt is not None
+                                                                  else 1))
         self.depth_layout = indent is not None and not any_whitespace
         self.rules: list[Rule] = []
         self.names: set[str] = set()
@@ -174,7 +179,7 @@ class _Converter(XMLLowering, ObjectLowering, StringLowering, ArrayLowering, Num
 
     def open(self, ch: str, d: int) -> Expr:
         if self.xml_at(d):     # XML elements (members, items) between whitespace
-            return self.ws
+            return self.xml_ws
         if self.any_ws:
             return Seq((Literal(ch), self.ws))
         if self.indent is not None:
@@ -183,7 +188,7 @@ class _Converter(XMLLowering, ObjectLowering, StringLowering, ArrayLowering, Num
 
     def close(self, ch: str, d: int) -> Expr:
         if self.xml_at(d):
-            return self.ws
+            return self.xml_ws
         if self.any_ws:
             return Seq((self.ws, Literal(ch)))
         if self.indent is not None:
@@ -193,14 +198,14 @@ class _Converter(XMLLowering, ObjectLowering, StringLowering, ArrayLowering, Num
     def empty(self, pair: str, d: int) -> Expr:
         if self.xml_at(d):
             # Nested and unmarked (minimax_m3_xml), white space alone would read as a string.
-            return self.ws if d == 0 or self.xml.kinds else EMPTY
+            return self.xml_ws if d == 0 or self.xml.kinds else EMPTY
         if self.any_ws:
             return Seq((Literal(pair[0]), self.ws, Literal(pair[1])))
         return Literal(pair)
 
     def sep(self, d: int) -> Expr:
         if self.xml_at(d):
-            return self.ws
+            return self.xml_ws
         if self.any_ws:
             return Seq((self.ws, Literal(self.item_sep.strip(" \t\n\r")), self.ws))
         if self.indent is not None:

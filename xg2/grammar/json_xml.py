@@ -46,7 +46,7 @@ class XMLLowering:
         parts: list[Expr] = []
         for i, piece in enumerate(self.xml.open if name is not None else self.xml.item_open):
             if i:
-                parts.append(self.ws)
+                parts.append(self.xml_ws)
             before, has_name, after = piece.replace("{kind}", marker).partition("{name}")
             parts += [Literal(before), name, Literal(after)] if has_name else [Literal(before)]
         return _seq(*parts)
@@ -151,7 +151,7 @@ class XMLLowering:
             if value is not None:
                 # containers of a recursive style are elements between whitespace already
                 padded = self.xml.json_pad and not (self.xml.recursive and set(others) <= {"object", "array"})
-                alts.append(_seq(self.ws, value, self.ws, Literal(self.xml.until())) if padded
+                alts.append(_seq(self.xml_ws, value, self.xml_ws, Literal(self.xml.until())) if padded
                             else _seq(value, Literal(self.xml.until())))
         return _choice(alts)
 
@@ -324,7 +324,7 @@ class XMLLowering:
             elif t in ("object", "array"):
                 body = _seq(self.xml_const(x, d + 1, ptr), Literal(self.xml.until()))
             elif self.xml.json_pad:
-                body = _seq(self.ws, self.const(x, d + 1, ptr), self.ws, Literal(self.xml.until()))
+                body = _seq(self.xml_ws, self.const(x, d + 1, ptr), self.xml_ws, Literal(self.xml.until()))
             else:
                 body = _seq(self.const(x, d + 1, ptr), Literal(self.xml.until()))
             label = None if k is None else Literal(self.xml.spell(k))

@@ -300,6 +300,11 @@ def _regex(pattern: str) -> dict:
     return {"type": "regex", "pattern": pattern}
 
 
+#: A call's index where a format numbers its calls: nine digits at most, so that a model cannot
+#: run on in digits (unbounded, a degenerate model filled max_tokens with them).
+_INDEX = "[0-9]{1,9}"
+
+
 @dataclass(frozen=True)
 class CallSyntax:
     """How a model writes its reasoning and tool calls.
@@ -462,7 +467,7 @@ _KIMI = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_c
 #: Kimi K2: calls in a section, each `functions.name:index<|tool_call_argument_begin|>{JSON}`.
 _register_syntax("kimi", CallSyntax(
     begin="<|tool_call_begin|>functions.{name}:", end="<|tool_call_end|>",
-    before_arguments=({"type": "regex", "pattern": r"\d+"}, _const("<|tool_call_argument_begin|>")),
+    before_arguments=(_regex(_INDEX), _const("<|tool_call_argument_begin|>")),
     section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"), markers=_KIMI[1:]))
 #: GLM-4.7 (and GLM-5): `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>...</tool_call>`,
 #: calls back to back, strings raw and other values JSON; the reasoning `<think>...</think>` opens
@@ -522,7 +527,7 @@ _ATTR_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"))
 #: `<|START_THINKING|>` (or the empty block when reasoning is off).
 _register_syntax("cohere", CallSyntax(
     begin='<cofl:tool_call id="', end="</cofl:tool_call>", trigger="<cofl:tool_calls>", style="cohere_xml",
-    before_arguments=(_regex(r"\d+"), _const('" name="{name}">')), section=("<cofl:tool_calls>", "</cofl:tool_calls>"),
+    before_arguments=(_regex(_INDEX), _const('" name="{name}">')), section=("<cofl:tool_calls>", "</cofl:tool_calls>"),
     think=("<|START_THINKING|>", "<|END_THINKING|>"), text=("<|START_TEXT|>", "<|END_TEXT|>"), escapes=_ATTR_ESCAPES,
     markers=("</cofl:tool_calls>", "<cofl:tool_call ", "</cofl:tool_call>", "<|START_TEXT|>", "<|END_TEXT|>")))
 
@@ -566,7 +571,7 @@ def kimi_k3(req: ToolCallRequest) -> dict:
             if req.exclude_special_tokens:      # a raw value runs to its closing marker: no marker inside
                 arguments["excludes"] = ["<|open|>", "<|close|>", "<|sep|>"]
             calls.append({"type": "tag", "begin": f'<|open|>call tool="{name}" index="', "content": {
-                "type": "sequence", "elements": [_regex("[1-9][0-9]*"), _const('"<|sep|>'), arguments]},
+                "type": "sequence", "elements": [_regex("[1-9][0-9]{0,8}"), _const('"<|sep|>'), arguments]},
                 "end": _k3_close("call")})
         one_only = req.mode == "forced" or not req.parallel_tool_calls
         inner = calls[0] if req.mode == "forced" else {"type": "tags_with_separator", "tags": calls, "separator": "",

@@ -101,8 +101,11 @@ def model_output_hold(model: str) -> tuple[str, ...]:
     return _HOLD[model]
 
 
-def has_output_reader(model: str) -> bool:
-    return model in _READERS or model in SYNTAXES
+def model_output_think(model: str) -> tuple[str, str] | None:
+    """The (opening, closing) tags of a CallSyntax format's reasoning block, or None."""
+    _reader(model)
+    syntax = SYNTAXES.get(model)
+    return syntax.think if syntax is not None else None
 
 
 def _reader(model: str) -> Reader:
@@ -318,11 +321,19 @@ def _schema_type(schema: Any) -> str | None:
         return "object"
     if "items" in schema:
         return "array"
-    if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
-        return "string"
-    if "const" in schema and isinstance(schema["const"], str):
-        return "string"
-    return None
+    values = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else []
+    kinds = {_value_type(v) for v in values}
+    if len(kinds) == 1:         # the type the listed values share (a model writes one of them)
+        return kinds.pop()
+    return "number" if kinds == {"integer", "number"} else None
+
+
+def _value_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}.get(type(value), "null")
 
 
 def _member_schema(schema: Any, name: str) -> Any:
