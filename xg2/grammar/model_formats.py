@@ -84,6 +84,7 @@ def register_model_structural_tag(name: str) -> Callable[[Builder], Builder]:
 
     def register(fn: Builder) -> Builder:
         _REGISTRY[name] = fn
+        SYNTAXES.pop(name, None)        # a builder of its own: read by the reader registered with it
         return fn
     return register
 

@@ -97,7 +97,10 @@ def read_model_output(model: str, text: str, tools: list | None = None,
 def model_output_hold(model: str) -> tuple[str, ...]:
     """The strings from which a server streaming format `model` holds text back: what follows
     one may be a call (or, "" , everything may be)."""
-    _reader(model)
+    reader = _reader(model)
+    if isinstance(reader, _SyntaxReader):
+        s = reader.s
+        return (s.opener, *(s.text[:1] if s.text else ()))
     return _HOLD[model]
 
 
@@ -111,12 +114,22 @@ def model_output_think(model: str) -> tuple[str, str] | None:
 def _reader(model: str) -> Reader:
     _builder(model)     # an unknown name: the same error as the grammar's
     reader = _READERS.get(model)
-    if reader is None:
-        syntax = SYNTAXES.get(model)
-        if syntax is None:
-            raise ModelFormatError(f"no output reader is registered for the format {model!r}", "/model")
-        reader = _READERS[model] = _SyntaxReader(syntax)
-        _HOLD[model] = (syntax.opener, *(syntax.text[:1] if syntax.text else ()))
+    if reader is not None:
+        return reader
+    syntax = SYNTAXES.get(model)
+    if syntax is None:
+        raise ModelFormatError(f"no output reader is registered for the format {model!r}", "/model")
+    return _syntax_reader(syntax)
+
+
+_SYNTAX_READERS: dict[int, _SyntaxReader] = {}
+
+
+def _syntax_reader(syntax: CallSyntax) -> _SyntaxReader:
+    """The reader of this very definition (a format registered again gets a reader of its own)."""
+    reader = _SYNTAX_READERS.get(id(syntax))
+    if reader is None or reader.s is not syntax:
+        reader = _SYNTAX_READERS[id(syntax)] = _SyntaxReader(syntax)
     return reader
 
 
