@@ -423,10 +423,11 @@ class _StreamSplit:
             at = text.find(marker, self.start)
             if at >= 0:
                 end = min(end, at)
+        if not self.sent:       # the text's leading white space is not its own (the reader drops it)
+            self.start = end - len(text[self.start:end].lstrip())
+        # white space waits for what follows it: before a call it is dropped too
+        end = self.start + len(text[self.start:end].rstrip())
         piece = text[self.start + len(self.sent):end]
-        if not self.sent:
-            piece = piece.lstrip()
-            self.start = end - len(piece)
         if piece:
             self.sent += piece
             out.append(p.Delta(content=piece))

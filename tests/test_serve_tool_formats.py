@@ -137,3 +137,30 @@ def test_reasoning_comes_apart_from_the_text(served):
         assert whole["message"]["reasoning_content"] == reasoning
     assert "</think>" not in (whole["message"]["content"] or "")
     assert p.FinishReason is not None
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_streamed_text_is_what_the_whole_output_reads(model):
+    """What a stream sends piece by piece (text held from where a call may begin, reasoning once
+    it closes) adds up to what the whole output reads, for the output each template writes."""
+    import xg2
+    from test_model_formats import render
+
+    from serve.replica import _held_markers, _StreamSplit
+    from xg2.actors.spec import ToolsSpec
+
+    reasoning = "disabled" if model in ("llama", "kimi", "exaone") else "enabled"
+    text = "" if model in ("cohere", "harmony") else "Checking the weather.\n"
+    calls = [("get_weather", {"city": "Rome", "days": 2})]
+    full = render(model, calls, reasoning="Let me see." if reasoning == "enabled" else "", text=text)
+    spec = ToolsSpec(TOOLS, "auto", model, True, reasoning)
+    hold = max((len(m) for m in _held_markers(spec)), default=1) - 1
+    split, deltas = _StreamSplit(model, spec), []
+    for n in range(1, len(full) + 1):
+        deltas += split.step(full[:n], max(0, n - hold))
+    whole = xg2.read_model_output(model, full, TOOLS, reasoning)
+    deltas += split.end(whole)
+    assert "".join(d.content for d in deltas if isinstance(d.content, str)) == (whole.content or "")
+    assert "".join(d.reasoning_content for d in deltas if isinstance(d.reasoning_content, str)) == \
+        (whole.reasoning or "")
+    assert [(c.name, c.arguments) for c in whole.calls] == calls
