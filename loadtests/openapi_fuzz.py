@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-#: `max_tokens` (and `max_completion_tokens`) past this and up to LIMIT are brought down to it.
+#: `max_tokens` (and `max_completion_tokens`, `max_output_tokens`) past this and up to LIMIT are
+#: brought down to it.
 MAX_TOKENS = 8
 #: The server's `max_tokens_limit` (ReplicaOptions' default): values past it are left for the
 #: server to refuse.
@@ -67,7 +68,7 @@ def is_openai_error(body: bytes) -> bool:
 
 def _clamp(body: Any) -> None:
     if isinstance(body, dict):
-        for field in ("max_tokens", "max_completion_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             value = body.get(field)
             if type(value) is int and MAX_TOKENS < value <= LIMIT:
                 body[field] = MAX_TOKENS

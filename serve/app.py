@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from xg2.errors import SessionLostError, UsageError, XG2Error
 
 from . import protocol as p
+from . import responses
 from .keys import Caller, KeyRing
 from .keys import caller_of as keys_caller_of
 from .model import model_tool_format
@@ -82,7 +83,8 @@ def _schema_components() -> dict[str, Any]:
     """The request, response and error types as JSON Schemas (OpenAPI 3.1's dialect), keyed by name."""
     _, components = msgspec.json.schema_components(
         [p.ChatCompletionRequest, p.CompletionRequest, p.ChatCompletion, p.ChatCompletionChunk, p.Completion,
-         p.CompletionChunk, p.ModelList, p.ErrorResponse], ref_template=_REF)
+         p.CompletionChunk, p.ModelList, p.ErrorResponse, responses.ResponseCreateRequest, responses.Response],
+        ref_template=_REF)
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         props = components[name]["properties"]
         _bound(props["temperature"], "number", minimum=0, maximum=2)
@@ -108,6 +110,7 @@ def _schema_components() -> dict[str, Any]:
     completion["echo"]["anyOf"][0]["enum"] = [False]        # echo and suffix are refused
     _bound(completion["suffix"], "string", maxLength=0)
     _bound(completion["best_of"], "integer", minimum=1, maximum=1)
+    _responses_bounds(components)
     components["ErrorDetail"]["required"] = ["message", "type", "param", "code"]     # always written
     components["Health"] = {"type": "object", "properties": {"status": {"const": "ok"}}, "required": ["status"]}
     components["Stats"] = {
@@ -115,6 +118,33 @@ def _schema_components() -> dict[str, Any]:
         "(tenant, requests in flight, open sessions, compile usage, recent requests), an admin key all.",
         "additionalProperties": True}
     return components
+
+
+def _responses_bounds(components: dict[str, Any]) -> None:
+    """The bounds serve.responses's validation adds, and the fields it refuses, in the document."""
+    props = components["ResponseCreateRequest"]["properties"]
+    _bound(props["temperature"], "number", minimum=0, maximum=2)
+    _bound(props["top_p"], "number", exclusiveMinimum=0, maximum=1)
+    _bound(props["seed"], "integer", minimum=-(1 << 63), maximum=(1 << 63) - 1)
+    props["seed"]["description"] = "xg2's extension (OpenAI's Responses API has no seed): reproducible sampling"
+    _bound(props["max_output_tokens"], "integer", minimum=1)
+    props["max_output_tokens"]["description"] = "at most the server's limit (max_tokens_limit)"
+    _bound(props["max_tool_calls"], "integer", minimum=0)
+    _bound(props["top_logprobs"], "integer", minimum=0, maximum=0)
+    _bound(props["metadata"], "object", maxProperties=16, propertyNames={"maxLength": 64},
+           additionalProperties={"type": "string", "maxLength": 512})
+    props["background"]["anyOf"][0]["enum"] = [False]
+    props["truncation"]["anyOf"][0]["enum"] = ["disabled"]
+    _bound(props["include"], "array", items={"enum": sorted(responses.MOOT_INCLUDES)})
+    for field in ("previous_response_id", "conversation", "prompt", "context_management", "moderation"):
+        props[field] = {"type": "null", "default": None, "description": "not supported (nothing is stored, or "
+                        "the server does not do it): refused when given"}
+    reasoning = components["ReasoningConfig"]["properties"]
+    reasoning["effort"] = {"enum": ["none", None], "default": None, "description": "the model does not reason"}
+    reasoning["summary"] = {"type": "null", "default": None}
+    name = {"pattern": p.TOOL_NAME_RE.pattern.replace(r"\Z", "$")}
+    components["ResponsesFunctionTool"]["properties"]["name"].update(name)
+    components["TextFormatJSONSchema"]["properties"]["name"].update(name)
 
 
 def _error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -131,6 +161,16 @@ def _answer(name: str, chunk: str) -> dict[int | str, dict[str, Any]]:
     return {200: {"description": f"the answer ({name}), or with `stream` server-sent events, each a {chunk} "
                   "(an error after the first event is an ErrorResponse event), then `data: [DONE]`",
                   "content": {_JSON: {"schema": _ref(name)}, _SSE: {"schema": {"type": "string"}}}},
+            **_error_responses(400, 401, 413, 429, 500, 503)}
+
+
+def _responses_answer() -> dict[int | str, dict[str, Any]]:
+    """The Responses route's answers: its events are named (`event:` lines) and end with
+    `response.completed`, `.incomplete` or `.failed`, without `data: [DONE]`."""
+    return {200: {"description": "the answer (Response), or with `stream` server-sent events as OpenAI sends "
+                  "them (response.created, response.output_text.delta, ..., then response.completed, "
+                  "response.incomplete, or an error event and response.failed)",
+                  "content": {_JSON: {"schema": _ref("Response")}, _SSE: {"schema": {"type": "string"}}}},
             **_error_responses(400, 401, 413, 429, 500, 503)}
 
 
@@ -357,6 +397,12 @@ class ModelServer:
     async def chat_completions(self, request: Request) -> Response:
         return self._tagged(await self._call(self.replica.chat, request))
 
+    @api.post("/v1/responses", response_class=Response, summary="A response (OpenAI's Responses API)",
+              operation_id="responses", openapi_extra=_body("ResponseCreateRequest"),
+              responses=_responses_answer())
+    async def responses(self, request: Request) -> Response:
+        return self._tagged(await self._call(self.replica.responses, request))
+
     @api.post("/v1/completions", response_class=Response, summary="A (legacy) text completion",
               operation_id="completions", openapi_extra=_body("CompletionRequest"),
               responses=_answer("Completion", "CompletionChunk"))
@@ -429,9 +475,10 @@ class ModelServer:
             yield response.body
 
     async def _answer(self, kind: str, authorization: str, body: bytes) -> Response:
-        fn = {"chat": self.replica.chat, "completions": self.replica.completions}.get(kind)
+        fn = {"chat": self.replica.chat, "completions": self.replica.completions,
+              "responses": self.replica.responses}.get(kind)
         if fn is None:
-            raise UsageError(f"no {kind!r} requests here: 'chat' or 'completions'")
+            raise UsageError(f"no {kind!r} requests here: 'chat', 'completions' or 'responses'")
         return self._tagged(await self._call(fn, self._forwarded(authorization, body)))
 
     @staticmethod

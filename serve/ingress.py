@@ -28,6 +28,7 @@ from xg2.actors.spec import ToolsSpec, content_key
 
 from . import protocol as p
 from .grammars import chat_session_spec, completion_session_spec
+from .responses import decode_responses_request
 from .routing import AFFINITY_KWARG, Affinity, tool_key
 
 _log = logging.getLogger("xg2.serve")
@@ -35,6 +36,7 @@ _log = logging.getLogger("xg2.serve")
 #: (method, path) -> what the model replica is asked ("openapi": its OpenAPI document, which the
 #: ingress keeps once read).
 ROUTES = {("POST", "/v1/chat/completions"): "chat", ("POST", "/v1/completions"): "completions",
+          ("POST", "/v1/responses"): "responses",
           ("GET", "/v1/models"): "models", ("GET", "/health"): "health", ("GET", "/v1/xg2/stats"): "stats",
           ("GET", "/openapi.json"): "openapi"}
 _JSON = "application/json"
@@ -46,7 +48,8 @@ def request_affinity(kind: str, body: bytes, *, tool_format: str = "qwen_3",
     """A request's affinity: its grammar's content key (as the replica's runtime computes it, for
     the same tool format) and a key per tool with parameters; None when it has no grammar or
     cannot be decoded (the replica refuses it with the error it deserves). Builds the spec, which
-    compiles nothing: tens of microseconds for a small body."""
+    compiles nothing: tens of microseconds for a small body. A Responses request's is that of the
+    chat request it becomes (serve.responses), which is what the replica compiles."""
     return inspect_request(kind, body, tool_format=tool_format, max_tokens_limit=max_tokens_limit)[0]
 
 
@@ -54,11 +57,15 @@ def inspect_request(kind: str, body: bytes, *, tool_format: str = "qwen_3",
                     max_tokens_limit: int = p.DEFAULT_MAX_TOKENS_LIMIT) -> tuple[Affinity | None, bool]:
     """The request's affinity (request_affinity) and whether it asks for a stream (False when it
     cannot be decoded: the replica's answer is then an error, never a stream)."""
-    if kind not in ("chat", "completions"):
-        raise ValueError(f"no affinity for a {kind!r} request: only chat and completions carry a grammar")
+    if kind not in ("chat", "completions", "responses"):
+        raise ValueError(f"no affinity for a {kind!r} request: only chat, completions and responses carry a "
+                         "grammar")
     try:
         if kind == "chat":
             req: Any = p.decode_chat_request(body, max_tokens_limit=max_tokens_limit)
+            spec = chat_session_spec(req, tool_format=tool_format)
+        elif kind == "responses":
+            req = decode_responses_request(body, max_tokens_limit=max_tokens_limit).chat
             spec = chat_session_spec(req, tool_format=tool_format)
         else:
             req = p.decode_completion_request(body, max_tokens_limit=max_tokens_limit)
@@ -115,7 +122,7 @@ class Ingress:
                               {"Allow": ", ".join(allowed)})
             return _error(f"no such route: {path}", 404, "not_found")
         try:
-            if route in ("chat", "completions"):
+            if route in ("chat", "completions", "responses"):
                 return await self._generate(route, request)
             if route == "openapi":
                 if self._openapi is None:

@@ -33,6 +33,7 @@ from .chat import openai_tool_calls
 from .engine import Engine, GenerationError, GrammarTooCostly, SamplingParams
 from .grammars import chat_session_spec, compile_error_to_request_error, completion_session_spec
 from .model import LoadedModel, load_model, tokenizer_info
+from .responses import respond as respond_responses
 
 _log = logging.getLogger("xg2.serve")
 
@@ -211,6 +212,13 @@ class Replica:
                 name=c["function"]["name"], arguments=c["function"]["arguments"])) for c in calls]
         return p.encode(p.ChatCompletion(model=self.model_name, choices=[
             p.ChatChoice(message=message, finish_reason=_finish(out, calls, run.finish_reason))], usage=run.usage()))
+
+    async def responses(self, tenant: str, body: bytes) -> bytes | AsyncIterator[bytes]:
+        """A `/v1/responses` body (OpenAI's Responses API): translated onto `chat` (serve/responses.py),
+        so that it is served with everything a chat request is served with. JSON or server-sent events."""
+        return await respond_responses(self.chat, tenant, body, model_name=self.model_name,
+                                       max_tokens_limit=self.options.max_tokens_limit,
+                                       max_body_bytes=self.options.max_body_bytes)
 
     async def completions(self, tenant: str, body: bytes) -> bytes | AsyncIterator[bytes]:
         """A `/v1/completions` body (with the grammar extensions): JSON or server-sent events."""

@@ -23,8 +23,8 @@ _spec.loader.exec_module(fuzz)
 is_openai_error = fuzz.is_openai_error
 
 KEY = "sk-openapi-test"
-ROUTES = {("post", "/v1/chat/completions"), ("post", "/v1/completions"), ("get", "/v1/models"),
-          ("get", "/health"), ("get", "/v1/xg2/stats")}
+ROUTES = {("post", "/v1/chat/completions"), ("post", "/v1/completions"), ("post", "/v1/responses"),
+          ("get", "/v1/models"), ("get", "/health"), ("get", "/v1/xg2/stats")}
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +64,13 @@ def test_the_document_describes_every_route_its_body_and_its_answers(app):
     assert set(ops) == ROUTES
     schemas = doc["components"]["schemas"]
     for path, name, required in (("/v1/chat/completions", "ChatCompletionRequest", "messages"),
-                                 ("/v1/completions", "CompletionRequest", "prompt")):
+                                 ("/v1/completions", "CompletionRequest", "prompt"),
+                                 ("/v1/responses", "ResponseCreateRequest", "input")):
         op = ops["post", path]
         assert op["requestBody"]["required"] is True
         assert op["requestBody"]["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{name}"}
-        assert required in schemas[name]["required"] and "max_tokens" in schemas[name]["properties"]
+        assert required in schemas[name]["required"]
+        assert {"max_tokens", "max_output_tokens"} & set(schemas[name]["properties"])
         assert set(op["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
         assert op["security"] == [{"bearer": []}]
     # the bounds the validators add are in the document
@@ -127,7 +129,7 @@ def test_generated_requests_get_no_server_error_and_openai_errors(app):
     assert summary["server_errors"] == 0, fuzz.report(summary)
     assert summary["non_openai_4xx"] == 0, fuzz.report(summary)
     assert {f"{m.upper()} {p}" for m, p in ROUTES} <= set(summary["per_route"]), fuzz.report(summary)
-    for route in ("POST /v1/chat/completions", "POST /v1/completions"):
+    for route in ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses"):
         assert sum(summary["per_route"][route].values()) >= 5, fuzz.report(summary)
 
 
@@ -137,6 +139,7 @@ def test_generated_requests_get_no_server_error_and_openai_errors(app):
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 COMPLETION = {"prompt": "hi", "max_tokens": 4}
+RESPONSES = {"input": [{"role": "user", "content": "hi"}], "max_output_tokens": 4}
 ODD_VALUES = [None, True, False, 0, -1, 1.5, 2 ** 63, -(2 ** 63) - 1, 2 ** 70, 1e308, -0.0, "", "x" * 300, "\u0000",
               "\ud7ff\ue000", [], [None], {}, {"type": 5}, {"$ref": "#/nowhere"}, {"type": "array", "minItems": 2 ** 65},
               {"pattern": "("}, "root ::= x", "(", [{"role": "robot"}], [{"role": "user", "content": [{"type": "image"}]}],
@@ -145,12 +148,16 @@ FIELDS = ["messages", "prompt", "max_tokens", "max_completion_tokens", "temperat
           "stream", "stream_options", "tools", "tool_choice", "response_format", "guided_json", "guided_regex",
           "guided_grammar", "guided_choice", "structural_tag", "structured_outputs", "echo", "suffix", "best_of",
           "chat_template_kwargs", "model", "user", "parallel_tool_calls"]
+RESPONSES_FIELDS = ["input", "instructions", "max_output_tokens", "temperature", "top_p", "seed", "stream",
+                    "stream_options", "tools", "tool_choice", "text", "reasoning", "include", "metadata", "store",
+                    "previous_response_id", "background", "truncation", "top_logprobs", "parallel_tool_calls"]
 
 
 def malformed(rng: random.Random) -> tuple[str, bytes]:
     """A route and a body that is (most likely) wrong: truncated or broken JSON, not an object,
     a field of the wrong type or out of bounds, a required field missing, deep nesting."""
-    route, body = rng.choice([("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])
+    route, body, fields = rng.choice([("/v1/chat/completions", CHAT, FIELDS), ("/v1/completions", COMPLETION, FIELDS),
+                                      ("/v1/responses", RESPONSES, RESPONSES_FIELDS)])
     body = json.loads(json.dumps(body))
     kind = rng.randrange(7)
     if kind == 0:
@@ -161,13 +168,13 @@ def malformed(rng: random.Random) -> tuple[str, bytes]:
     if kind == 2:
         return route, json.dumps(rng.choice(ODD_VALUES)).encode()
     if kind == 3:
-        body.pop(rng.choice(["messages", "prompt"]), None)
+        body.pop(rng.choice(["messages", "prompt", "input"]), None)
     elif kind == 4:     # (the bodies above hold no null but this one)
         depth = rng.choice([50, 500, 5000])
-        raw = json.dumps({**body, rng.choice(FIELDS): None}).replace("null", "[" * depth + "]" * depth, 1)
+        raw = json.dumps({**body, rng.choice(fields): None}).replace("null", "[" * depth + "]" * depth, 1)
         return route, raw.encode()
     for _ in range(rng.randrange(1, 4)):
-        body[rng.choice(FIELDS)] = rng.choice(ODD_VALUES)
+        body[rng.choice(fields)] = rng.choice(ODD_VALUES)
     return route, json.dumps(body).encode()
 
 

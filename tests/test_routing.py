@@ -210,5 +210,10 @@ def test_the_ingress_keys_are_the_runtimes_content_key_and_one_per_tool_schema()
     regex = json.dumps({"model": "m", "prompt": "x", "guided_regex": "[a-z]+"}).encode()
     assert request_affinity("completions", regex) == (
         content_key(completion_session_spec(p.decode_completion_request(regex))), ())
-    with pytest.raises(ValueError, match="only chat and completions"):
+    # a Responses request with the same tools (flat, Responses-shaped) has the chat request's keys
+    flat = [{"type": "function", **t["function"]} for t in TOOLS]
+    responses = json.dumps({"model": "m", "input": "hi", "tools": flat, "tool_choice": "required"}).encode()
+    assert request_affinity("responses", responses, tool_format="qwen_3") == (grammar, tools)
+    assert request_affinity("responses", json.dumps({"input": "hi"}).encode()) is None
+    with pytest.raises(ValueError, match="only chat, completions and responses"):
         request_affinity("embeddings", regex)

@@ -48,6 +48,16 @@ def chat(app, tool_set: list[dict] | None, **extra) -> tuple[str, dict]:
         return r.headers["x-xg2-replica"], json.loads(r.read())
 
 
+def respond(app, tool_set: list[dict]) -> tuple[str, dict]:
+    """A Responses request with the same tools (flat, as the Responses API has them)."""
+    body = {"model": "tiny", "input": MESSAGES[0]["content"], "max_output_tokens": 4, "tool_choice": "required",
+            "tools": [{"type": "function", **t["function"]} for t in tool_set]}
+    request = urllib.request.Request(app.url + "/responses", json.dumps(body).encode(),
+                                     {"Authorization": "Bearer routing", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return r.headers["x-xg2-replica"], json.loads(r.read())
+
+
 class HeldStream:
     """A streamed request kept open (its first event read) until closed: the replica counts it in
     its queue meanwhile."""
@@ -87,6 +97,8 @@ def test_requests_sharing_tools_go_to_the_replica_that_holds_them(app):
     # new sets as a whole, most of whose tools went to `home`
     assert [chat(app, shared + tools(2, f"own{i}"))[0] for i in range(1, 5)] == [home] * 4
     assert chat(app, shared + tools(2, "own0"))[0] == home      # the same set: its grammar is there
+    replica, answer = respond(app, shared + tools(2, "own0"))    # through the Responses API: the same grammar
+    assert replica == home and answer["object"] == "response"
     # requests without a grammar are spread by load alone: both replicas answer some
     seen = {chat(app, None, max_tokens=1)[0] for _ in range(16)}
     assert len(seen) == 2 and home in seen

@@ -143,9 +143,9 @@ def test_reasoning_comes_apart_from_the_text(served):
 def test_streamed_text_is_what_the_whole_output_reads(model):
     """What a stream sends piece by piece (text held from where a call may begin, reasoning once
     it closes) adds up to what the whole output reads, for the output each template writes."""
-    import xg2
     from test_model_formats import render
 
+    import xg2
     from serve.replica import _held_markers, _StreamSplit
     from xg2.actors.spec import ToolsSpec
 
