@@ -383,10 +383,11 @@ class Replica:
 
 
 def _finish(out: ModelOutput, calls: list, reason: str) -> str:
-    """OpenAI's finish reason: `length` for an output cut inside a call (or its reasoning), whose
-    markup is then in neither the content nor the calls; `tool_calls` when it called."""
+    """OpenAI's finish reason: for an output cut inside a call (or its reasoning), whose markup is
+    then in neither the content nor the calls, what cut it (`length`, or a stop string's `stop`),
+    never `tool_calls`; `tool_calls` when it called."""
     if out.cut:
-        return "length"
+        return reason
     return "tool_calls" if calls else reason
 
 
