@@ -11,10 +11,16 @@ A step, for the batch of active sequences:
 Only step 3's mask part (apply and accept, plus any wait for a fill that outlasted the forward)
 is added to the step's time; `stats` keeps it per step as `mask_exposed_ms`.
 
-New requests are prefilled one at a time between steps into a free cache row (serve.slots); a
-finished or cancelled request's row is given back at the end of the step. A token the grammar did
-not allow can never be emitted: a session that refuses a sampled token (it cannot happen with the
-mask applied) fails its request with an error instead.
+New requests are prefilled into a free cache row (serve.slots) in chunks of at most
+`prefill_chunk` prompt tokens, one chunk per step, run in the step's own forward beside the
+decoded tokens: a long prompt never stops the running streams for its whole length (a 2,000-token
+prompt is seconds of CPU), each of its chunks only makes one of their steps longer (with nothing
+decoding, chunks are bigger: `prefill_chunk_alone`). Prompts are
+prefilled one at a time, first come first served; the request being prefilled stays at the head of
+the queue, holding the row just past the active ones, until its last chunk gives its first token
+and it joins the batch. A finished or cancelled request's row is given back at the end of the step.
+A token the grammar did not allow can never be emitted: a session that refuses a sampled token (it
+cannot happen with the mask applied) fails its request with an error instead.
 """
 
 from __future__ import annotations
@@ -37,6 +43,19 @@ import xg2
 from .slots import SlotModel
 
 _log = logging.getLogger("xg2.serve")
+
+#: Prompt tokens run per step beside decoding rows (Engine's `prefill_chunk`). A step's forward
+#: costs about one read of the weights plus each token's compute: with SmolLM2-135M on 2 CPU
+#: cores, 32 prompt tokens make a step of 3 streams about 1.3 times longer (their inter-token p99
+#: stays well within twice its plain value while a 2,000-token prompt goes in), 64 about 1.6
+#: times, 256 four times (benchmarks/README.md, "Chunked prefill").
+PREFILL_CHUNK = 32
+
+#: Prompt tokens run per step when no row decodes (Engine's `prefill_chunk_alone`): no stream
+#: waits on the prompt then, and bigger chunks read the weights fewer times (a lone 2,000-token
+#: prompt: about 6 s by 512s, 12 s by 32s, as one forward); still bounded, so that a prompt
+#: cancelled meanwhile is let go within a second or so.
+PREFILL_CHUNK_ALONE = 512
 
 
 @dataclass
@@ -73,7 +92,7 @@ class Generation:
     "cancelled")."""
 
     __slots__ = ("_queue", "cancelled", "completion_tokens", "done", "finish_reason", "first_token_s",
-                 "generator", "last", "params", "prompt", "row", "session", "submitted")
+                 "generator", "last", "params", "prefilled", "prompt", "row", "session", "submitted")
 
     def __init__(self, prompt: list[int], session: Any, params: SamplingParams):
         self.prompt = prompt
@@ -86,6 +105,7 @@ class Generation:
                                        else int.from_bytes(os.urandom(7), "little"))
         self._queue: asyncio.Queue = asyncio.Queue()
         self.row = -1
+        self.prefilled = 0          # prompt tokens in its row so far
         self.last = -1
         self.completion_tokens = 0
         self.done = False
@@ -128,10 +148,20 @@ class Generation:
 
 
 class Engine:
-    """The batch decoding loop of one replica (see the module note). Use it from one event loop."""
+    """The batch decoding loop of one replica (see the module note). Use it from one event loop.
+
+    `prefill_chunk` is the most prompt tokens run in one step beside decoding rows (None: a whole
+    prompt at once, as a single forward that holds up the running streams for its length);
+    `prefill_chunk_alone` the most when no row decodes (None: the rest of the prompt)."""
 
     def __init__(self, model: Any, stop_token_ids: list[int], *, runtime: Any = None, max_batch: int = 8,
-                 max_len: int = 4096, vocab_size: int | None = None):
+                 max_len: int = 4096, vocab_size: int | None = None, prefill_chunk: int | None = PREFILL_CHUNK,
+                 prefill_chunk_alone: int | None = PREFILL_CHUNK_ALONE):
+        for name, value in (("prefill_chunk", prefill_chunk), ("prefill_chunk_alone", prefill_chunk_alone)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (or None: no chunking)")
+        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk_alone = prefill_chunk_alone
         self.lm = SlotModel(model, max_rows=max_batch, max_len=max_len)
         self.runtime = runtime
         self.max_batch = max_batch
@@ -147,8 +177,8 @@ class Engine:
         self._closed = False
         #: per step (the last 4096): forward, mask fill (overlapped), mask work exposed, batch size
         self.steps: collections.deque[tuple[float, float, float, int]] = collections.deque(maxlen=4096)
-        self.counts = {"steps": 0, "prefills": 0, "tokens": 0, "requests": 0, "refused_tokens": 0,
-                       "fill_timeouts": 0}
+        self.counts = {"steps": 0, "prefills": 0, "prefill_chunks": 0, "tokens": 0, "requests": 0,
+                       "refused_tokens": 0, "fill_timeouts": 0}
 
     def idle(self) -> bool:
         """Whether no request is queued or decoding (read from any thread: a hint, not a lock)."""
@@ -192,55 +222,51 @@ class Engine:
                 await self._wake.wait()
                 continue
             try:
-                self._admit_one(await self._next_prefill(loop))
+                chunk = self._next_chunk()
+                if self._active or chunk is not None:
+                    await self._step(loop, chunk)
                 self._retire()
-                if self._active:
-                    await self._step(loop)
-                    self._retire()
             except asyncio.CancelledError:
                 raise
             except Exception as e:      # noqa: BLE001 - a bug here fails the batch, never the replica
                 _log.exception("decoding step failed")
+                error = GenerationError(f"decoding failed: {type(e).__name__}: {e}")
                 for g in self._active:
-                    g._finish("error", GenerationError(f"decoding failed: {type(e).__name__}: {e}"))
+                    g._finish("error", error)
                 self._active = []
+                if self._pending and self._pending[0].row >= 0:     # the prompt being prefilled
+                    self._drop_prefill(self._pending[0], error)
 
-    async def _next_prefill(self, loop: asyncio.AbstractEventLoop) -> tuple[Generation, torch.Tensor] | None:
-        """Prefill the next queued request into the first free row (one per step, so a burst of
-        long prompts does not stall the sequences already decoding for long)."""
-        while self._pending and len(self._active) < self.max_batch:
-            gen = self._pending.popleft()
-            if gen.cancelled:
-                gen._finish("cancelled")
+    def _next_chunk(self) -> tuple[Generation, list[int]] | None:
+        """The prompt tokens to run with this step: the next chunk of the request at the head of
+        the queue, which takes the first free row when it starts. One request at a time, in
+        arrival order, so a burst of arrivals is admitted in order and none is overtaken."""
+        while self._pending:
+            gen = self._pending[0]
+            if not self._going_on([gen])[0]:        # cancelled, or its session closed: queued or mid-prompt
+                self._drop_prefill(gen)
                 continue
-            row = len(self._active)
-            self.lm.reset(row)
-            try:
-                logits = await loop.run_in_executor(self._forward, self.lm.prefill, row, gen.prompt)
-            except Exception as e:      # noqa: BLE001 - the request fails, the others go on
-                gen._finish("error", GenerationError(f"prefill failed: {e}"))
-                continue
-            self.counts["prefills"] += 1
-            gen.row = row
-            self._active.append(gen)
-            return gen, logits[None]
+            if gen.row < 0:
+                if len(self._active) >= self.max_batch:
+                    return None
+                gen.row = len(self._active)
+                self.lm.reset(gen.row)
+            size = self.prefill_chunk if self._active else self.prefill_chunk_alone
+            end = len(gen.prompt) if size is None else gen.prefilled + size
+            return gen, gen.prompt[gen.prefilled:end]
         return None
 
-    def _admit_one(self, prefilled: tuple[Generation, torch.Tensor] | None) -> None:
-        """The first token of a request just prefilled. Its client may have gone while the prompt
-        was on the forward thread (its session closed with it): then it only leaves its row."""
-        if prefilled is None:
-            return
-        gen, logits = prefilled
-        if not self._going_on([gen])[0]:
-            return
-        if gen.session is not None:
-            try:
-                self.runtime.fill([gen.session], self.bitmask)
-            except xg2.FillTimeoutError:
-                self._too_costly([gen])
-                return
-        self._sample_and_accept([gen], logits)
+    def _drop_prefill(self, gen: Generation, error: BaseException | None = None) -> None:
+        """The head of the queue leaves it before joining the batch (cancelled, failed, or its
+        session closed), giving back the row its prompt was going into."""
+        self._pending.popleft()
+        if gen.row >= 0:
+            self.lm.reset(gen.row)
+            gen.row = -1
+        if error is not None:
+            gen._finish("error", error)
+        elif gen.cancelled:
+            gen._finish("cancelled")
 
     def _too_costly(self, gens: list[Generation]) -> None:
         for g in gens:
@@ -264,49 +290,85 @@ class Engine:
                 out.append(True)
         return out
 
-    async def _step(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _step(self, loop: asyncio.AbstractEventLoop, chunk: tuple[Generation, list[int]] | None) -> None:
+        """One forward: a token for each active request and, beside them, `chunk` (a prompt's
+        next tokens); a prompt's last chunk also gives its request's first token, sampled with
+        the others'. A forward that fails with a chunk in it fails that chunk's request only:
+        the active rows are left as they were (serve.slots) and step again without it."""
         active = self._active
+        b = len(active)
         tokens = [g.last for g in active]
+        gen, ids = chunk if chunk is not None else (None, [])
+        src = -1
+        batch = active
+        if gen is not None:
+            src, gen.row = gen.row, b           # its row follows the active ones (some may have left)
+            if gen.prefilled + len(ids) == len(gen.prompt):
+                batch = [*active, gen]          # its first token comes with this step
         t0 = time.perf_counter()
         filled = threading.Event()
         timing = [0.0, 0.0]         # the forward's end, the mask application's seconds
 
-        def forward() -> list[int]:
+        def forward() -> list[int] | Exception:
             # Masking and sampling run here, on the thread that ran the forward: torch's worker
             # threads still spin for a while after it, and on a small machine they would slow
             # any other thread that touches the logits.
-            logits = self.lm.decode(tokens).float()
+            try:
+                if src not in (-1, b):
+                    self.lm.move(src, b)
+                logits = self.lm.forward(tokens, b, ids).float()
+            except Exception as e:      # noqa: BLE001 - whose failure it is is decided on the loop's thread
+                return e
             timing[0] = time.perf_counter()
+            if not batch:
+                return []
             filled.wait()
-            picked, timing[1] = self._mask_and_sample(active, logits)
+            picked, timing[1] = self._mask_and_sample(batch, logits[:len(batch)])
             return picked
 
         pending = loop.run_in_executor(self._forward, forward)
         # a cancelled request's session may be closed by its caller at any await from here on
-        sessions = [g.session if go else None for g, go in zip(active, self._going_on(active))]
+        sessions = [g.session if go else None for g, go in zip(batch, self._going_on(batch))]
         fill_end = t0
         try:
             if any(s is not None for s in sessions):
                 try:
                     self.runtime.fill(sessions, self.bitmask)   # one C call, GIL released, beside the forward
                 except xg2.FillTimeoutError as e:               # those requests fail; their rows are zeros
-                    self._too_costly([active[k] for k in e.rows])
+                    self._too_costly([batch[k] for k in e.rows])
                 fill_end = time.perf_counter()
         finally:
             filled.set()
         try:
             picked = await pending
-        except Exception as e:      # noqa: BLE001 - the batch fails; the replica goes on
+        except Exception as e:      # noqa: BLE001 - masking or sampling failed: the step's requests fail
             for g in active:
                 g._finish("error", GenerationError(f"forward failed: {e}"))
+            if gen is not None:
+                self._drop_prefill(gen, GenerationError(f"forward failed: {e}"))
             return
-        exposed = timing[1] + self._accept_and_emit(active, picked) + max(0.0, fill_end - timing[0])
-        self.counts["steps"] += 1
-        self.steps.append(((timing[0] - t0) * 1e3, (fill_end - t0) * 1e3, exposed * 1e3, len(active)))
-
-    def _sample_and_accept(self, gens: list[Generation], logits: torch.Tensor) -> float:
-        picked, mask_s = self._mask_and_sample(gens, logits.float())
-        return mask_s + self._accept_and_emit(gens, picked)
+        if isinstance(picked, Exception):       # the forward itself failed
+            if gen is None:
+                for g in active:
+                    g._finish("error", GenerationError(f"forward failed: {picked}"))
+                return
+            if src != b:
+                self.lm.reset(src)
+            self._drop_prefill(gen, GenerationError(f"prefill failed: {picked}"))
+            return
+        if gen is not None:
+            gen.prefilled += len(ids)
+            self.counts["prefill_chunks"] += 1
+            if batch is not active:     # its prompt is in: it joins the batch
+                self._pending.popleft()
+                self._active = batch
+                self.counts["prefills"] += 1
+        if not batch:
+            return
+        exposed = timing[1] + self._accept_and_emit(batch, picked) + max(0.0, fill_end - timing[0])
+        if active:
+            self.counts["steps"] += 1
+            self.steps.append(((timing[0] - t0) * 1e3, (fill_end - t0) * 1e3, exposed * 1e3, len(batch)))
 
     def _mask_and_sample(self, gens: list[Generation], logits: torch.Tensor) -> tuple[list[int], float]:
         """The rows of constrained requests masked, then every row sampled (row k is gens[k]'s);

@@ -30,7 +30,14 @@ from xg2.grammar.model_output import model_output_think
 
 from . import protocol as p
 from .chat import openai_tool_calls
-from .engine import Engine, GenerationError, GrammarTooCostly, SamplingParams
+from .engine import (
+    PREFILL_CHUNK,
+    PREFILL_CHUNK_ALONE,
+    Engine,
+    GenerationError,
+    GrammarTooCostly,
+    SamplingParams,
+)
 from .grammars import chat_session_spec, compile_error_to_request_error, completion_session_spec
 from .model import LoadedModel, load_model, tokenizer_info
 from .responses import respond as respond_responses
@@ -47,6 +54,11 @@ class ReplicaOptions:
     tool_format: str | None = None          # the model's tool-call format (None: the model's; serve.model)
     max_batch: int = 8
     max_len: int = 4096
+    # Prompts go in by chunks of this many tokens, each in a decode step of the running streams
+    # (serve.engine; None: a whole prompt in one forward, which stops every stream for its length),
+    # and by chunks of prefill_chunk_alone when nothing decodes.
+    prefill_chunk: int | None = PREFILL_CHUNK
+    prefill_chunk_alone: int | None = PREFILL_CHUNK_ALONE
     max_tokens_limit: int = 4096
     default_max_tokens: int = 512
     max_requests_per_tenant: int = 16       # in flight on this replica
@@ -165,7 +177,8 @@ class Replica:
         self._max_token_bytes = max(1, max(map(len, tokenizer_info(self.loaded).decoded_vocab)),
                                     max((len(t.encode()) for t in added), default=0))
         self.engine = Engine(self.loaded.model, self.loaded.eos_token_ids, runtime=self.runtime,
-                             max_batch=o.max_batch, max_len=o.max_len, vocab_size=self.loaded.vocab_size)
+                             max_batch=o.max_batch, max_len=o.max_len, vocab_size=self.loaded.vocab_size,
+                             prefill_chunk=o.prefill_chunk, prefill_chunk_alone=o.prefill_chunk_alone)
         # known tool sets are linked on the runtime's thread only while nothing decodes (see
         # GrammarRuntime.links_here_when); else in the compile workers, like the rest
         self.runtime.links_here_when = self.engine.idle

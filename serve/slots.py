@@ -6,7 +6,9 @@ one shared position (left padding) and cannot take a sequence in or out mid-flig
 would have to be re-padded every time a request arrives or ends. Here the cache is one tensor per
 layer with a row per sequence; a sequence is prefilled into a free row, decoded with the others
 (its attention masked to its own length), and its row is given back when it ends. Active rows
-are kept packed at the front (`move`), so a step reads the cache as views, never as copies.
+are kept packed at the front (`move`), so a step reads the cache as views, never as copies. A
+prompt may go in by chunks, each in the same forward as a decoding step of the other rows
+(`forward`), so that a long prompt does not stop them for its whole length.
 
 The projections, norms, MLPs and rotary embedding are the model's own modules (so their weights,
 biases, rope scaling and per-head norms are whatever the checkpoint says); only attention over the
@@ -16,6 +18,7 @@ window) are served this way; `supports()` says whether a model is one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -99,57 +102,79 @@ class SlotModel:
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
         self.lengths[dst], self.lengths[src] = n, 0
 
-    @torch.inference_mode()
     def prefill(self, row: int, ids: list[int]) -> torch.Tensor:
-        """Run a sequence's prompt (or more of it) into its row; the logits of its last position."""
-        start = self.lengths[row]
-        n = len(ids)
-        if n == 0:
+        """Run a sequence's prompt (or more of it: a chunk after the ones it holds) into its row;
+        the logits of its last position."""
+        if not ids:
             raise ValueError("nothing to prefill")
-        self._room(start + n)
-        x = self.inner.embed_tokens(torch.tensor([ids], device=self.device))
-        positions = torch.arange(start, start + n, device=self.device)[None]
-        cos, sin = self.inner.rotary_emb(x, positions)
-        # attention: position i of the new tokens sees the cached ones and new ones up to i
-        total = start + n
-        mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril(diagonal=start)[None, None]
-        for li, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
-            q, k, v = self._qkv(layer.self_attn, h, cos, sin)
-            self.k[li, row, :, start:total] = k[0]
-            self.v[li, row, :, start:total] = v[0]
-            keys = self.k[li, row:row + 1, :, :total]
-            values = self.v[li, row:row + 1, :, :total]
-            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True,
-                                               scale=self._scale(layer.self_attn))
-            x = x + layer.self_attn.o_proj(a.transpose(1, 2).reshape(1, n, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        self.lengths[row] = total
-        return self.model.lm_head(self.inner.norm(x[:, -1]))[0]
+        return self.forward([], row, ids)[0]
 
-    @torch.inference_mode()
     def decode(self, tokens: list[int]) -> torch.Tensor:
         """One token for each of rows 0..len(tokens)-1, at each row's own position: logits (B, V)."""
-        b = len(tokens)
-        lengths = torch.tensor(self.lengths[:b], device=self.device)
-        total = int(lengths.max()) + 1
-        self._room(total)
-        x = self.inner.embed_tokens(torch.tensor(tokens, device=self.device)[:, None])     # (B, 1, H)
-        cos, sin = self.inner.rotary_emb(x, lengths[:, None])
-        mask = (torch.arange(total, device=self.device)[None] <= lengths[:, None])[:, None, None]   # (B,1,1,T)
-        rows = torch.arange(b, device=self.device)
+        return self.forward(tokens)
+
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], row: int = -1, ids: Sequence[int] = ()) -> torch.Tensor:
+        """One decoding step for rows 0..B-1 (`tokens`, one each, at each row's own position) and,
+        in the same forward, `ids` prefilled into `row` after what it holds (a prompt, or a chunk
+        of one): the decoded rows' logits (B, V), then, when `ids` is given, one more row, the
+        logits of its last position.
+
+        Why one forward: on a CPU a decoding step reads every weight for a handful of tokens, so
+        prompt tokens riding along cost only their compute; a prompt chunk run as a forward of its
+        own between steps would read the weights again. The projections and MLPs see all the
+        tokens as one sequence; only attention is split (each decoded row against its own cache,
+        the prompt chunk causally against its row's).
+
+        The rows' lengths change only once everything has succeeded: a forward that raises leaves
+        every row as it was (what it wrote lies past their lengths and is written again)."""
+        b, n = len(tokens), len(ids)
+        if b + n == 0:
+            raise ValueError("nothing to run")
+        if n and not b <= row < self.max_rows:
+            raise ValueError(f"row {row} cannot take a prompt beside {b} decoded rows")
+        before = self.lengths[:b]
+        start = self.lengths[row] if n else 0
+        total = start + n                                   # the prompt row's length after
+        dtotal = max(before) + 1 if b else 0                 # the keys the decoded rows see
+        self._room(max(total, dtotal))
+        x = self.inner.embed_tokens(torch.tensor([[*tokens, *ids]], device=self.device))     # (1, B+n, H)
+        lengths = torch.tensor(before, dtype=torch.long, device=self.device)
+        positions = torch.cat((lengths, torch.arange(start, total, device=self.device)))[None]
+        cos, sin = self.inner.rotary_emb(x, positions)
+        if b:
+            rows = torch.arange(b, device=self.device)
+            dmask = (torch.arange(dtotal, device=self.device)[None] <= lengths[:, None])[:, None, None]   # (B,1,1,T)
+        if n:
+            # position i of the chunk sees the cached tokens and the chunk's own up to i
+            pmask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril(diagonal=start)[None, None]
         for li, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
-            q, k, v = self._qkv(layer.self_attn, h, cos, sin)
-            self.k[li, rows, :, lengths] = k[:, :, 0]
-            self.v[li, rows, :, lengths] = v[:, :, 0]
-            a = F.scaled_dot_product_attention(q, self.k[li, :b, :, :total], self.v[li, :b, :, :total],
-                                               attn_mask=mask, enable_gqa=True, scale=self._scale(layer.self_attn))
-            x = x + layer.self_attn.o_proj(a.transpose(1, 2).reshape(b, 1, -1))
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)      # (1, heads, B+n, D)
+            parts = []
+            if b:
+                self.k[li, rows, :, lengths] = k[0, :, :b].transpose(0, 1)
+                self.v[li, rows, :, lengths] = v[0, :, :b].transpose(0, 1)
+                a = F.scaled_dot_product_attention(q[0, :, :b, None].transpose(0, 1), self.k[li, :b, :, :dtotal],
+                                                   self.v[li, :b, :, :dtotal], attn_mask=dmask, enable_gqa=True,
+                                                   scale=self._scale(attn))       # (B, heads, 1, D)
+                parts.append(a.transpose(1, 2).reshape(1, b, -1))
+            if n:
+                self.k[li, row, :, start:total] = k[0, :, b:]
+                self.v[li, row, :, start:total] = v[0, :, b:]
+                a = F.scaled_dot_product_attention(q[:, :, b:], self.k[li, row:row + 1, :, :total],
+                                                   self.v[li, row:row + 1, :, :total], attn_mask=pmask,
+                                                   enable_gqa=True, scale=self._scale(attn))    # (1, heads, n, D)
+                parts.append(a.transpose(1, 2).reshape(1, n, -1))
+            x = x + attn.o_proj(parts[0] if len(parts) == 1 else torch.cat(parts, 1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+        last = x[0, :b] if not n else x[0, :b + 1] if n == 1 else torch.cat((x[0, :b], x[0, -1:]))
+        logits = self.model.lm_head(self.inner.norm(last))
         for r in range(b):
             self.lengths[r] += 1
-        return self.model.lm_head(self.inner.norm(x[:, 0]))
+        if n:
+            self.lengths[row] = total
+        return logits
 
     def _scale(self, attn: Any) -> float:
         return getattr(attn, "scaling", None) or self.head_dim ** -0.5

@@ -17,14 +17,16 @@ GRAMMAR = {"grammar": {"type": "regex", "pattern": PATTERN}}
 
 
 def _slow_prefill(eng: Engine, seconds: float) -> None:
-    """Every prefill takes `seconds` more (on the forward thread, as a long prompt would)."""
-    real = eng.lm.prefill
+    """Every forward with prompt tokens in it takes `seconds` more (on the forward thread, as a
+    long prompt would)."""
+    real = eng.lm.forward
 
-    def prefill(row, ids):
-        time.sleep(seconds)
-        return real(row, ids)
+    def forward(tokens, row=-1, ids=()):
+        if ids:
+            time.sleep(seconds)
+        return real(tokens, row, ids)
 
-    eng.lm.prefill = prefill
+    eng.lm.forward = forward
 
 
 def _valid(loaded, tokens: list[int]) -> bool:
