@@ -173,9 +173,6 @@ class Workload:
         self.tool_format = tool_format
         self.easy_named = easy_named
         self.load_s = time.perf_counter() - t0
-        from serve.chat import ChatFormat
-
-        self.chat = ChatFormat()
 
     def draw(self, cls: str, rng: random.Random) -> Draw | None:
         if cls == "tools":
@@ -199,8 +196,14 @@ class Workload:
         spec = ToolsSpec(tools, choice, self.tool_format, True, "disabled")
 
         def judge(text: str) -> w.Verdict:
-            content, calls = self.chat.parse_tool_calls(text)
-            return w.check_tool_output("tool_calls" if calls else "stop", content, calls, ts, choice)
+            """The output read back as the server reads it (the format's own reader)."""
+            import xg2
+            from serve.chat import openai_tool_calls
+
+            out = xg2.read_model_output(self.tool_format, text, tools, "disabled")
+            calls = openai_tool_calls(out.calls)
+            finish = "length" if out.cut else "tool_calls" if calls else "stop"
+            return w.check_tool_output(finish, out.content, calls, ts, choice)
 
         return Draw("tools", f"tools/{i}/{mode}", spec, judge)
 

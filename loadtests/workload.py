@@ -452,12 +452,13 @@ def check_tool_output(finish: str | None, content: str | None, calls: list[dict]
                       tool_choice: Any) -> Verdict:
     """A tools answer (calls as OpenAI dicts: {"function": {"name", "arguments"}}). With
     `finish_reason` "tool_calls" every call names a tool of the request (the named one when
-    tool_choice names one) and its arguments parse and validate. `auto` may answer in text
-    (without a half-written call in it); `required` and named ones must call, or be cut
+    tool_choice names one) and its arguments parse and validate; so do the whole calls an answer
+    cut by the token limit ("length") gives before the one it was cut in. `auto` may answer in
+    text (without a half-written call in it); `required` and named ones must call, or be cut
     ("truncated")."""
     mode = tool_choice if isinstance(tool_choice, str) else "named"
     named = tool_choice["function"]["name"] if mode == "named" else None
-    if finish == "tool_calls":
+    if finish == "tool_calls" or (finish == "length" and calls):
         if not calls:
             return Verdict("invalid_output", "finish_reason tool_calls without tool calls")
         names = set(tool_set.names)
@@ -477,7 +478,7 @@ def check_tool_output(finish: str | None, content: str | None, calls: list[dict]
                 e = errors[0]
                 at = "/" + "/".join(map(str, e.absolute_path))
                 return Verdict("invalid_output", f"{name}: arguments do not validate at {at}: {e.message[:120]}")
-        return OK
+        return OK if finish == "tool_calls" else Verdict("truncated")
     if calls:
         return Verdict("invalid_output", f"tool calls with finish_reason {finish!r}")
     if finish == "length":

@@ -60,10 +60,12 @@ def test_tool_checks():
     assert check("tool_calls", None, [call("get_weather", '{"city": "Paris"}')], TOOLS, "required").kind == "ok"
     assert check("tool_calls", None, [call("now", "{}")], TOOLS, named).kind == "ok"
     assert check("length", "<tool_call>\n{", [], TOOLS, "required").kind == "truncated"
+    assert check("length", None, [call("now", "{}")], TOOLS, "required").kind == "truncated"    # whole calls, then cut
     assert check("stop", "plain text", [], TOOLS, "auto").kind == "ok"
     bad = [
         ("tool_calls", None, [call("get_weather", "{}")], "required"),           # a required argument missing
         ("tool_calls", None, [call("get_weather", '{"city": ')], "auto"),        # not JSON
+        ("length", None, [call("get_weather", "{}")], "required"),               # a cut answer's call invalid
         ("tool_calls", None, [call("search", "{}")], "auto"),                    # not a tool of the request
         ("tool_calls", None, [call("get_weather", '{"city": "x"}')], named),     # not the named tool
         ("tool_calls", None, [], "required"),

@@ -12,13 +12,18 @@ import json
 
 import jsonschema
 import pytest
+import torch
 from conftest import shared_file
-from test_model_formats import MODELS
+from test_model_formats import MODELS, render
+from transformers import PreTrainedTokenizerFast
 
+import serve.engine
+import xg2
 from serve import protocol as p
 from serve.chat import TemplateChatFormat
 from serve.model import LoadedModel, _tiny_model
-from serve.replica import Replica, ReplicaOptions
+from serve.replica import Replica, ReplicaOptions, _held_markers, _StreamSplit
+from xg2.actors.spec import ToolsSpec
 
 HARMONY_TOKENS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>", "<|call|>", "<|return|>"]
 #: Arguments every grammar-valid output of which is short: the random model cannot wander.
@@ -33,9 +38,6 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|i
 
 @pytest.fixture(scope="module")
 def served():
-    import torch
-    from transformers import PreTrainedTokenizerFast
-
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(shared_file("deepseek_v3_tokenizer.json")),
                                         eos_token="<｜end▁of▁sentence｜>")
     tokenizer.add_special_tokens({"additional_special_tokens": HARMONY_TOKENS})
@@ -68,8 +70,6 @@ def _chat(replica, fmt_loaded, **body) -> dict | list[dict]:
 
 
 def _markup_free(model: str, text: str | None) -> None:
-    import xg2
-
     for marker in xg2.model_output_hold(model):
         assert not marker or marker not in (text or ""), (model, text)
 
@@ -143,12 +143,6 @@ def test_reasoning_comes_apart_from_the_text(served):
 def test_streamed_text_is_what_the_whole_output_reads(model):
     """What a stream sends piece by piece (text held from where a call may begin, reasoning once
     it closes) adds up to what the whole output reads, for the output each template writes."""
-    from test_model_formats import render
-
-    import xg2
-    from serve.replica import _held_markers, _StreamSplit
-    from xg2.actors.spec import ToolsSpec
-
     reasoning = "disabled" if model in ("llama", "kimi", "exaone") else "enabled"
     text = "" if model in ("cohere", "harmony") else "Checking the weather.\n"
     calls = [("get_weather", {"city": "Rome", "days": 2})]
@@ -164,3 +158,39 @@ def test_streamed_text_is_what_the_whole_output_reads(model):
     assert "".join(d.reasoning_content for d in deltas if isinstance(d.reasoning_content, str)) == \
         (whole.reasoning or "")
     assert [(c.name, c.arguments) for c in whole.calls] == calls
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_what_the_template_writes_comes_back_parsed(served, model, monkeypatch):
+    """A model that writes what its chat template writes (the sampler picks the template's next
+    token whenever the grammar allows it, as a trained model would): every format, Kimi K3's
+    included, comes back as the calls the template wrote, whole and streamed."""
+    replica, loaded = served
+    calls = [("get_weather", {"city": "Rome", "days": 2}), ("now", {})]
+    calls = calls[:1] if model == "harmony" else calls
+    script = loaded.tokenizer.encode(render(model, calls, reasoning=""), add_special_tokens=False)
+    eos = loaded.eos_token_ids[0]
+    real = serve.engine._sample
+
+    def scripted(logits, gens):
+        picked = real(logits, gens)
+        for k, g in enumerate(gens):
+            want = script[g.completion_tokens] if g.completion_tokens < len(script) else eos
+            if torch.isfinite(logits[k, want]):
+                picked[k] = want
+        return picked
+
+    monkeypatch.setattr(serve.engine, "_sample", scripted)
+    fmt = dataclasses.replace(loaded, tool_format=model)
+    body = {"tool_choice": "required", "max_tokens": len(script) + 8,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    whole = _chat(replica, fmt, **body)["choices"][0]
+    assert whole["finish_reason"] == "tool_calls", (model, whole)
+    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in whole["message"]["tool_calls"]]
+    assert got == calls and not whole["message"]["content"], (model, whole)
+    events = _chat(replica, fmt, stream=True, **body)
+    deltas = [e["choices"][0] for e in events if e["choices"]]
+    streamed = [(tc["function"]["name"], json.loads(tc["function"]["arguments"]))
+                for d in deltas for tc in d["delta"].get("tool_calls") or ()]
+    assert streamed == calls and deltas[-1]["finish_reason"] == "tool_calls"
+    assert not "".join(d["delta"].get("content") or "" for d in deltas)
