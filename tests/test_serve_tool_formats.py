@@ -1,8 +1,10 @@
 """Every tool-call format the server can constrain, read back by the server (issue 35): a replica
-in process serving a tiny random model on DeepSeek-V3's vocabulary (harmony's markers added as
-its special tokens), its tool format set to each registered one in turn, as a replica of that
-family's model would have it. Forced calls come back as OpenAI's `message.tool_calls` and, streamed,
-as `delta.tool_calls`, with no markup left in the text; calls cut by `max_tokens` give `length`."""
+in process serving a tiny model on DeepSeek-V3's vocabulary (harmony's markers added as its special
+tokens), its tool format set to each registered one in turn, as a replica of that family's model
+would have it. The model writes at random, or what the format's chat template writes (its sampler
+following the template's tokens where the grammar allows them). Calls come back as OpenAI's
+`message.tool_calls` and, streamed, as `delta.tool_calls`, with no markup left in the text; calls
+cut by `max_tokens` give `length`."""
 
 from __future__ import annotations
 
@@ -75,12 +77,14 @@ def _markup_free(model: str, text: str | None) -> None:
 
 
 #: Kimi K3 writes a response channel of free text before its tools channel, which a random model
-#: never closes: its output is read back in test_model_output (what its template writes, cut anywhere).
+#: never closes (the template-following model below writes it).
 FORCED = [m for m in MODELS if m != "kimi_k3"]
 
 
 @pytest.mark.parametrize("model", FORCED)
-def test_forced_calls_come_back_parsed_streaming_and_not(served, model):
+def test_forced_calls_of_a_random_model_come_back_parsed(served, model):
+    """Whatever a random model writes under a forced call, within its format (streamed reading is
+    checked by the template-following model below and piece by piece above)."""
     replica, loaded = served
     fmt = dataclasses.replace(loaded, tool_format=model)
     body = {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "max_tokens": 200,
@@ -92,16 +96,6 @@ def test_forced_calls_come_back_parsed_streaming_and_not(served, model):
     assert call["type"] == "function" and call["id"].startswith("call_") and call["function"]["name"] == "get_weather"
     jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMA)
     _markup_free(model, choice["message"]["content"])
-
-    events = _chat(replica, fmt, stream=True, **body)
-    deltas = [e["choices"][0] for e in events if e["choices"]]
-    assert deltas[-1]["finish_reason"] == "tool_calls"
-    content = "".join(d["delta"].get("content") or "" for d in deltas)
-    _markup_free(model, content)
-    streamed = [tc for d in deltas for tc in d["delta"].get("tool_calls") or ()]
-    assert [(tc["index"], tc["function"]["name"]) for tc in streamed] == [(0, "get_weather")]
-    # greedy: the same call both ways
-    assert streamed[0]["function"]["arguments"] == call["function"]["arguments"]
 
 
 @pytest.mark.parametrize("model", ["qwen_3", "llama", "deepseek_v3_2", "harmony", "kimi_k3", "cohere"])
