@@ -115,7 +115,8 @@ async def run_scenario(url: str, rng: random.Random, out: Any = sys.stdout,
         msg = r.choices[0].message
         verdict = check_tool_calls(msg, tools) if r.choices[0].finish_reason == "tool_calls" else \
             f"cut at max_tokens ({r.choices[0].finish_reason})"
-        shown = "; ".join(f"{c.function.name}({c.function.arguments})" for c in msg.tool_calls or []) or msg.content
+        shown = "; ".join(f"{c.function.name}({c.function.arguments})" for c in msg.tool_calls or []) or msg.content \
+            or "(cut inside its first call: no whole call, and the server returns no half of one)"
         results.append({"tenant": _tenant(keys, key), "kind": f"tools x{len(tools)}", "ms": (time.perf_counter() - t0) * 1e3,
                         "ttft_ms": None, "output": shown, "valid": verdict})
 
