@@ -59,6 +59,7 @@ from xg2.grammar.ir import (
     Seq,
     TokenSet,
     Unbuildable,
+    normalize_ranges,
 )
 
 from .ebnf_attributes import _ATTR_GROUP_RE, _rule_attributes, _with_char_budgets
@@ -301,17 +302,7 @@ def _lex_class(src: _Source, start: int) -> tuple[CharClass, int]:
         else:
             ranges.append((lo, lo))
             j += 1
-    return CharClass(_merge_ranges(ranges), negated), pos
-
-
-def _merge_ranges(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    merged: list[list[int]] = []
-    for lo, hi in sorted(ranges):
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    return tuple((lo, hi) for lo, hi in merged)
+    return CharClass(normalize_ranges(ranges), negated), pos
 
 
 def _tokenize(src: _Source) -> list[_Token]:

@@ -78,23 +78,32 @@ class CharClass:
 
     def codepoint_ranges(self) -> tuple[tuple[int, int], ...]:
         """The ranges actually matched, normalised and with negation applied (no surrogates)."""
-        merged: list[list[int]] = []
-        for lo, hi in sorted(self.ranges):
-            if merged and lo <= merged[-1][1] + 1:
-                merged[-1][1] = max(merged[-1][1], hi)
-            else:
-                merged.append([lo, hi])
-        if self.negated:
-            out = []
-            nxt = 0
-            for lo, hi in merged:
-                if lo > nxt:
-                    out.append([nxt, lo - 1])
-                nxt = hi + 1
-            if nxt <= MAX_CODEPOINT:
-                out.append([nxt, MAX_CODEPOINT])
-            merged = out
-        return tuple((lo, hi) for lo, hi in merged)
+        merged = normalize_ranges(self.ranges)
+        return complement_ranges(merged) if self.negated else merged
+
+
+def normalize_ranges(ranges) -> tuple[tuple[int, int], ...]:
+    """Sorted, merged, inclusive ranges: the form CharClass expects and equality relies on."""
+    merged: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in merged)
+
+
+def complement_ranges(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The complement within all code points of normalised `ranges`."""
+    out = []
+    nxt = 0
+    for lo, hi in ranges:
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_CODEPOINT:
+        out.append((nxt, MAX_CODEPOINT))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

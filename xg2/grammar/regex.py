@@ -38,6 +38,8 @@ from xg2.grammar.ir import (
     Repeat,
     Rule,
     Seq,
+    complement_ranges,
+    normalize_ranges,
 )
 
 __all__ = ["ANY_CHAR", "MAX_REGEX_DEPTH", "regex_to_expr", "regex_to_ir"]
@@ -74,30 +76,6 @@ _GROUP_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _INLINE_FLAGS_RE = re.compile(r"\(\?[aiLmsux-]+[):]")
 # A run of characters that stand for themselves (read in one step: long literal patterns are common).
 _PLAIN_RE = re.compile(r"[^\\\[().*+?{|^$\ud800-\udfff]+")
-
-
-def normalize_ranges(ranges) -> Ranges:
-    """Sorted, merged, inclusive ranges: the form CharClass expects and equality relies on."""
-    merged: list[list[int]] = []
-    for lo, hi in sorted(ranges):
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    return tuple((lo, hi) for lo, hi in merged)
-
-
-def complement_ranges(ranges: Ranges) -> Ranges:
-    """The complement within all code points of normalised `ranges`."""
-    out = []
-    nxt = 0
-    for lo, hi in ranges:
-        if lo > nxt:
-            out.append((nxt, lo - 1))
-        nxt = hi + 1
-    if nxt <= MAX_CODEPOINT:
-        out.append((nxt, MAX_CODEPOINT))
-    return tuple(out)
 
 
 def _err(message: str, index: int) -> RegexError:
